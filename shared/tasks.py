@@ -4,12 +4,29 @@ A task fixes the workload (arrival process and request lengths per tenant), the 
 tenant is judged by, the hardware profile the simulator prices steps with, the cost budget, and
 the horizon. The arrival streams themselves are generated in `shared.workloads` from
 (task, seed) alone, so every policy faces the same requests.
+
+The grader's reference points need what an ideal server and a naive one can do on the task's
+profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPACITY`).
+
+| task                    | arrivals                                         | tenants: prompt/output median, SLO TTFT/TPOT              | horizon |
+|-------------------------|--------------------------------------------------|-----------------------------------------------------------|---------|
+| static_workload         | Poisson 50 req/s                                 | chat 256/128 tok, 500/50 ms                               | 64 x 1 s |
+| bursty_workload         | MMPP 20 <-> 42 req/s, dwell 8 s / 5 s            | chat 70 % 384/160, 600/60 ms; rag 30 % 1536/96, 1500/80 ms | 64 x 1 s |
+| adversarial_multitenant | 18 req/s + batch spikes x2.5 (2-4 s, p 0.08/s)   | interactive (priority 0) 45 % 192/96, 300/40 ms; code 30 % 768/192, 800/60 ms; batch 25 % 3072/256, 4000/120 ms | 64 x 1 s |
+| azure_conv_trace        | Azure 2023 conversation trace, seeded stretch, 28k tokens/s (~20 req/s) | trace 1020/129 (measured), 1000/60 ms | 64 x 1 s |
+
+The loads sit near what a well-set engine sustains on the default profile (the vLLM-like default
+keeps up with static_workload up to about 60 req/s), so a careless setting builds a queue that
+costs SLOs; see tests/test_policy_floors.py for the properties this tuning pins.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
+
+# The longest episode any task (built-in or trace replay) may have; bounds episode logs too.
+MAX_HORIZON = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +40,8 @@ class TenantSpec:
     tpot_slo_ms    mean time per output token after the first that it must not exceed
     prompt_tokens  (median, sigma) of a log-normal prompt length, clipped to [min, max]
     output_tokens  (median, sigma) of a log-normal output length, clipped to [min, max]
+                   (trace replays: the measured median and log-sigma of the replayed slice,
+                   for description only; the lengths come from the trace)
     """
 
     name: str
@@ -34,6 +53,73 @@ class TenantSpec:
     output_tokens: tuple[float, float]
     prompt_clip: tuple[int, int] = (8, 8192)
     output_clip: tuple[int, int] = (4, 2048)
+
+
+@dataclass(frozen=True, slots=True)
+class ProfileCapacity:
+    """What an ideal server and a naive server can do on one hardware x model profile.
+
+    The grader's upper reference is an ideal server that spends 1 / peak_tokens_per_s GPU-seconds
+    on every token (prompt or output) under any knob setting, and emits a request's output
+    tokens at best min_itl_ms apart. Its floor is a naive server that runs one request at a time
+    (FP16, no speculation): a prefill pass of serial_itl_ms + prompt / serial_prefill_tps, then one
+    serial_itl_ms step per further output token.
+
+    peak_tokens_per_s   most tokens (prompt or output) the GPU can process per second, any tier
+    min_itl_ms          shortest possible gap between two output tokens of one request
+    serial_prefill_tps  prompt tokens/s of one request alone (FP16)
+    serial_itl_ms       decode step of one request alone (FP16, no speculation)
+    source              where the figures come from, and the command that recomputes them
+    """
+
+    profile: str
+    peak_tokens_per_s: float
+    min_itl_ms: float
+    serial_prefill_tps: float
+    serial_itl_ms: float
+    source: str
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "profile": self.profile,
+            "peak_tokens_per_s": self.peak_tokens_per_s,
+            "min_itl_ms": self.min_itl_ms,
+            "serial_prefill_tps": self.serial_prefill_tps,
+            "serial_itl_ms": self.serial_itl_ms,
+            "source": self.source,
+        }
+
+
+def _h100_llama31_8b_published() -> ProfileCapacity:
+    """H100 SXM x Llama-3.1-8B from published figures (/work/shared/data/README.md).
+
+    Why these numbers: a token costs 2 x 8.03e9 FLOPs in the linear layers; H100 SXM peaks at
+    989 TFLOP/s dense BF16 with 72-76 % reachable (76 % taken), and FP8 GEMMs are at most 1.55x
+    faster, so no tier processes more than 989e12 x 0.76 x 1.55 / 1.606e10 = 72.5k tokens/s
+    (attention FLOPs only lower real rates, so this stays an upper bound). The fastest token
+    gap reads INT4 weights (4.0 GB) once at the full 3.35 TB/s and emits at most 9 tokens per
+    verification step (speculation depth 8). The naive server is FP16 at 76 % of peak compute
+    for prefill (46.8k tokens/s) and a 7.5 ms batch-1 decode step (the kernel tables' worked
+    example: 7-8 ms).
+    """
+    flops_per_token = 2 * 8.03e9
+    bf16_eff = 989e12 * 0.76
+    return ProfileCapacity(
+        profile="h100-llama3.1-8b",
+        peak_tokens_per_s=round(bf16_eff * 1.55 / flops_per_token, 1),
+        min_itl_ms=round(4.0e9 / 3.35e12 / 9 * 1e3, 4),
+        serial_prefill_tps=round(bf16_eff / flops_per_token, 1),
+        serial_itl_ms=7.5,
+        source=(
+            "published figures (shared/data/README.md: H100 989 TFLOP/s at 76 %, FP8 GEMM 1.55x, "
+            "3.35 TB/s, batch-1 decode 7-8 ms); derivation in shared.tasks._h100_llama31_8b_published"
+        ),
+    )
+
+
+PROFILE_CAPACITY: dict[str, ProfileCapacity] = {
+    c.profile: c for c in (_h100_llama31_8b_published(),)
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,8 +149,13 @@ class TaskSpec:
                 return t
         raise KeyError(name)
 
+    def capacity(self) -> ProfileCapacity:
+        """The reference capacity figures of this task's profile (KeyError if none are known)."""
+        return PROFILE_CAPACITY[self.profile]
+
     def describe(self) -> dict[str, Any]:
         """The JSON-able description served by `GET /tasks`."""
+        trace = self.workload.get("kind") == "trace"
         return {
             "task_id": self.task_id,
             "difficulty": self.difficulty,
@@ -74,12 +165,15 @@ class TaskSpec:
             "profile": self.profile,
             "cost_budget_per_1k": self.cost_budget_per_1k,
             "workload": dict(self.workload),
+            "grader_capacity": PROFILE_CAPACITY[self.profile].describe() if self.profile in PROFILE_CAPACITY else None,
             "tenants": [
                 {
                     "name": t.name,
                     "priority": t.priority,
                     "share": t.share,
                     "slo": {"ttft_ms": t.ttft_slo_ms, "tpot_ms": t.tpot_slo_ms},
+                    "lengths": "replayed from the trace (median, sigma describe the replayed slice)"
+                    if trace else "log-normal, clipped",
                     "prompt_tokens_lognormal": {"median": t.prompt_tokens[0], "sigma": t.prompt_tokens[1],
                                                 "clip": list(t.prompt_clip)},
                     "output_tokens_lognormal": {"median": t.output_tokens[0], "sigma": t.output_tokens[1],
@@ -94,23 +188,25 @@ STATIC = TaskSpec(
     task_id="static_workload",
     difficulty="easy",
     description=(
-        "Steady Poisson arrivals at 20 req/s of short chat prompts (median 256 tokens in, 128 out) "
-        "from one tenant. Teaches the basic batching / KV-budget / latency trade-off."
+        "Steady Poisson arrivals at 50 req/s of short chat prompts (median 256 tokens in, 128 out) "
+        "from one tenant; SLOs TTFT 500 ms, TPOT 50 ms; 64 windows of 1 s. Near the engine's capacity, "
+        "so batching, KV budget, speculation and disaggregation must be set with care."
     ),
     tenants=(
         TenantSpec("chat", 1, 1.0, ttft_slo_ms=500.0, tpot_slo_ms=50.0,
                    prompt_tokens=(256, 0.6), output_tokens=(128, 0.6)),
     ),
-    workload={"kind": "poisson", "rate_rps": 20.0},
+    workload={"kind": "poisson", "rate_rps": 50.0},
 )
 
 BURSTY = TaskSpec(
     task_id="bursty_workload",
     difficulty="medium",
     description=(
-        "Markov-modulated Poisson arrivals switching between a lull (6 req/s) and bursts (55 req/s), "
-        "mean dwell 8 windows in a lull and 5 in a burst; chat and longer RAG prompts. The queue swings, "
-        "so a policy that adapts to the phase beats any fixed setting."
+        "Markov-modulated Poisson arrivals switching between a lull (20 req/s) and bursts (42 req/s), "
+        "mean dwell 8 s in a lull and 5 s in a burst; 70 % chat (median 384 in / 160 out, TTFT 600 ms, "
+        "TPOT 60 ms) and 30 % RAG (median 1536 in / 96 out, TTFT 1500 ms, TPOT 80 ms); 64 windows "
+        "of 1 s. The queue swings, so a policy that adapts to the phase beats any fixed setting."
     ),
     tenants=(
         TenantSpec("chat", 1, 0.7, ttft_slo_ms=600.0, tpot_slo_ms=60.0,
@@ -118,16 +214,18 @@ BURSTY = TaskSpec(
         TenantSpec("rag", 1, 0.3, ttft_slo_ms=1500.0, tpot_slo_ms=80.0,
                    prompt_tokens=(1536, 0.5), output_tokens=(96, 0.6)),
     ),
-    workload={"kind": "mmpp", "rates_rps": [6.0, 55.0], "mean_dwell_windows": [8.0, 5.0]},
+    workload={"kind": "mmpp", "rates_rps": [20.0, 42.0], "mean_dwell_windows": [8.0, 5.0]},
 )
 
 ADVERSARIAL = TaskSpec(
     task_id="adversarial_multitenant",
     difficulty="hard",
     description=(
-        "Three tenants: a priority interactive tenant with tight SLOs, a code tenant, and a batch "
-        "summarisation tenant with long prompts (median 3k tokens); a 14 req/s base load with sharp "
-        "spikes (x4 for 2-4 windows) from the batch tenant. The worst tenant's SLO attainment counts."
+        "Three tenants: a priority interactive tenant (45 %, median 192 in / 96 out, TTFT 300 ms, "
+        "TPOT 40 ms), a code tenant (30 %, 768 in / 192 out, TTFT 800 ms, TPOT 60 ms) and a batch "
+        "summarisation tenant (25 %, median 3k-token prompts / 256 out, TTFT 4 s, TPOT 120 ms); an "
+        "18 req/s base load with sharp spikes from the batch tenant (x2.5 for 2-4 windows, started "
+        "with probability 0.08 per window); 64 windows of 1 s. The worst tenant's SLO attainment counts."
     ),
     tenants=(
         TenantSpec("interactive", 0, 0.45, ttft_slo_ms=300.0, tpot_slo_ms=40.0,
@@ -137,11 +235,34 @@ ADVERSARIAL = TaskSpec(
         TenantSpec("batch", 2, 0.25, ttft_slo_ms=4000.0, tpot_slo_ms=120.0,
                    prompt_tokens=(3072, 0.5), output_tokens=(256, 0.5), prompt_clip=(256, 16384)),
     ),
-    workload={"kind": "spiky", "rate_rps": 14.0, "spike_tenant": "batch", "spike_factor": 4.0,
+    workload={"kind": "spiky", "rate_rps": 18.0, "spike_tenant": "batch", "spike_factor": 2.5,
               "spike_prob": 0.08, "spike_len_windows": [2, 4]},
 )
 
-TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL)}
+# The shipped Azure 2023 conversation trace (shared/data/azure_conv_2023.csv, 19,366 requests over
+# about an hour): each seed replays the consecutive requests, from a seeded start, that hold
+# 28,000 prompt + output tokens per episode second (1.8M tokens: about 1,150-1,700 requests),
+# time-scaled to fit the 64 s. The tenant's length parameters are the whole trace's measured
+# median and log-sigma (tests/test_traces.py recomputes them).
+AZURE_CONV_TRACE = TaskSpec(
+    task_id="azure_conv_trace",
+    difficulty="medium",
+    description=(
+        "Replay of the Azure LLM inference trace 2023 (conversation; Microsoft Azure Public Dataset, "
+        "CC-BY 4.0): each seed picks a stretch of consecutive real requests holding 28,000 tokens "
+        "(prompt + output) per second of episode, about 20 req/s, keeping the trace's own bursts and "
+        "lengths (median 1020 tokens in, 129 out, long tails); one tenant with TTFT 1000 ms and TPOT "
+        "60 ms; 64 windows of 1 s."
+    ),
+    tenants=(
+        TenantSpec("trace", 1, 1.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(1020.0, 0.985), output_tokens=(129.0, 0.859),
+                   prompt_clip=(1, 1 << 20), output_clip=(1, 1 << 20)),
+    ),
+    workload={"kind": "trace", "packaged": "azure_conv_2023.csv", "tokens_per_s": 28000.0},
+)
+
+TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
 
 
 class UnknownTaskError(KeyError):

@@ -1,0 +1,26 @@
+# LLMServeEnv as a Hugging Face Docker Space (README front matter: sdk docker, app_port 7860).
+# CPU only, simulator mode: no GPU, no API key, no torch (the `train` extra stays out).
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    GRADIO_ANALYTICS_ENABLED=False \
+    LLMSERVE_MODE=sim \
+    ENABLE_WEB_INTERFACE=true
+
+# Spaces run the container as uid 1000; the same user owns nothing it could overwrite.
+RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin app
+
+WORKDIR /app
+# The whole package, weights/ included (.dockerignore keeps tests, caches and venvs out).
+COPY . .
+# Dependencies come from pyproject.toml alone: the package's own [project] dependencies, no extras.
+RUN pip install --no-cache-dir .
+
+USER 1000:1000
+EXPOSE 7860
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:7860/health', timeout=4).status != 200)"]
+CMD ["uvicorn", "server.app:app", "--host", "0.0.0.0", "--port", "7860"]

@@ -1,0 +1,163 @@
+"""The numeric view of the environment that learned policies use, with numpy alone.
+
+One definition shared by the Gymnasium wrapper (training) and the PPO policy (serving), so a
+trained network sees at serve time exactly the features it was trained on.
+
+Action grid (a `MultiDiscrete` vector of indices, one per knob):
+
+| index | knob                   | choices                                  |
+|-------|------------------------|------------------------------------------|
+| 0     | `batch_cap`            | 1, 2, 4, ..., 512 (log scale, 10 values) |
+| 1     | `kv_budget_fraction`   | 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0     |
+| 2     | `speculation_depth`    | 0, 1, 2, 3, 4, 6, 8                      |
+| 3     | `quantization_tier`    | FP16, INT8, INT4                         |
+| 4     | `prefill_decode_split` | off, on                                  |
+| 5     | `priority_routing`     | off, on                                  |
+
+Observation features: fixed transforms (log scales for heavy-tailed counts and latencies,
+ratios for fractions) that put every feature roughly in [0, 1] and clip to [0, OBS_HIGH]; the
+previous window's arrival rate and queue (so a policy sees the trend, not just the level); the
+previous action; and the episode's progress. No running statistics live here: train.py's
+running normalisation is stored beside the weights.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from llmserve_env.agents.base import make_action
+from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
+
+BATCH_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+KV_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
+SPEC_DEPTHS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
+ACTION_NVEC: tuple[int, ...] = (len(BATCH_CAPS), len(KV_FRACTIONS), len(SPEC_DEPTHS), len(QUANTIZATION_TIERS), 2, 2)
+
+OBS_HIGH = 4.0
+
+
+def _log_scale(x: float, top: float) -> float:
+    """log1p(x) / log1p(top): 0 at 0, 1 at `top`, slowly above."""
+    return math.log1p(max(x, 0.0)) / math.log1p(top)
+
+
+def decode_action(idx: Sequence[int] | np.ndarray) -> ServeAction:
+    """The `ServeAction` a MultiDiscrete index vector stands for."""
+    b, k, s, q, split, prio = (int(i) for i in idx)
+    return make_action(
+        batch_cap=BATCH_CAPS[b],
+        kv_budget_fraction=KV_FRACTIONS[k],
+        speculation_depth=SPEC_DEPTHS[s],
+        quantization_tier=QUANTIZATION_TIERS[q],
+        prefill_decode_split=bool(split),
+        priority_routing=bool(prio),
+    )
+
+
+def _nearest(choices: Sequence[float], value: float, log: bool = False) -> int:
+    if log:
+        return min(range(len(choices)), key=lambda i: abs(math.log(choices[i]) - math.log(value)))
+    return min(range(len(choices)), key=lambda i: abs(choices[i] - value))
+
+
+def encode_action(action: ServeAction) -> np.ndarray:
+    """The grid point nearest to `action` (exact for actions on the grid)."""
+    return np.array(
+        [
+            _nearest(BATCH_CAPS, action.batch_cap, log=True),
+            _nearest(KV_FRACTIONS, action.kv_budget_fraction),
+            _nearest(SPEC_DEPTHS, action.speculation_depth),
+            QUANTIZATION_TIERS.index(action.quantization_tier),
+            int(action.prefill_decode_split),
+            int(action.priority_routing),
+        ],
+        dtype=np.int64,
+    )
+
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "queue_depth",
+    "active_requests",
+    "kv_cache_occupancy",
+    "mean_prompt_length",
+    "p50_ttft_ms",
+    "p99_ttft_ms",
+    "p50_itl_ms",
+    "throughput_tps",
+    "slo_compliance_rate",
+    "gpu_memory_used_gb",
+    "estimated_cost_per_1k",
+    "request_arrival_rate",
+    "spec_acceptance_rate",
+    "eviction_events",
+    "reward",
+    "progress",
+    "prev_request_arrival_rate",
+    "prev_queue_depth",
+    "prev_batch_cap",
+    "prev_kv_budget_fraction",
+    "prev_speculation_depth",
+    "prev_quant_int8",
+    "prev_quant_int4",
+    "prev_prefill_decode_split",
+    "prev_priority_routing",
+)
+OBS_DIM = len(FEATURE_NAMES)
+
+
+class ObservationEncoder:
+    """Turns each `ServeObservation` into a float32 feature vector of length OBS_DIM.
+
+    Stateful over one episode: it remembers the previous window's arrival rate and queue and
+    the action last played. Call `reset()` at the start of an episode and `record_action()`
+    after choosing each action.
+    """
+
+    def __init__(self, horizon: int):
+        self.horizon = max(int(horizon), 1)
+        self.reset()
+
+    def reset(self) -> None:
+        self._prev_rate = 0.0
+        self._prev_queue = 0.0
+        self._prev_action: ServeAction | None = None
+
+    def record_action(self, action: ServeAction) -> None:
+        self._prev_action = action
+
+    def encode(self, obs: ServeObservation) -> np.ndarray:
+        a = self._prev_action
+        reward = float(obs.reward) if obs.reward is not None else 0.0
+        feats = [
+            _log_scale(obs.queue_depth, 1000.0),
+            _log_scale(obs.active_requests, 512.0),
+            obs.kv_cache_occupancy,
+            _log_scale(obs.mean_prompt_length, 8192.0),
+            _log_scale(obs.p50_ttft_ms, 60_000.0),
+            _log_scale(obs.p99_ttft_ms, 60_000.0),
+            _log_scale(obs.p50_itl_ms, 1000.0),
+            _log_scale(obs.throughput_tps, 50_000.0),
+            obs.slo_compliance_rate,
+            _log_scale(obs.gpu_memory_used_gb, 160.0),
+            _log_scale(obs.estimated_cost_per_1k * 1000.0, 100.0),
+            _log_scale(obs.request_arrival_rate, 200.0),
+            obs.spec_acceptance_rate,
+            _log_scale(obs.eviction_events, 1000.0),
+            # Rewards are bounded; shift so the feature stays non-negative for the Box.
+            0.5 * (reward + 1.0),
+            obs.step_index / self.horizon,
+            _log_scale(self._prev_rate, 200.0),
+            _log_scale(self._prev_queue, 1000.0),
+            math.log2(a.batch_cap) / 9.0 if a else 0.0,
+            a.kv_budget_fraction if a else 0.0,
+            a.speculation_depth / 8.0 if a else 0.0,
+            float(a is not None and a.quantization_tier == "INT8"),
+            float(a is not None and a.quantization_tier == "INT4"),
+            float(a.prefill_decode_split) if a else 0.0,
+            float(a.priority_routing) if a else 0.0,
+        ]
+        self._prev_rate = obs.request_arrival_rate
+        self._prev_queue = float(obs.queue_depth)
+        return np.clip(np.asarray(feats, dtype=np.float32), 0.0, OBS_HIGH)

@@ -1,0 +1,102 @@
+"""A trained PPO actor served with numpy alone (torch is only needed to train it).
+
+Weights are written by train.py as `weights/<task>.npz` (the actor's layers) beside
+`weights/<task>.json` (observation normalisation, the training command, commit and scores):
+
+    npz: actor_w0 (OBS_DIM, H), actor_b0 (H,), ..., actor_wL (H, sum(nvec)), actor_bL, nvec
+    json: {"obs_norm": {"mean": [...], "var": [...], "clip": c, "epsilon": e}, "activation": "tanh", ...}
+
+The action is the most likely choice of each head (deterministic), decoded through the same
+grid the Gymnasium wrapper trained on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, ObservationEncoder, decode_action
+from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.tasks import get_task
+
+WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
+
+
+class WeightsNotFoundError(FileNotFoundError):
+    """No trained weights for this task (train them with train.py)."""
+
+
+@dataclass(frozen=True)
+class ActorWeights:
+    """An MLP actor: tanh hidden layers, one linear head of concatenated logits."""
+
+    layers: tuple[tuple[np.ndarray, np.ndarray], ...]
+    nvec: tuple[int, ...]
+    obs_mean: np.ndarray
+    obs_var: np.ndarray
+    obs_clip: float
+    obs_epsilon: float
+    meta: dict
+
+    @classmethod
+    def load(cls, npz_path: Path) -> ActorWeights:
+        json_path = npz_path.with_suffix(".json")
+        if not npz_path.exists() or not json_path.exists():
+            raise WeightsNotFoundError(f"no trained weights at {npz_path} (+ .json); run train.py first")
+        meta = json.loads(json_path.read_text())
+        with np.load(npz_path) as z:
+            n = sum(1 for k in z.files if k.startswith("actor_w"))
+            layers = tuple(
+                (z[f"actor_w{i}"].astype(np.float64), z[f"actor_b{i}"].astype(np.float64)) for i in range(n)
+            )
+            nvec = tuple(int(v) for v in z["nvec"])
+        norm = meta["obs_norm"]
+        w = cls(
+            layers=layers,
+            nvec=nvec,
+            obs_mean=np.asarray(norm["mean"], dtype=np.float64),
+            obs_var=np.asarray(norm["var"], dtype=np.float64),
+            obs_clip=float(norm["clip"]),
+            obs_epsilon=float(norm["epsilon"]),
+            meta=meta,
+        )
+        w.check()
+        return w
+
+    def check(self) -> None:
+        """Shapes must match the encoder and action grid this code was built with."""
+        if self.nvec != ACTION_NVEC:
+            raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {ACTION_NVEC}")
+        if self.layers[0][0].shape[0] != OBS_DIM or self.obs_mean.shape != (OBS_DIM,):
+            raise ValueError(f"weights expect {self.layers[0][0].shape[0]} features, the encoder makes {OBS_DIM}")
+        if self.layers[-1][0].shape[1] != sum(self.nvec):
+            raise ValueError("last layer width does not match the action heads")
+
+    def logits(self, features: np.ndarray) -> list[np.ndarray]:
+        x = np.clip((features - self.obs_mean) / np.sqrt(self.obs_var + self.obs_epsilon), -self.obs_clip, self.obs_clip)
+        for i, (w, b) in enumerate(self.layers):
+            x = x @ w + b
+            if i < len(self.layers) - 1:
+                x = np.tanh(x)
+        return np.split(x, np.cumsum(self.nvec)[:-1])
+
+
+class PPOPolicy:
+    """Greedy PPO actor for one task, from `weights/<task>.npz`."""
+
+    def __init__(self, task_id: str, weights_path: str | Path | None = None):
+        path = Path(weights_path) if weights_path else WEIGHTS_DIR / f"{task_id}.npz"
+        self.weights = ActorWeights.load(path)
+        self.name = "ppo"
+        self._encoder = ObservationEncoder(get_task(task_id).horizon)
+
+    def reset(self) -> None:
+        self._encoder.reset()
+
+    def act(self, obs: ServeObservation) -> ServeAction:
+        heads = self.weights.logits(self._encoder.encode(obs).astype(np.float64))
+        action = decode_action([int(np.argmax(h)) for h in heads])
+        self._encoder.record_action(action)
+        return action

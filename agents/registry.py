@@ -1,0 +1,59 @@
+"""Every policy by name: `make_policy(name, task_id)` builds a fresh one for an episode series.
+
+| name          | policy                                                             |
+|---------------|--------------------------------------------------------------------|
+| random        | uniform random actions (seeded)                                    |
+| starve        | batch cap 1, otherwise vLLM defaults: a deliberately bad floor     |
+| vllm_default  | vLLM's defaults: batch cap 256, KV 0.9, FP16, no speculation       |
+| static        | alias of vllm_default (the untuned static configuration)           |
+| tuned_static  | the per-task configuration in agents/tuned_static.json             |
+| heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
+| llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
+| ppo           | the trained actor in weights/<task>.npz, numpy only                |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from llmserve_env.agents.base import Policy
+from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy
+from llmserve_env.agents.ppo_policy import PPOPolicy
+from llmserve_env.agents.random_policy import RandomPolicy
+from llmserve_env.agents.static import starve, vllm_default
+from llmserve_env.agents.tuned_static import tuned_static
+
+
+class UnknownPolicyError(KeyError):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown policy {self.name!r}; choose one of: {', '.join(POLICIES)}"
+
+
+PolicyFactory = Callable[..., Policy]
+
+POLICIES: dict[str, PolicyFactory] = {
+    "random": lambda task_id, seed=0, **_: RandomPolicy(seed),
+    "starve": lambda task_id, **_: starve(),
+    "vllm_default": lambda task_id, **_: vllm_default(),
+    "static": lambda task_id, **_: vllm_default(),
+    "tuned_static": lambda task_id, **_: tuned_static(task_id),
+    "heuristic": lambda task_id, **_: heuristic(task_id),
+    "llm": lambda task_id, model=None, **kw: LLMPolicy(task_id, model=model or DEFAULT_MODEL,
+                                                       **{k: v for k, v in kw.items() if k != "seed"}),
+    "ppo": lambda task_id, **_: PPOPolicy(task_id),
+}
+
+
+def make_policy(name: str, task_id: str, **options: Any) -> Policy:
+    """A fresh policy `name` for `task_id`; `options` reach the factory (seed, model, client, ...)."""
+    try:
+        factory = POLICIES[name]
+    except KeyError:
+        raise UnknownPolicyError(name) from None
+    return factory(task_id, **options)

@@ -1,0 +1,44 @@
+"""Coordinate descent over a grid: how the tuned static configuration and the heuristic's thresholds are chosen.
+
+Scores are means over training seeds (agents/seeds.py), never evaluation seeds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+Point = tuple[int, ...]  # one index into each axis of the grid
+
+
+def coordinate_descent(score: Callable[[Point], float], axes: Sequence[int], start: Point,
+                       log: Callable[[str], None] | None = None) -> tuple[Point, float]:
+    """From `start`, try every value of one axis at a time, keep any improvement, repeat until none.
+
+    `axes[k]` is the number of values on axis k; `score` should cache (points recur).
+    """
+    best, best_score = start, score(start)
+    improved = True
+    while improved:
+        improved = False
+        for k, n in enumerate(axes):
+            for v in range(n):
+                cand = best[:k] + (v,) + best[k + 1:]
+                s = score(cand)
+                if s > best_score + 1e-9:
+                    best, best_score, improved = cand, s, True
+        if log:
+            log(f"descent pass: best {best} score {best_score:.4f}")
+    return best, best_score
+
+
+def git_commit() -> str:
+    """The checkout's commit (with +dirty when it has uncommitted changes), for provenance records."""
+    root = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=root)
+        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=10, cwd=root)
+    except OSError:
+        return "unknown"
+    return (head.stdout.strip() or "unknown") + ("+dirty" if dirty.stdout.strip() else "")

@@ -1,0 +1,117 @@
+"""Step latency over keep-alive HTTP and over the WebSocket.
+
+    python bench/http_step.py                 # starts its own server on a free port
+    python bench/http_step.py --url http://127.0.0.1:7860 --episodes 5
+
+Prints a table, then (last line) one JSON object with http_p50_ms, http_p99_ms,
+http_steps_per_s, ws_p50_ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+
+import httpx
+import numpy as np
+
+ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
+          "prefill_decode_split": False, "priority_routing": False}
+
+
+@contextmanager
+def own_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
+                             "--port", str(port), "--log-level", "warning"],
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("server did not start")
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def http_episodes(url: str, task: str, episodes: int) -> tuple[list[float], float]:
+    lat: list[float] = []
+    steps = 0
+    t_start = time.perf_counter()
+    with httpx.Client(base_url=url, timeout=30) as c:
+        for ep in range(episodes):
+            eid = c.post("/reset", json={"task_id": task, "seed": ep}).json()["observation"]["episode_id"]
+            done = False
+            while not done:
+                t0 = time.perf_counter()
+                r = c.post("/step", json={"action": ACTION, "episode_id": eid})
+                lat.append((time.perf_counter() - t0) * 1e3)
+                r.raise_for_status()
+                done = r.json()["done"]
+                steps += 1
+    return lat, steps / (time.perf_counter() - t_start)
+
+
+def ws_episodes(url: str, task: str, episodes: int) -> list[float]:
+    from openenv.core.generic_client import GenericEnvClient
+
+    lat: list[float] = []
+    with GenericEnvClient(base_url=url).sync() as env:
+        for ep in range(episodes):
+            result = env.reset(task_id=task, seed=ep)
+            while not result.done:
+                t0 = time.perf_counter()
+                result = env.step(ACTION)
+                lat.append((time.perf_counter() - t0) * 1e3)
+    return lat
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--url", help="a running server; default: start one")
+    ap.add_argument("--task", default="static_workload")
+    ap.add_argument("--episodes", type=int, default=5)
+    args = ap.parse_args()
+
+    def run(url: str) -> dict[str, float]:
+        http_episodes(url, args.task, 1)  # warm-up
+        lat, sps = http_episodes(url, args.task, args.episodes)
+        ws = ws_episodes(url, args.task, args.episodes)
+        return {
+            "http_p50_ms": float(np.percentile(lat, 50)),
+            "http_p99_ms": float(np.percentile(lat, 99)),
+            "http_steps_per_s": float(sps),
+            "ws_p50_ms": float(np.percentile(ws, 50)),
+            "ws_p99_ms": float(np.percentile(ws, 99)),
+            "steps": len(lat),
+        }
+
+    if args.url:
+        res = run(args.url)
+    else:
+        with own_server() as url:
+            res = run(url)
+    print(f"{'transport':<10} {'p50 ms':>8} {'p99 ms':>8} {'steps/s':>9}")
+    print(f"{'http':<10} {res['http_p50_ms']:>8.2f} {res['http_p99_ms']:>8.2f} {res['http_steps_per_s']:>9.1f}")
+    print(f"{'ws':<10} {res['ws_p50_ms']:>8.2f} {res['ws_p99_ms']:>8.2f} {'':>9}")
+    print(json.dumps({k: round(v, 3) for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""The benchmark table: every available agent on every task, mean grader score ± 95 % CI.
+
+    python bench/score_table.py                      # default: 50 held-out seeds, 2 processes
+    python bench/score_table.py --episodes 40 --workers 2 --agents random,starve,vllm_default
+
+Every agent plays the same held-out evaluation seeds (`agents.seeds.eval_seeds`, never used by
+training or tuning), in process, in the simulator. Agents come from `agents.registry`: the
+aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
+OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
+weights, `tuned_static` without a tuned entry) is listed as skipped for that task.
+
+Prints a markdown table (rows: agents; columns: tasks; cells: mean ± half-width of the 95 %
+Student-t interval), then, as the last line, one flat JSON object with `<agent>.<task>.mean` and
+`<agent>.<task>.ci95` for every cell played.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+
+from llmserve_env.agents.ppo_policy import WeightsNotFoundError
+from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.seeds import eval_seeds
+from llmserve_env.agents.stats import mean_ci
+from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.server.baseline_inference import InProcessEnv
+from llmserve_env.shared.tasks import TASKS
+
+# Registry names that are another agent under a second name.
+ALIASES = {"static": "vllm_default"}
+# The agents the table always has first, in this order.
+CORE = ("random", "starve", "vllm_default")
+# Seed of the random agent's own action stream (its episodes' workloads come from the eval seeds).
+RANDOM_AGENT_SEED = 0
+
+
+def available_agents() -> tuple[list[str], dict[str, str]]:
+    """Agents to play, and the agents left out with why."""
+    agents = list(CORE) + [a for a in POLICIES if a not in CORE and a not in ALIASES]
+    skipped = {alias: f"same policy as {target}" for alias, target in ALIASES.items() if alias in POLICIES}
+    if "llm" in agents and not os.environ.get("OPENAI_API_KEY"):
+        agents.remove("llm")
+        skipped["llm"] = "OPENAI_API_KEY not set"
+    return agents, skipped
+
+
+def play_cell(agent: str, task_id: str, seeds: list[int]) -> tuple[str, str, list[float] | None, str, float]:
+    """(agent, task, scores or None, skip reason, wall seconds) for one table cell."""
+    t0 = time.perf_counter()
+    try:
+        policy = make_policy(agent, task_id, seed=RANDOM_AGENT_SEED)
+    except (WeightsNotFoundError, NotTunedError) as exc:
+        return agent, task_id, None, str(exc), 0.0
+    env = InProcessEnv()
+    scores = [play_episode(env, policy, task_id, s).score for s in seeds]
+    return agent, task_id, scores, "", time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=50, help="held-out seeds per cell (the same for every agent)")
+    ap.add_argument("--workers", type=int, default=2, help="processes (one cell per process at a time)")
+    ap.add_argument("--agents", default="all", help="comma-separated agent names, or 'all'")
+    ap.add_argument("--tasks", default="all", help="comma-separated task ids, or 'all'")
+    args = ap.parse_args(argv)
+
+    agents, skipped = available_agents()
+    if args.agents != "all":
+        wanted = [a.strip() for a in args.agents.split(",") if a.strip()]
+        unknown = [a for a in wanted if a not in POLICIES]
+        if unknown:
+            ap.error(f"unknown agent(s) {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
+        agents = wanted
+    tasks = list(TASKS) if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            ap.error(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+    seeds = eval_seeds(args.episodes)
+
+    t_start = time.perf_counter()
+    cells: dict[tuple[str, str], list[float]] = {}
+    jobs = [(a, t) for a in agents for t in tasks]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        futures = [pool.submit(play_cell, a, t, seeds) for a, t in jobs]
+        for fut in futures:
+            agent, task_id, scores, reason, wall = fut.result()
+            if scores is None:
+                skipped[f"{agent}/{task_id}"] = reason
+                continue
+            cells[(agent, task_id)] = scores
+            ci = mean_ci(scores)
+            print(f"  {agent:<13} {task_id:<24} {ci}  ({wall:.1f} s)", file=sys.stderr)
+    wall_s = time.perf_counter() - t_start
+
+    print(f"Mean grader score ± 95 % CI over {len(seeds)} held-out seeds "
+          f"({seeds[0]}..{seeds[-1]}, the same for every agent); `python bench/score_table.py "
+          f"--episodes {args.episodes}`, {wall_s:.0f} s on {args.workers} processes.\n")
+    print("| agent | " + " | ".join(tasks) + " |")
+    print("|---|" + "---|" * len(tasks))
+    for agent in agents:
+        row = [str(mean_ci(cells[(agent, t)])) if (agent, t) in cells else "skipped" for t in tasks]
+        print(f"| {agent} | " + " | ".join(row) + " |")
+    for what, why in skipped.items():
+        print(f"\nskipped {what}: {why}", end="")
+    print()
+
+    flat: dict[str, float] = {}
+    for (agent, task_id), scores in cells.items():
+        ci = mean_ci(scores)
+        flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
+        flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
+    print(json.dumps(flat))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""Simulator speed: steps/s and simulated requests/s per task, fixed policy and random actions.
+
+    python bench/sim_speed.py [--episodes 3] [--seed 0]
+
+For every task in shared.tasks.TASKS: the same episodes (arrivals from shared.workloads) are
+served once with a fixed policy and once with uniformly random actions. Only `run_window` is
+timed (arrival generation is the workload's cost, not the simulator's). One process, one core.
+The fixed policy is vLLM's defaults (256 sequences, 90 % of memory, FP16, no speculation).
+Prints a table, then (last line) one JSON object with `<task>_steps_per_s`,
+`<task>_requests_per_s` and `<task>_random_steps_per_s` for every task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
+from llmserve_env.shared.tasks import TASKS, TaskSpec
+from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.sim.backend import SimBackend
+
+FIXED = ServeAction(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
+                    prefill_decode_split=False, priority_routing=False)
+
+
+def random_action(rng: random.Random) -> ServeAction:
+    return ServeAction(batch_cap=rng.randint(1, 512), kv_budget_fraction=rng.uniform(0.1, 1.0),
+                       speculation_depth=rng.randint(0, 8), quantization_tier=rng.choice(QUANTIZATION_TIERS),
+                       prefill_decode_split=rng.random() < 0.5, priority_routing=rng.random() < 0.5)
+
+
+def serve(task: TaskSpec, episodes: list[list], seed: int, policy: str) -> tuple[float, int, int]:
+    """(seconds inside run_window, windows, requests) over `episodes`."""
+    rng = random.Random(seed)
+    backend = SimBackend(task.profile)
+    elapsed = 0.0
+    steps = reqs = 0
+    for ep, wins in enumerate(episodes):
+        backend.reset(seed + ep)
+        actions = [FIXED if policy == "fixed" else random_action(rng) for _ in wins]
+        t0 = time.perf_counter()
+        for k, (w, a) in enumerate(zip(wins, actions, strict=True)):
+            backend.run_window(a, w, k * task.window_s, task.window_s)
+        elapsed += time.perf_counter() - t0
+        steps += len(wins)
+        reqs += sum(len(w) for w in wins)
+    return elapsed, steps, reqs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--episodes", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    out: dict[str, float] = {}
+    print(f"{'task':<26} {'policy':<7} {'steps':>6} {'requests':>9} {'steps/s':>9} {'requests/s':>11}")
+    for tid, task in TASKS.items():
+        episodes = [windows(generate_arrivals(task, args.seed + e), task) for e in range(args.episodes)]
+        serve(task, episodes[:1], args.seed, "fixed")  # warm the step-time tables
+        for policy in ("fixed", "random"):
+            el, steps, reqs = serve(task, episodes, args.seed, policy)
+            sps, rps = steps / el, reqs / el
+            print(f"{tid:<26} {policy:<7} {steps:>6} {reqs:>9} {sps:>9.0f} {rps:>11.0f}")
+            if policy == "fixed":
+                out[f"{tid}_steps_per_s"] = round(sps, 1)
+                out[f"{tid}_requests_per_s"] = round(rps, 1)
+            else:
+                out[f"{tid}_random_steps_per_s"] = round(sps, 1)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()

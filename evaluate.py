@@ -1,0 +1,133 @@
+"""Score policies on held-out episodes: mean grader score with a 95 % CI per task.
+
+    python evaluate.py --agent ppo --task all --episodes 20
+    python evaluate.py --agent random,static,tuned_static,heuristic,ppo --task bursty_workload --episodes 30
+
+Every agent plays the same evaluation seeds (1,000,000 + i, never used by training or the
+tuned-static search), so scores pair up episode by episode; with several agents the table also
+gives each agent's paired difference to the first agent listed (`--agent ppo,...` puts PPO first).
+The episodes run in process in the simulator. The last line printed is one JSON object.
+`--agent all` plays every agent; `llm` only when OPENAI_API_KEY is set (otherwise listed as skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from llmserve_env.agents.ppo_policy import WeightsNotFoundError
+from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.agents.rollout import EpisodeEnv, play_episode
+from llmserve_env.agents.seeds import eval_seeds
+from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
+from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.server.baseline_inference import InProcessEnv
+from llmserve_env.shared.tasks import TASKS
+
+AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
+
+
+@dataclass
+class AgentScores:
+    agent: str
+    task_id: str
+    seeds: list[int]
+    scores: list[float]
+    wall_s: float
+    extra: dict[str, Any]
+
+    @property
+    def ci(self) -> MeanCI:
+        return mean_ci(self.scores)
+
+
+def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | None = None,
+                   **options: Any) -> AgentScores:
+    """`agent` on the first `episodes` evaluation seeds of `task_id`."""
+    env = env or InProcessEnv()
+    seeds = eval_seeds(episodes)
+    policy = make_policy(agent, task_id, **options)
+    t0 = time.perf_counter()
+    scores = [play_episode(env, policy, task_id, s).score for s in seeds]
+    extra = policy.stats.as_dict() if hasattr(policy, "stats") else {}
+    return AgentScores(agent, task_id, seeds, scores, time.perf_counter() - t0, extra)
+
+
+def _skip_reason(agent: str) -> str | None:
+    if agent == "llm" and not os.environ.get("OPENAI_API_KEY"):
+        return "OPENAI_API_KEY not set"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--agent", default="ppo", help=f"comma-separated from {', '.join(POLICIES)}, or 'all'")
+    ap.add_argument("--task", default="all", help="a task id or 'all'")
+    ap.add_argument("--episodes", type=int, default=20)
+    ap.add_argument("--model", default=None, help="chat model for the llm agent")
+    ap.add_argument("--output", default=None, help="also write per-episode scores as JSON here")
+    args = ap.parse_args(argv)
+
+    agents = list(AGENTS) if args.agent == "all" else [a.strip() for a in args.agent.split(",") if a.strip()]
+    for a in agents:
+        if a not in POLICIES:
+            ap.error(f"unknown agent {a!r}; choose from {', '.join(POLICIES)}")
+    tasks = list(TASKS) if args.task == "all" else [args.task]
+    env = InProcessEnv()
+    results: dict[str, dict[str, AgentScores]] = {}
+    skipped: dict[str, str] = {}
+    for agent in agents:
+        reason = _skip_reason(agent)
+        if reason:
+            skipped[agent] = reason
+            continue
+        options = {"model": args.model} if agent == "llm" else {}
+        for task_id in tasks:
+            try:
+                r = evaluate_agent(agent, task_id, args.episodes, env, **options)
+            except (WeightsNotFoundError, NotTunedError) as exc:
+                skipped[f"{agent}/{task_id}"] = str(exc)
+                continue
+            results.setdefault(agent, {})[task_id] = r
+            print(f"  {agent:<13} {task_id:<24} {r.ci}  ({r.wall_s:.1f} s)", file=sys.stderr)
+
+    ref = next(iter(results), None)
+    head = f"{'agent':<14}" + "".join(f"{t:>28}" for t in tasks)
+    print(f"\nmean score ± 95 % CI over {args.episodes} held-out episodes (seeds {eval_seeds(1)[0]}..)")
+    print(head)
+    for agent, by_task in results.items():
+        cells = "".join(f"{str(by_task[t].ci) if t in by_task else '-':>28}" for t in tasks)
+        print(f"{agent:<14}{cells}")
+    if ref is not None and len(results) > 1:
+        print(f"\npaired difference {ref} - agent (same seeds), mean ± 95 % CI")
+        print(head)
+        for agent, by_task in results.items():
+            if agent == ref:
+                continue
+            cells = "".join(
+                f"{str(paired_diff_ci(results[ref][t].scores, by_task[t].scores)) if t in by_task and t in results[ref] else '-':>28}"
+                for t in tasks
+            )
+            print(f"{agent:<14}{cells}")
+    for what, why in skipped.items():
+        print(f"skipped {what}: {why}")
+
+    out: dict[str, Any] = {"episodes": args.episodes, "seeds": eval_seeds(args.episodes), "skipped": skipped,
+                           "scores": {a: {t: {"mean": r.ci.mean, "ci95": r.ci.half_width, "n": r.ci.n}
+                                          for t, r in by_task.items()} for a, by_task in results.items()}}
+    if args.output:
+        detail = {a: {t: {"scores": r.scores, "extra": r.extra} for t, r in by_task.items()}
+                  for a, by_task in results.items()}
+        with open(args.output, "w") as f:
+            json.dump(out | {"detail": detail}, f, indent=2)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""What the dispatcher measured since the last report, and turning it into a `WindowReport`.
+
+Output tokens are counted one per streamed text chunk as chunks arrive (so unfinished requests
+show their progress); when a request ends, its window gets the difference between its final
+count (usage, or a tiktoken count of the text) and the chunks counted, so the windows of an
+episode add up to the records' output tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from llmserve_env.shared.backend import RequestRecord
+
+
+@dataclass(slots=True)
+class WindowAccumulator:
+    finished: list[RequestRecord] = field(default_factory=list)
+    first_tokens: list[tuple[int, str, float]] = field(default_factory=list)
+    itl_samples: list[tuple[float, int]] = field(default_factory=list)
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    cost_usd: float = 0.0
+    attempts: int = 0
+    retries: int = 0
+    rejected: int = 0
+    # Busy time: seconds with at least one request in flight (loop clock).
+    busy_s: float = 0.0
+    busy_since: float | None = None
+
+    def set_running(self, running: int, now: float) -> None:
+        """Call whenever the in-flight count changes."""
+        if running > 0 and self.busy_since is None:
+            self.busy_since = now
+        elif running == 0 and self.busy_since is not None:
+            self.busy_s += now - self.busy_since
+            self.busy_since = None
+
+    def close_busy(self, now: float) -> float:
+        """Busy seconds up to `now`; restarts the count (still busy requests carry on)."""
+        busy = self.busy_s
+        if self.busy_since is not None:
+            busy += now - self.busy_since
+            self.busy_since = now
+        self.busy_s = 0.0
+        return busy
+
+    def take(self) -> WindowAccumulator:
+        """Hand over what was gathered and start afresh (busy state carries over)."""
+        out = WindowAccumulator(
+            finished=self.finished, first_tokens=self.first_tokens, itl_samples=self.itl_samples,
+            output_tokens=max(0, self.output_tokens), prompt_tokens=self.prompt_tokens, cost_usd=self.cost_usd,
+            attempts=self.attempts, retries=self.retries, rejected=self.rejected,
+        )
+        self.finished, self.first_tokens, self.itl_samples = [], [], []
+        # A negative correction (usage below the chunks counted) is carried, never dropped.
+        self.output_tokens = min(0, self.output_tokens)
+        self.prompt_tokens = self.attempts = self.retries = self.rejected = 0
+        self.cost_usd = 0.0
+        return out

@@ -1,0 +1,92 @@
+"""A Gymnasium view of LLMServeEnv, for RL libraries (registered as "LLMServe-v0" on import).
+
+    import gymnasium
+    import llmserve_env.gym_env  # registers LLMServe-v0
+    env = gymnasium.make("LLMServe-v0", task="bursty_workload")
+
+It steps the simulator in process through `server.environment.LLMServeEnvironment` (the same
+workload, metrics, reward and grader as the HTTP server, without the HTTP).
+
+Action space: `MultiDiscrete([10, 7, 7, 3, 2, 2])`, one index per knob: batch cap on a log
+scale (1, 2, 4, ..., 512), KV budget fraction (0.1 .. 1.0, 7 levels), speculation depth
+(0, 1, 2, 3, 4, 6, 8), quantization tier (FP16, INT8, INT4), prefill/decode split, priority
+routing. See `agents/encoding.py` for the grid.
+
+Observation space: `Box(0, 4, (25,), float32)`: the observation's numeric fields on fixed log or
+ratio scales (roughly 0..1), the previous window's arrival rate and queue, the previous action,
+and the episode's progress (`agents.encoding.FEATURE_NAMES` names each).
+
+Reward: the environment's own per-window reward (`shared.reward`), unchanged.
+
+Start: each `reset` starts an episode of the task on a fresh episode seed drawn from the
+training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is reproducible;
+`options={"episode_seed": n}` plays a chosen episode instead (evaluation).
+
+Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: the
+horizon is part of the task (the step index is observed and the final backlog is charged in the
+last reward), so there is nothing to bootstrap past it. `info["score"]` then holds the grader's
+score for the episode.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+from gymnasium import spaces
+from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, OBS_HIGH, ObservationEncoder, decode_action
+from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.environment import LLMServeEnvironment
+from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.shared.models import ServeObservation
+from llmserve_env.shared.workloads import resolve_task
+
+ENV_ID = "LLMServe-v0"
+
+
+class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
+    """LLMServeEnv as a Gymnasium env (see the module docstring for the spaces)."""
+
+    metadata: dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, task: str = "static_workload", grade_on_done: bool = True):
+        self.task = resolve_task(task)
+        self.task_id = task
+        self.grade_on_done = grade_on_done
+        self.action_space = spaces.MultiDiscrete(np.array(ACTION_NVEC, dtype=np.int64))
+        self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(OBS_DIM,), dtype=np.float32)
+        # A one-slot store: the wrapper only ever plays one episode at a time, so finished
+        # episodes need not be kept around for HTTP look-ups.
+        self._env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
+        self._encoder = ObservationEncoder(self.task.horizon)
+        self.episode_seed: int | None = None
+        self.last_observation: ServeObservation | None = None  # the raw observation behind the features
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        if options and "episode_seed" in options:
+            self.episode_seed = int(options["episode_seed"])
+        else:
+            self.episode_seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
+        obs = self._env.reset(seed=self.episode_seed, task_id=self.task_id)
+        self.last_observation = obs
+        self._encoder.reset()
+        return self._encoder.encode(obs), {"episode_seed": self.episode_seed}
+
+    def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
+        serve_action = decode_action(action)
+        obs = self._env.step(serve_action)
+        self.last_observation = obs
+        self._encoder.record_action(serve_action)
+        info: dict[str, Any] = {}
+        if obs.done and self.grade_on_done:
+            info["score"] = self._env.grade().score
+        return self._encoder.encode(obs), float(obs.reward or 0.0), bool(obs.done), False, info
+
+    def close(self) -> None:
+        self._env.close()
+
+
+gymnasium.register(id=ENV_ID, entry_point="llmserve_env.gym_env:LLMServeGymEnv")

@@ -1,0 +1,69 @@
+"""Server settings, read once from the environment.
+
+| variable                        | default | meaning                                                    |
+|---------------------------------|---------|------------------------------------------------------------|
+| LLMSERVE_MODE                   | sim     | `sim` (simulator) or `real` (OpenAI-compatible gateway)    |
+| LLMSERVE_MAX_EPISODES           | 1024    | most HTTP episodes kept at once (least recently used go)   |
+| LLMSERVE_EPISODE_IDLE_TIMEOUT_S | 1800    | an HTTP episode untouched this long is dropped             |
+| LLMSERVE_MAX_SESSIONS           | 256     | most concurrent WebSocket sessions                         |
+| LLMSERVE_MAX_BODY_BYTES         | 1048576 | request bodies above this get 413 (episode logs included)  |
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MODES = ("sim", "real")
+
+
+class ConfigError(ValueError):
+    """A server setting has a value outside what it allows."""
+
+
+def _int(name: str, default: int, minimum: int = 1) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be >= {minimum}")
+    return value
+
+
+def _float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+    if not value > 0:
+        raise ConfigError(f"{name}={value} must be > 0")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    mode: str = "sim"
+    max_episodes: int = 1024
+    idle_timeout_s: float = 1800.0
+    max_sessions: int = 256
+    max_body_bytes: int = 1 << 20
+
+    @classmethod
+    def from_env(cls) -> ServerConfig:
+        mode = os.environ.get("LLMSERVE_MODE", "sim").strip().lower() or "sim"
+        if mode not in MODES:
+            raise ConfigError(f"LLMSERVE_MODE={mode!r}; allowed values: {', '.join(MODES)}")
+        return cls(
+            mode=mode,
+            max_episodes=_int("LLMSERVE_MAX_EPISODES", 1024),
+            idle_timeout_s=_float("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", 1800.0),
+            max_sessions=_int("LLMSERVE_MAX_SESSIONS", 256),
+            max_body_bytes=_int("LLMSERVE_MAX_BODY_BYTES", 1 << 20, minimum=1024),
+        )

@@ -1,0 +1,125 @@
+"""LLMServeEnvironment: the OpenEnv `Environment` an agent plays.
+
+Action space: `ServeAction` (shared/models.py). Observation space: `ServeObservation`.
+Reward: `shared.reward.compute_reward`, per window, bounded. Start: `reset(task_id, seed)` fixes
+the task's whole arrival stream from (task, seed) and an empty server. Episode end: `done` after
+the task's horizon of windows (a time limit, so the episode is truncated: requests still waiting
+count as SLO misses in the last window and in the grade).
+
+Where the episode lives: an instance holds the episode it reset (WebSocket sessions, in-process
+use). Over stateless HTTP, OpenEnv builds a fresh instance per call, so `step`/`state` take the
+`episode_id` that `reset` returned and find the episode in the shared `EpisodeStore`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openenv.core.env_server.interfaces import Environment
+from openenv.core.env_server.types import EnvironmentMetadata
+
+from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.episodes import Episode, EpisodeStore
+from llmserve_env.server.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError
+from llmserve_env.shared.grader import GradeResult, grade_episode
+from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
+from llmserve_env.shared.workloads import resolve_task
+
+DEFAULT_TASK = "static_workload"
+DESCRIPTION = (
+    "Set an LLM inference server's policy each window (batch cap, KV budget, speculation depth, "
+    "quantization, prefill/decode split, priority routing) while traffic changes; rewarded for "
+    "goodput within latency SLOs under memory, cost and quality limits."
+)
+
+
+class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]):
+    SUPPORTS_CONCURRENT_SESSIONS = True
+
+    def __init__(self, store: EpisodeStore | None = None, config: ServerConfig | None = None):
+        super().__init__()
+        self.config = config or ServerConfig.from_env()
+        self.store = store if store is not None else EpisodeStore(self.config.max_episodes,
+                                                                   self.config.idle_timeout_s)
+        self._episode: Episode | None = None
+
+    # -- OpenEnv API ---------------------------------------------------------------------------
+    def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str = DEFAULT_TASK,
+              **kwargs: Any) -> ServeObservation:
+        if kwargs:
+            raise EnvError(f"unknown reset argument(s): {', '.join(sorted(kwargs))}; "
+                           f"allowed: task_id, seed, episode_id")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+        if not isinstance(task_id, str):
+            raise EnvError(f"task_id must be a string, got {task_id!r}")
+        task = resolve_task(task_id)
+        if self._episode is not None:
+            self._episode.close()
+        ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id)
+        self.store.put(ep)
+        self._episode = ep
+        assert ep.last_observation is not None
+        return ep.last_observation
+
+    def step(self, action: ServeAction, timeout_s: float | None = None, episode_id: str | None = None,
+             **kwargs: Any) -> ServeObservation:
+        if kwargs:
+            raise EnvError(f"unknown step argument(s): {', '.join(sorted(kwargs))}; "
+                           f"allowed: action, episode_id")
+        return self._resolve(episode_id, "POST /step").step(action)
+
+    @property
+    def state(self) -> ServeState:
+        return self.state_of(None)
+
+    def state_of(self, episode_id: str | None) -> ServeState:
+        ep = self._resolve(episode_id, "GET /state")
+        return ServeState(
+            episode_id=ep.episode_id,
+            step_count=ep.step_count,
+            task_id=ep.task.task_id,
+            seed=ep.seed,
+            mode=ep.mode,  # type: ignore[arg-type]
+            profile=ep.task.profile,
+            horizon=ep.task.horizon,
+            window_s=ep.task.window_s,
+            done=ep.done,
+            cumulative_reward=ep.cumulative_reward,
+            action_history=list(ep.actions),
+            last_observation=ep.last_observation.model_dump() if ep.last_observation else None,
+        )
+
+    def get_metadata(self) -> EnvironmentMetadata:
+        return EnvironmentMetadata(
+            name="LLMServeEnv",
+            description=DESCRIPTION,
+            version="0.2.0",
+            author="LLMServeEnv",
+            documentation_url="/docs",
+        )
+
+    def close(self) -> None:
+        # The stateless HTTP handlers close their throwaway instance after every call: the episode
+        # lives on in the store, so only drop the reference here.
+        self._episode = None
+
+    # -- beyond OpenEnv ------------------------------------------------------------------------
+    @property
+    def episode(self) -> Episode:
+        return self._resolve(None, "this call")
+
+    def grade(self, episode_id: str | None = None) -> GradeResult:
+        ep = self._resolve(episode_id, "POST /grader")
+        if not ep.done or ep.failed is not None:
+            raise EpisodeNotDoneError(ep.episode_id, ep.step_count, ep.task.horizon)
+        return grade_episode(ep.episode_log())
+
+    def _resolve(self, episode_id: str | None, route: str) -> Episode:
+        if episode_id:
+            if self._episode is not None and self._episode.episode_id == episode_id:
+                return self._episode
+            return self.store.get(episode_id)
+        if self._episode is None:
+            raise EpisodeRequiredError(route)
+        return self._episode

@@ -1,0 +1,63 @@
+"""Errors the environment raises, each mapped to one HTTP status by server/app.py.
+
+They carry a message that says what was wrong and what to do instead; none becomes a 500.
+"""
+
+from __future__ import annotations
+
+
+class EnvError(Exception):
+    """Base class: `status` is the HTTP status the server answers with."""
+
+    status = 400
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.message = message
+
+
+class EpisodeRequiredError(EnvError):
+    status = 400
+
+    def __init__(self, route: str):
+        super().__init__(
+            f"{route} needs an 'episode_id': call POST /reset first and pass the episode_id it returns "
+            f"(in the JSON body for POST routes, as ?episode_id= for GET /state), or use the WebSocket /ws "
+            f"session, which keeps its own episode"
+        )
+
+
+class EpisodeNotFoundError(EnvError):
+    status = 404
+
+    def __init__(self, episode_id: str):
+        super().__init__(
+            f"episode_id {episode_id!r} is unknown or expired (idle episodes are dropped after the idle "
+            f"timeout, and the least recently used when the store is full); call POST /reset for a new one"
+        )
+
+
+class EpisodeDoneError(EnvError):
+    status = 409
+
+    def __init__(self, episode_id: str, horizon: int):
+        super().__init__(
+            f"episode {episode_id!r} is done (all {horizon} windows served); grade it with POST /grader "
+            f"or call POST /reset for a new episode"
+        )
+
+
+class EpisodeNotDoneError(EnvError):
+    status = 409
+
+    def __init__(self, episode_id: str, step: int, horizon: int):
+        super().__init__(
+            f"episode {episode_id!r} is not finished ({step} of {horizon} windows served); "
+            f"step it to done before grading"
+        )
+
+
+class BackendFailure(EnvError):
+    """The backend of one episode failed; that episode ends, others are untouched."""
+
+    status = 502

@@ -1,0 +1,315 @@
+"""The episode grader: one score in [0, 1], deterministic for the same log.
+
+Reference points, computed on the episode's own arrivals (regenerated with
+`generate_arrivals(task, seed)`), with the task profile's `ProfileCapacity` (`shared.tasks`):
+
+- floor (`floor_met`): a naive server that runs one request at a time, first come first served,
+  at FP16 without speculation. Request i starts when it arrives or when the previous one
+  finishes; its first token comes serial_itl_ms + prompt / serial_prefill_tps later, then one
+  serial_itl_ms step per further token. It counts the requests that meet their tenant's TTFT and
+  TPOT SLOs and finish within the episode. "Starve" (batch_cap 1) plays about this well.
+- upper bound (`upper_met`): an ideal server that spends (prompt + output) / peak_tokens_per_s
+  GPU-seconds on a request under any setting, and emits tokens min_itl_ms apart at best. A
+  request is feasible when even alone it meets its SLOs (prompt / peak <= TTFT SLO,
+  min_itl <= TPOT SLO) and finishes before the episode ends; of the feasible requests, at most
+  the ones with the least work whose total work fits in the episode's seconds can be served.
+  No policy on the profile can meet more, so every score below 1 has headroom.
+  Per tenant, the same two counts restricted to its requests (`floor_met_by_tenant`,
+  `upper_met_by_tenant`; a tenant's bound is its own feasible requests that fit alone).
+
+Print them for any task and seed:
+
+    python -m llmserve_env.shared.grader references --task adversarial_multitenant --seed 0
+
+The capacity figures of a profile come from `shared.tasks.PROFILE_CAPACITY` (its `source`
+says where they come from); tests/test_policy_floors.py checks them against the simulator's own
+step-time model (`sim.step_time.step_model`): nothing the simulator can do exceeds the ideal
+server's peak, and its batch-1 FP16 step and prefill rate match the naive server's within 10 %.
+
+Score:
+
+    G = clip((met - f) / max(upper_met - f, 1), 0, 1)                        goodput
+        f = min(floor_met, FLOOR_CAP x upper_met)   (FLOOR_CAP = 0.5: on a load so light that the
+        naive server meets nearly everything, meeting everything still scores 1)
+    W = min over tenants of the same, per tenant                             worst tenant
+    Q = clip(1 - (1 - q) / QUALITY_TOLERANCE, 0, 1)                          quality
+        q = the output-token-weighted mean of each window's quality (FP16 = 1)
+    C = min(1, cost_budget_per_1k / (1000 x total cost / output tokens))     cost
+        (1 when nothing was spent; 0 when money was spent and no token produced)
+    score = G x Q x C                       one tenant
+    score = sqrt(G x W) x Q x C             several tenants: the geometric mean makes sacrificing
+                                            any tenant costly (a starved tenant drives it to 0)
+
+`met` is the episode's total of requests that met every SLO of their tenant; requests left
+unsettled at the end are misses (`shared.metrics`). The log must be finished (done, horizon
+steps) and consistent with the regenerated arrivals, else GradeError.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.episode import EpisodeLog
+from llmserve_env.shared.reward import QUALITY_TOLERANCE
+from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
+from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
+from pydantic import BaseModel, Field
+
+
+class GradeError(ValueError):
+    """The log cannot be graded: unfinished, malformed, or inconsistent with its task and seed."""
+
+
+class GradeResult(BaseModel):
+    """A grade: the score, the terms it is built from, and the reference points used."""
+
+    score: float = Field(..., ge=0.0, le=1.0)
+    terms: dict[str, float]
+    reference: dict[str, Any]
+    task_id: str
+    episode_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class References:
+    """The floor and the upper bound of one (task, seed), in requests that meet their SLOs."""
+
+    arrivals: int
+    feasible: int
+    floor_met: int
+    upper_met: int
+    arrivals_by_tenant: dict[str, int]
+    floor_met_by_tenant: dict[str, int]
+    upper_met_by_tenant: dict[str, int]
+
+
+_EPS = 1e-9
+
+
+def _serial_floor(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) -> dict[str, int]:
+    horizon_s = task.horizon * task.window_s
+    itl = cap.serial_itl_ms / 1e3
+    met = {t.name: 0 for t in task.tenants}
+    slo = {t.name: (t.ttft_slo_ms / 1e3, t.tpot_slo_ms / 1e3) for t in task.tenants}
+    free_at = 0.0
+    for a in arrivals:
+        start = max(a.arrival_s, free_at)
+        first = start + itl + a.prompt_tokens / cap.serial_prefill_tps
+        finish = first + (a.output_tokens - 1) * itl
+        free_at = finish
+        ttft_slo, tpot_slo = slo[a.tenant]
+        if first - a.arrival_s <= ttft_slo + _EPS and itl <= tpot_slo + _EPS and finish < horizon_s:
+            met[a.tenant] += 1
+    return met
+
+
+def _ideal_upper(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) -> tuple[int, dict[str, int], int]:
+    horizon_s = task.horizon * task.window_s
+    peak = cap.peak_tokens_per_s
+    min_itl = cap.min_itl_ms / 1e3
+    slo = {t.name: (t.ttft_slo_ms / 1e3, t.tpot_slo_ms / 1e3) for t in task.tenants}
+    feasible: list[tuple[float, str]] = []
+    for a in arrivals:
+        ttft_slo, tpot_slo = slo[a.tenant]
+        prefill = a.prompt_tokens / peak
+        done = a.arrival_s + prefill + (a.output_tokens - 1) * min_itl
+        if prefill <= ttft_slo + _EPS and min_itl <= tpot_slo + _EPS and done < horizon_s:
+            feasible.append(((a.prompt_tokens + a.output_tokens) / peak, a.tenant))
+
+    def fit(works: list[float]) -> int:
+        used, n = 0.0, 0
+        for w in sorted(works):
+            if used + w > horizon_s:
+                break
+            used += w
+            n += 1
+        return n
+
+    total = fit([w for w, _ in feasible])
+    by_tenant = {t.name: fit([w for w, name in feasible if name == t.name]) for t in task.tenants}
+    return total, by_tenant, len(feasible)
+
+
+def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | None = None,
+                       arrivals: list[Arrival] | None = None) -> References:
+    """The floor and upper bound of `task` under `seed` (see the module docstring).
+
+    `arrivals` saves regenerating them when the caller already has generate_arrivals(task, seed).
+    """
+    cap = capacity or task.capacity()
+    if arrivals is None:
+        arrivals = generate_arrivals(task, seed)
+    floor = _serial_floor(task, arrivals, cap)
+    upper, upper_by_tenant, feasible = _ideal_upper(task, arrivals, cap)
+    by_tenant = {t.name: 0 for t in task.tenants}
+    for a in arrivals:
+        by_tenant[a.tenant] += 1
+    return References(
+        arrivals=len(arrivals),
+        feasible=feasible,
+        floor_met=sum(floor.values()),
+        upper_met=upper,
+        arrivals_by_tenant=by_tenant,
+        floor_met_by_tenant=floor,
+        upper_met_by_tenant=upper_by_tenant,
+    )
+
+
+# The floor is capped at this share of the upper bound: on a workload so light that the naive
+# server already serves nearly everything, meeting every request must still score 1.
+FLOOR_CAP = 0.5
+
+
+def _normalised(met: float, floor: int, upper: int) -> float:
+    lo = min(float(floor), FLOOR_CAP * upper)
+    return min(1.0, max(0.0, (met - lo) / max(upper - lo, 1.0)))
+
+
+def _number(step: int, metrics: dict[str, Any], key: str, integer: bool = False) -> float:
+    v = metrics.get(key)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise GradeError(f"step {step}: metrics[{key!r}] is missing or not a number")
+    if not math.isfinite(v) or v < 0:
+        raise GradeError(f"step {step}: metrics[{key!r}] must be finite and >= 0")
+    if integer and v != int(v):
+        raise GradeError(f"step {step}: metrics[{key!r}] must be an integer")
+    return float(v)
+
+
+@dataclass(slots=True)
+class _Totals:
+    met: int = 0
+    missed: int = 0
+    output_tokens: float = 0.0
+    quality_tokens: float = 0.0
+    cost_usd: float = 0.0
+
+
+def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[_Totals, dict[str, list[int]]]:
+    """Sum the log's metrics, checking them against the regenerated arrivals."""
+    names = [t.name for t in task.tenants]
+    tot = _Totals()
+    by_tenant = {n: [0, 0, 0] for n in names}  # arrived, met, missed
+    for k, step in enumerate(log.steps):
+        if step.step_index != k:
+            raise GradeError(f"step {k}: step_index is {step.step_index}, expected {k}")
+        m = step.metrics
+        arrivals = int(_number(k, m, "arrivals", integer=True))
+        if arrivals != len(per_window[k]):
+            raise GradeError(f"step {k}: {arrivals} arrivals logged, the task and seed give {len(per_window[k])}")
+        met = int(_number(k, m, "slo_met", integer=True))
+        missed = int(_number(k, m, "slo_missed", integer=True))
+        out = _number(k, m, "output_tokens", integer=True)
+        quality = _number(k, m, "quality")
+        if quality > 1.0:
+            raise GradeError(f"step {k}: quality {quality} is above 1 (FP16 = 1)")
+        tot.met += met
+        tot.missed += missed
+        tot.output_tokens += out
+        tot.quality_tokens += quality * out
+        tot.cost_usd += _number(k, m, "cost_usd")
+        pt = m.get("per_tenant")
+        if not isinstance(pt, dict) or set(pt) != set(names):
+            raise GradeError(f"step {k}: per_tenant must list exactly the tenants {', '.join(names)}")
+        expected = {n: 0 for n in names}
+        for a in per_window[k]:
+            expected[a.tenant] += 1
+        sum_met = sum_missed = 0
+        for n in names:
+            entry = pt[n]
+            counts = [int(_number(k, entry, key, integer=True)) for key in ("arrived", "met", "missed")]
+            if counts[0] != expected[n]:
+                raise GradeError(f"step {k}: tenant {n!r} logged {counts[0]} arrivals, expected {expected[n]}")
+            for i in range(3):
+                by_tenant[n][i] += counts[i]
+            sum_met += counts[1]
+            sum_missed += counts[2]
+        if (sum_met, sum_missed) != (met, missed):
+            raise GradeError(f"step {k}: per-tenant met/missed do not add up to slo_met/slo_missed")
+    return tot, by_tenant
+
+
+def grade_episode(log: EpisodeLog) -> GradeResult:
+    """Grade a finished episode (see the module docstring); GradeError if it cannot be graded."""
+    task = resolve_task(log.task_id)  # UnknownTaskError / TraceError propagate
+    if log.horizon != task.horizon:
+        raise GradeError(f"log horizon {log.horizon} differs from task {task.task_id!r}'s {task.horizon}")
+    if not log.done or len(log.steps) < task.horizon:
+        raise GradeError(f"episode {log.episode_id!r} is unfinished: {len(log.steps)} of {task.horizon} steps"
+                         f"{'' if log.done else ', not done'}")
+    if len(log.steps) > task.horizon:
+        raise GradeError(f"episode {log.episode_id!r} has {len(log.steps)} steps, the horizon is {task.horizon}")
+    cap = PROFILE_CAPACITY.get(log.profile) or task.capacity()
+    arrivals = generate_arrivals(task, log.seed)
+    per_window = windows(arrivals, task)
+    tot, by_tenant = _totals(log, task, per_window)
+    if tot.met + tot.missed != len(arrivals):
+        raise GradeError(f"{tot.met} met + {tot.missed} missed requests, but {len(arrivals)} arrived: "
+                         f"every request must be settled by the end of the episode")
+    ref = compute_references(task, log.seed, cap, arrivals)
+
+    g = _normalised(tot.met, ref.floor_met, ref.upper_met)
+    terms = {"goodput": g}
+    if len(task.tenants) > 1:
+        terms["worst_tenant"] = min(
+            _normalised(by_tenant[n][1], ref.floor_met_by_tenant[n], ref.upper_met_by_tenant[n])
+            for n in by_tenant
+            if ref.arrivals_by_tenant[n] > 0
+        )
+        base = math.sqrt(g * terms["worst_tenant"])
+    else:
+        base = g
+    q_mean = tot.quality_tokens / tot.output_tokens if tot.output_tokens else 1.0
+    terms["quality"] = min(1.0, max(0.0, 1.0 - (1.0 - q_mean) / QUALITY_TOLERANCE))
+    if tot.output_tokens:
+        cost_per_1k = 1e3 * tot.cost_usd / tot.output_tokens
+        terms["cost"] = min(1.0, task.cost_budget_per_1k / cost_per_1k) if cost_per_1k > 0 else 1.0
+    else:
+        cost_per_1k = 0.0
+        terms["cost"] = 0.0 if tot.cost_usd > 0 else 1.0
+    score = base * terms["quality"] * terms["cost"]
+    reference = {
+        **asdict(ref),
+        "capacity": cap.describe(),
+        "met": tot.met,
+        "met_by_tenant": {n: v[1] for n, v in by_tenant.items()},
+        "mean_quality": q_mean,
+        "cost_per_1k_tokens": cost_per_1k,
+        "cost_budget_per_1k": task.cost_budget_per_1k,
+        "quality_tolerance": QUALITY_TOLERANCE,
+    }
+    return GradeResult(score=min(1.0, max(0.0, score)), terms=terms, reference=reference,
+                       task_id=task.task_id, episode_id=log.episode_id)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m llmserve_env.shared.grader",
+                                     description="Grader reference points, or grade an episode log (JSON).")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    ref = sub.add_parser("references", help="print the floor and upper bound of a task and seed")
+    ref.add_argument("--task", required=True)
+    ref.add_argument("--seed", type=int, default=0)
+    grade = sub.add_parser("grade", help="grade an EpisodeLog JSON file")
+    grade.add_argument("log")
+    args = parser.parse_args(argv)
+    if args.cmd == "references":
+        task = resolve_task(args.task)
+        refs = compute_references(task, args.seed)
+        print(json.dumps({"task_id": task.task_id, "seed": args.seed, **asdict(refs),
+                          "capacity": task.capacity().describe()}, indent=2))
+    else:
+        with open(args.log, encoding="utf-8") as f:
+            result = grade_episode(EpisodeLog.model_validate_json(f.read()))
+        print(result.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""One definition of the serving metrics, for the simulator and the real gateway alike.
+
+Latencies follow vLLM's benchmark (benchmarks/benchmark_serving.py):
+
+- TTFT = first token - arrival (queueing included); also reported from dispatch.
+- ITL = the gap between consecutive output chunks of one request, one sample per chunk
+  (the report's `itl_samples` are (gap_s, count) pairs, weighted by count; when a backend sends
+  none, the gaps of the records' `chunk_times_s` that end inside the window are used).
+- TPOT = (last token - first token) / (output tokens - 1), for requests with >= 2 tokens.
+- E2E = finish - arrival.
+
+SLOs are judged per request against its tenant's TTFT and TPOT objectives, and every arrived
+request is judged exactly once ("settled"):
+
+- it finishes with status "ok", TTFT <= SLO and TPOT <= SLO: met;
+- it finishes with any other status (error, timeout, cancelled, rejected): missed;
+- it is still pending when the window ends but can no longer meet its SLOs (no first token and
+  older than its TTFT SLO; first token too late; or decoding for so long that its TPOT must
+  exceed the SLO): missed now, and not counted again when it later finishes;
+- the episode's last window (`final=True`): every request not yet settled is missed (an
+  end-of-episode backlog is not free).
+
+SLO attainment = met / (met + missed) over the requests settled in the window (1.0 when none);
+goodput = requests met per second, and their output tokens per second.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival, WindowReport
+from llmserve_env.shared.tasks import TaskSpec
+
+# Below this many samples a sorted Python list beats numpy's per-call overhead (same results).
+_NUMPY_MIN = 128
+_EPS = 1e-9  # seconds: a latency equal to its SLO meets it, whatever the float rounding
+
+
+def percentiles(values: list[float], *qs: float) -> list[float]:
+    """numpy's default ("linear") percentiles of `values` (one sort for all), 0.0 for an empty list."""
+    n = len(values)
+    if n == 0:
+        return [0.0] * len(qs)
+    if n >= _NUMPY_MIN:
+        return [float(x) for x in np.percentile(np.asarray(values, dtype=np.float64), qs)]
+    s = sorted(values)
+    out = []
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        out.append(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+    return out
+
+
+def weighted_percentiles(samples: list[tuple[float, int]], *qs: float) -> list[float]:
+    """Percentiles of `samples` expanded (value repeated count times), numpy's linear method."""
+    total = 0
+    for _, c in samples:
+        total += c
+    if total <= 0:
+        return [0.0] * len(qs)
+    if len(samples) >= _NUMPY_MIN:
+        arr = np.asarray(samples, dtype=np.float64)
+        order = np.argsort(arr[:, 0], kind="stable")
+        vals = arr[order, 0]
+        cum = np.cumsum(arr[order, 1])
+        out = []
+        for q in qs:
+            pos = (total - 1) * q / 100.0
+            lo = int(pos)
+            # the k-th expanded value (0-based) is the first whose cumulative count exceeds k
+            v_lo = vals[int(np.searchsorted(cum, lo + 1))]
+            v_hi = vals[int(np.searchsorted(cum, min(lo + 1, total - 1) + 1))]
+            out.append(float(v_lo + (v_hi - v_lo) * (pos - lo)))
+        return out
+    s = sorted(samples)
+    out = []
+    for q in qs:
+        pos = (total - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, total - 1)
+        v_lo = v_hi = s[-1][0]
+        seen = 0
+        found_lo = False
+        for v, c in s:
+            if c <= 0:
+                continue
+            seen += c
+            if not found_lo and seen > lo:
+                v_lo, found_lo = v, True
+            if seen > hi:
+                v_hi = v
+                break
+        out.append(v_lo + (v_hi - v_lo) * (pos - lo))
+    return out
+
+
+@dataclass(slots=True)
+class TenantStats:
+    """One tenant in one window: requests arrived, and requests settled met / missed."""
+
+    arrived: int = 0
+    met: int = 0
+    missed: int = 0
+
+    @property
+    def attainment(self) -> float:
+        settled = self.met + self.missed
+        return self.met / settled if settled else 1.0
+
+    def to_dict(self) -> dict[str, float]:
+        return {"arrived": self.arrived, "met": self.met, "missed": self.missed, "attainment": self.attainment}
+
+
+@dataclass(slots=True)
+class WindowMetrics:
+    """Everything measured over one window (latencies in ms; 0.0 where there was no sample).
+
+    arrivals / arrival_rate_rps / mean_prompt_tokens   the window's new requests
+    finished        requests that reached a terminal state in the window
+    slo_met / slo_missed   requests settled in the window (see the module docstring)
+    backlog_missed  of slo_missed, the requests still unsettled when the episode ended (final window)
+    slo_attainment  met / (met + missed), 1.0 when nothing settled
+    goodput_rps / goodput_tokens_per_s   met requests (their output tokens) per second
+    p50/p99_ttft_ms TTFT from arrival of the first tokens produced in the window
+    p50_ttft_dispatch_ms  TTFT from dispatch of the same
+    p50/p99_itl_ms  inter-token latency of the window's output chunks
+    p50_tpot_ms / p50_e2e_ms  of the requests finished ok in the window
+    output_tokens / prompt_tokens   generated / prefilled in the window; throughput_tps = output / s
+    queue_depth / active_requests   waiting / running at window end
+    kv_occupancy, gpu_memory_used_gb, evictions, spec_acceptance_rate, quality   from the backend
+    cost_usd        the window's cost; cost_per_1k_tokens = 1000 x cost / output tokens
+                    (0.0 when no token was produced: nothing was served to price)
+    per_tenant      TenantStats per tenant of the task
+    """
+
+    window_s: float
+    arrivals: int
+    arrival_rate_rps: float
+    mean_prompt_tokens: float
+    finished: int
+    slo_met: int
+    slo_missed: int
+    backlog_missed: int
+    slo_attainment: float
+    goodput_rps: float
+    goodput_tokens_per_s: float
+    p50_ttft_ms: float
+    p99_ttft_ms: float
+    p50_ttft_dispatch_ms: float
+    p50_itl_ms: float
+    p99_itl_ms: float
+    p50_tpot_ms: float
+    p50_e2e_ms: float
+    output_tokens: int
+    prompt_tokens: int
+    throughput_tps: float
+    queue_depth: int
+    active_requests: int
+    kv_occupancy: float
+    gpu_memory_used_gb: float
+    evictions: int
+    spec_acceptance_rate: float
+    cost_usd: float
+    cost_per_1k_tokens: float
+    quality: float
+    per_tenant: dict[str, TenantStats] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-able and flat, except `per_tenant` (name -> arrived/met/missed/attainment)."""
+        out: dict[str, Any] = {}
+        for name in _SCALAR_FIELDS:
+            out[name] = getattr(self, name)
+        out["per_tenant"] = {k: v.to_dict() for k, v in self.per_tenant.items()}
+        return out
+
+
+_SCALAR_FIELDS: tuple[str, ...] = tuple(f for f in WindowMetrics.__dataclass_fields__ if f != "per_tenant")
+
+
+class MetricsTracker:
+    """Turns each window's report into WindowMetrics, settling every request exactly once.
+
+    It persists across an episode's windows: requests are registered when they arrive, settled
+    when they finish or as soon as they can no longer meet their SLOs, and on the final window
+    whatever is left counts as missed. A record for a request that never arrived, or one that
+    finishes twice, is a backend bug and raises ValueError.
+    """
+
+    def __init__(self, task: TaskSpec):
+        self.task = task
+        self._slo = {t.name: (t.ttft_slo_ms / 1e3 + _EPS, t.tpot_slo_ms / 1e3 + _EPS) for t in task.tenants}
+        # request_id -> (tenant, latest first-token time that meets its TTFT SLO, TPOT SLO in s)
+        self._open: dict[int, tuple[str, float, float]] = {}
+        self._flagged: set[int] = set()  # settled as missed while still pending
+        self.closed = False
+
+    def observe(self, report: WindowReport, arrivals: list[Arrival], final: bool = False) -> WindowMetrics:
+        if self.closed:
+            raise ValueError("the episode's final window was already observed")
+        dt = report.dt
+        t0 = report.t0
+        t_end = t0 + dt
+        names = [t.name for t in self.task.tenants]
+        arrived = dict.fromkeys(names, 0)
+        met_by = dict.fromkeys(names, 0)
+        missed_by = dict.fromkeys(names, 0)
+        slo = self._slo
+        opened = self._open
+        flagged = self._flagged
+
+        prompt_sum = 0
+        for a in arrivals:
+            ttft_s, tpot_s = slo[a.tenant]
+            opened[a.request_id] = (a.tenant, a.arrival_s + ttft_s, tpot_s)
+            arrived[a.tenant] += 1
+            prompt_sum += a.prompt_tokens
+
+        good_tokens = 0
+        tpots: list[float] = []
+        e2es: list[float] = []
+        ttft_dispatch: list[float] = []
+        for rec in report.finished:
+            rid = rec.request_id
+            req = opened.pop(rid, None)
+            if req is None:
+                if rid not in flagged:
+                    raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
+                flagged.discard(rid)
+            ok_done = rec.status == "ok"
+            ft = rec.first_token_s
+            if ft is not None and rec.dispatch_s is not None and t0 <= ft < t_end:
+                ttft_dispatch.append(ft - rec.dispatch_s)
+            tpot = None
+            fin = rec.finish_s
+            if ok_done and fin is not None:
+                e2es.append(fin - rec.arrival_s)
+                if ft is not None and rec.output_tokens >= 2:
+                    tpot = (fin - ft) / (rec.output_tokens - 1)
+                    tpots.append(tpot)
+            if req is None:
+                continue
+            tenant, ttft_deadline, tpot_slo = req
+            if ok_done and ft is not None and ft <= ttft_deadline and (tpot is None or tpot <= tpot_slo):
+                met_by[tenant] += 1
+                good_tokens += rec.output_tokens
+            else:
+                missed_by[tenant] += 1
+
+        queued = running = 0
+        for rec in report.pending:
+            if rec.status == "queued":
+                queued += 1
+            else:
+                running += 1
+            ft = rec.first_token_s
+            if ft is not None and rec.dispatch_s is not None and t0 <= ft < t_end:
+                ttft_dispatch.append(ft - rec.dispatch_s)
+            rid = rec.request_id
+            req = opened.get(rid)
+            if req is None:
+                continue
+            tenant, ttft_deadline, tpot_slo = req
+            if ft is None:
+                late = t_end > ttft_deadline
+            else:
+                # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now,
+                # nor produce more than its target tokens.
+                n = rec.target_output_tokens
+                late = ft > ttft_deadline or (n >= 2 and t_end - ft > tpot_slo * (n - 1))
+            if late:
+                del opened[rid]
+                flagged.add(rid)
+                missed_by[tenant] += 1
+
+        backlog = 0
+        if final:
+            backlog = len(opened)
+            for tenant, _, _ in opened.values():
+                missed_by[tenant] += 1
+            opened.clear()
+            flagged.clear()
+            self.closed = True
+
+        met = sum(met_by.values())
+        missed = sum(missed_by.values())
+        per_tenant = {n: TenantStats(arrived[n], met_by[n], missed_by[n]) for n in names}
+        ttft_p50, ttft_p99 = percentiles([x[2] for x in report.first_tokens], 50.0, 99.0)
+        itl = report.itl_samples if report.itl_samples else _chunk_gaps(report, t0, t_end)
+        itl_p50, itl_p99 = weighted_percentiles(itl, 50.0, 99.0)
+        out_tokens = int(report.output_tokens)
+        settled = met + missed
+        cost = float(report.cost_usd)
+        n_arr = len(arrivals)
+        return WindowMetrics(
+            window_s=dt,
+            arrivals=n_arr,
+            arrival_rate_rps=n_arr / dt,
+            mean_prompt_tokens=prompt_sum / n_arr if n_arr else 0.0,
+            finished=len(report.finished),
+            slo_met=met,
+            slo_missed=missed,
+            backlog_missed=backlog,
+            slo_attainment=met / settled if settled else 1.0,
+            goodput_rps=met / dt,
+            goodput_tokens_per_s=good_tokens / dt,
+            p50_ttft_ms=1e3 * ttft_p50,
+            p99_ttft_ms=1e3 * ttft_p99,
+            p50_ttft_dispatch_ms=1e3 * percentiles(ttft_dispatch, 50.0)[0],
+            p50_itl_ms=1e3 * itl_p50,
+            p99_itl_ms=1e3 * itl_p99,
+            p50_tpot_ms=1e3 * percentiles(tpots, 50.0)[0],
+            p50_e2e_ms=1e3 * percentiles(e2es, 50.0)[0],
+            output_tokens=out_tokens,
+            prompt_tokens=int(report.prompt_tokens),
+            throughput_tps=out_tokens / dt,
+            queue_depth=queued,
+            active_requests=running,
+            kv_occupancy=min(1.0, max(0.0, float(report.kv_occupancy))),
+            gpu_memory_used_gb=float(report.gpu_memory_used_gb),
+            evictions=int(report.evictions),
+            spec_acceptance_rate=report.spec_accepted / report.spec_proposed if report.spec_proposed else 0.0,
+            cost_usd=cost,
+            cost_per_1k_tokens=1e3 * cost / out_tokens if out_tokens else 0.0,
+            quality=float(report.quality),
+            per_tenant=per_tenant,
+        )
+
+    @property
+    def outstanding(self) -> int:
+        """Requests arrived and not yet settled."""
+        return len(self._open)
+
+
+def _chunk_gaps(report: WindowReport, t0: float, t_end: float) -> list[tuple[float, int]]:
+    """ITL samples from records' chunk times (real mode): gaps whose later chunk is in the window."""
+    gaps: list[tuple[float, int]] = []
+    for recs in (report.finished, report.pending):
+        for rec in recs:
+            ct = rec.chunk_times_s
+            for i in range(1, len(ct)):
+                if t0 <= ct[i] < t_end:
+                    gaps.append((ct[i] - ct[i - 1], 1))
+    return gaps
+

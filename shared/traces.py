@@ -1,0 +1,232 @@
+"""Request traces read from files, and the slice of one that an episode replays.
+
+Two formats:
+
+- CSV with a header naming `arrived_at,num_prefill_tokens,num_decode_tokens` (seconds, tokens;
+  the format of Vidur and Splitwise; other columns are ignored, any order).
+- JSONL, one object per line with `timestamp` (milliseconds), `input_length`, `output_length`
+  (Mooncake's format; other keys such as `hash_ids` are ignored).
+
+The format is taken from the extension (.csv; .jsonl/.json), else from the first non-blank
+character (`{` means JSONL). Rules: times finite and >= 0; token counts integers >= 0, where 0 is
+raised to 1 (every request prompts and produces at least one token); blank lines are skipped;
+rows are sorted by time (stable). A missing, unreadable or malformed file raises `TraceError`
+naming the file and, for a bad row, its 1-based line number; messages never echo file content.
+
+Replay (`replay_slice`): the rows with start_s <= t < start_s + duration_s x speedup, shifted to
+start at 0 and divided by `speedup` (speedup 4 plays the trace 4x faster). `start_s` defaults to
+the first row's time, so a replay begins with the trace's first request.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
+JSONL_KEYS = ("timestamp", "input_length", "output_length")
+# Guards against replaying something that is not a trace (or a file meant to exhaust memory).
+MAX_TRACE_BYTES = 256 * 1024 * 1024
+MAX_TRACE_ROWS = 2_000_000
+
+
+class TraceError(ValueError):
+    """A trace file that is missing, unreadable or malformed (the message names file and line)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trace:
+    """A loaded trace: parallel arrays sorted by arrival time (seconds, as recorded)."""
+
+    path: str
+    fmt: str
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSlice:
+    """The part of a trace one episode replays, on the episode clock (seconds from 0)."""
+
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    start_s: float
+    speedup: float
+
+    def __len__(self) -> int:
+        return int(self.arrival_s.shape[0])
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Read and validate a trace file (cached per path, size and modification time)."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise TraceError(f"trace file {str(p)!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if not p.is_file():
+        raise TraceError(f"trace file {str(p)!r}: not a regular file")
+    if st.st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"trace file {str(p)!r}: {st.st_size} bytes, more than the {MAX_TRACE_BYTES} allowed")
+    return _load_cached(str(p.resolve()), st.st_size, st.st_mtime_ns, str(p))
+
+
+@lru_cache(maxsize=16)
+def _load_cached(resolved: str, size: int, mtime_ns: int, shown: str) -> Trace:
+    del size, mtime_ns  # part of the cache key only: a rewritten file is read again
+    try:
+        text = Path(resolved).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"trace file {shown!r}: not UTF-8 text") from None
+    except OSError as exc:
+        raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    fmt = _detect_format(resolved, text)
+    rows = _parse_jsonl(text, shown) if fmt == "jsonl" else _parse_csv(text, shown)
+    if not rows:
+        raise TraceError(f"trace file {shown!r}: no requests in it")
+    arr = np.array(rows, dtype=np.float64)
+    order = np.argsort(arr[:, 0], kind="stable")
+    arr = arr[order]
+    return Trace(
+        path=shown,
+        fmt=fmt,
+        arrival_s=arr[:, 0].copy(),
+        prompt_tokens=arr[:, 1].astype(np.int64),
+        output_tokens=arr[:, 2].astype(np.int64),
+    )
+
+
+def _detect_format(path: str, text: str) -> str:
+    suffix = Path(path).suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".json", ".ndjson"):
+        return "jsonl"
+    stripped = text.lstrip()
+    return "jsonl" if stripped.startswith("{") else "csv"
+
+
+def _time(value: object, shown: str, line: int, name: str, scale: float) -> float:
+    if isinstance(value, bool):
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} must be a number")
+    try:
+        t = float(value) * scale  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} is not a number") from None
+    if not math.isfinite(t) or t < 0:
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} must be finite and >= 0")
+    return t
+
+
+def _tokens(value: object, shown: str, line: int, name: str) -> int:
+    if isinstance(value, bool):
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} must be an integer")
+    if isinstance(value, int):
+        n = value
+    else:
+        try:
+            f = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer") from None
+        if not math.isfinite(f) or f != int(f):
+            raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer")
+        n = int(f)
+    if n < 0:
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} must be >= 0")
+    return max(1, n)
+
+
+def _parse_csv(text: str, shown: str) -> list[tuple[float, int, int]]:
+    reader = csv.reader(text.splitlines())
+    header: list[str] | None = None
+    rows: list[tuple[float, int, int]] = []
+    idx: tuple[int, int, int] = (0, 0, 0)
+    for line_no, fields in enumerate(reader, start=1):
+        if not fields or all(not f.strip() for f in fields):
+            continue
+        if header is None:
+            header = [f.strip() for f in fields]
+            missing = [c for c in CSV_COLUMNS if c not in header]
+            if missing:
+                raise TraceError(
+                    f"trace file {shown!r}, line {line_no}: the CSV header must name "
+                    f"{','.join(CSV_COLUMNS)} (missing: {','.join(missing)})"
+                )
+            idx = (header.index(CSV_COLUMNS[0]), header.index(CSV_COLUMNS[1]), header.index(CSV_COLUMNS[2]))
+            continue
+        if len(fields) != len(header):
+            raise TraceError(
+                f"trace file {shown!r}, line {line_no}: {len(fields)} fields, the header has {len(header)}"
+            )
+        rows.append((
+            _time(fields[idx[0]].strip(), shown, line_no, CSV_COLUMNS[0], 1.0),
+            _tokens(fields[idx[1]].strip(), shown, line_no, CSV_COLUMNS[1]),
+            _tokens(fields[idx[2]].strip(), shown, line_no, CSV_COLUMNS[2]),
+        ))
+        if len(rows) > MAX_TRACE_ROWS:
+            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
+    if header is None:
+        raise TraceError(f"trace file {shown!r}: empty (expected a header {','.join(CSV_COLUMNS)})")
+    return rows
+
+
+def _parse_jsonl(text: str, shown: str) -> list[tuple[float, int, int]]:
+    rows: list[tuple[float, int, int]] = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
+        if not isinstance(obj, dict):
+            raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
+        missing = [k for k in JSONL_KEYS if k not in obj]
+        if missing:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: missing key(s) {', '.join(missing)}")
+        rows.append((
+            _time(obj["timestamp"], shown, line_no, "timestamp", 1e-3),
+            _tokens(obj["input_length"], shown, line_no, "input_length"),
+            _tokens(obj["output_length"], shown, line_no, "output_length"),
+        ))
+        if len(rows) > MAX_TRACE_ROWS:
+            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
+    return rows
+
+
+def replay_slice(trace: Trace, duration_s: float, speedup: float = 1.0, start_s: float | None = None) -> TraceSlice:
+    """The rows an episode of `duration_s` seconds replays (see the module docstring)."""
+    if not (math.isfinite(speedup) and speedup > 0):
+        raise TraceError(f"trace {trace.path!r}: speedup must be a positive number, got {speedup!r}")
+    t0 = float(trace.arrival_s[0]) if start_s is None else float(start_s)
+    if not (math.isfinite(t0) and t0 >= 0):
+        raise TraceError(f"trace {trace.path!r}: start_s must be finite and >= 0, got {start_s!r}")
+    lo = int(np.searchsorted(trace.arrival_s, t0, side="left"))
+    hi = int(np.searchsorted(trace.arrival_s, t0 + duration_s * speedup, side="left"))
+    t = (trace.arrival_s[lo:hi] - t0) / speedup
+    # Scaling can push a time just under the end up to it; keep every replayed arrival inside.
+    t = np.minimum(t, np.nextafter(duration_s, 0.0))
+    return TraceSlice(
+        arrival_s=t,
+        prompt_tokens=trace.prompt_tokens[lo:hi].copy(),
+        output_tokens=trace.output_tokens[lo:hi].copy(),
+        start_s=t0,
+        speedup=float(speedup),
+    )
+
+
+def packaged_trace_path(name: str) -> Path:
+    """A trace shipped in shared/data (see shared/data/PROVENANCE.md)."""
+    return Path(__file__).resolve().parent / "data" / name

@@ -1,0 +1,286 @@
+"""Arrival streams: every request of an episode, from (task, seed) alone.
+
+`generate_arrivals(task, seed)` returns the whole episode's requests (horizon x window_s
+seconds), sorted by arrival time, with request ids 0..n-1. Nothing here sees an action, so every
+policy played on the same (task, seed) serves the same requests. Randomness comes from a numpy
+Generator seeded with (seed, WORKLOAD_STREAM), split into independent sub-streams for arrival
+times, tenants and lengths: the engine's stream (seeded from `seed` alone) never overlaps it,
+and changing a length distribution does not move any arrival time.
+
+Arrival processes (`task.workload["kind"]`):
+
+- "poisson": homogeneous Poisson at `rate_rps`; each arrival's tenant drawn by share.
+- "mmpp": Markov-modulated Poisson. The phase is a continuous-time Markov chain over
+  `rates_rps` (one rate per phase) whose dwell in phase k is exponential with mean
+  `mean_dwell_windows[k]` windows; it moves to another phase chosen uniformly (two phases
+  alternate) and starts in its stationary distribution. Within a phase, Poisson at its rate.
+- "spiky": every tenant sends Poisson traffic at `rate_rps` x share; at each window not already
+  in a spike, a spike starts with probability `spike_prob` and lasts a whole number of windows
+  drawn uniformly from `spike_len_windows` [lo, hi]; during it `spike_tenant`'s rate is
+  multiplied by `spike_factor`.
+- "trace": a file replayed (`shared.traces`): `packaged` names a trace shipped in shared/data,
+  `path` a file. With `speedup` and `start_s` the slice is fixed and the seed changes nothing.
+  With `tokens_per_s` the seed picks the slice: the consecutive requests, from a start drawn
+  uniformly over the trace, that hold tokens_per_s x episode seconds of prompt + output tokens,
+  time-scaled to fill the episode (each seed replays a different part of the trace at the same
+  mean load, with the trace's own burstiness and lengths).
+
+Lengths (non-trace kinds): log-normal with the tenant's (median, sigma), rounded, clipped to the
+tenant's [min, max].
+
+`resolve_task("trace:PATH")` builds a one-tenant task that replays PATH; an optional query
+string sets `speedup`, `start_s`, `horizon`, `window_s`, `ttft_ms`, `tpot_ms`
+(`trace:/data/t.csv?speedup=4&horizon=32`). The horizon is cut to the replayed slice's length when
+the trace is shorter (at least one window).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from pathlib import Path
+from urllib.parse import parse_qsl
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
+from llmserve_env.shared.traces import TraceError, TraceSlice, load_trace, packaged_trace_path, replay_slice
+
+# Mixed into every workload seed so the workload's random stream is not the engine's.
+WORKLOAD_STREAM = 0x574F524B  # "WORK"
+TRACE_PREFIX = "trace:"
+# SLOs of a `trace:PATH` replay unless its query string sets them (a conversational service).
+TRACE_DEFAULT_TTFT_MS = 1000.0
+TRACE_DEFAULT_TPOT_MS = 60.0
+TRACE_DEFAULT_HORIZON = 64
+
+
+def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.random.Generator]:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    ss = np.random.SeedSequence([int(seed), WORKLOAD_STREAM])
+    times, tenants, lengths = (np.random.default_rng(s) for s in ss.spawn(3))
+    return times, tenants, lengths
+
+
+def _lognormal_tokens(rng: np.random.Generator, n: int, params: tuple[float, float],
+                      clip: tuple[int, int]) -> np.ndarray:
+    median, sigma = params
+    x = np.exp(math.log(median) + sigma * rng.standard_normal(n))
+    return np.clip(np.rint(x), clip[0], clip[1]).astype(np.int64)
+
+
+def _poisson_times(rng: np.random.Generator, rate: float, t0: float, t1: float) -> np.ndarray:
+    """Arrival times of a Poisson process of `rate` on [t0, t1): a Poisson count, uniform times."""
+    n = int(rng.poisson(rate * (t1 - t0))) if rate > 0 and t1 > t0 else 0
+    return rng.uniform(t0, t1, n)
+
+
+def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> np.ndarray:
+    rates = [float(r) for r in task.workload["rates_rps"]]
+    dwell_s = [float(d) * task.window_s for d in task.workload["mean_dwell_windows"]]
+    k = len(rates)
+    if k < 1 or len(dwell_s) != k:
+        raise ValueError(f"task {task.task_id!r}: rates_rps and mean_dwell_windows must have the same length")
+    # With uniform jumps to another phase, time in phase j is proportional to its mean dwell.
+    phase = int(rng.choice(k, p=np.asarray(dwell_s) / sum(dwell_s)))
+    chunks, t = [], 0.0
+    while t < total_s:
+        end = min(total_s, t + float(rng.exponential(dwell_s[phase])))
+        chunks.append(_poisson_times(rng, rates[phase], t, end))
+        t = end
+        if k > 1:
+            phase = (phase + 1 + int(rng.integers(0, k - 1))) % k
+    return np.concatenate(chunks) if chunks else np.empty(0)
+
+
+def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(times, tenant index) of the spiky process, generated window by window."""
+    w = task.workload
+    base = float(w["rate_rps"])
+    spike_tenant = [t.name for t in task.tenants].index(w["spike_tenant"])
+    factor = float(w["spike_factor"])
+    prob = float(w["spike_prob"])
+    lo, hi = (int(x) for x in w["spike_len_windows"])
+    times, who = [], []
+    left = 0  # windows of the current spike still to come
+    for k in range(task.horizon):
+        if left == 0 and rng.random() < prob:
+            left = int(rng.integers(lo, hi + 1))
+        spiking = left > 0
+        t0, t1 = k * task.window_s, (k + 1) * task.window_s
+        for i, tenant in enumerate(task.tenants):
+            rate = base * tenant.share * (factor if spiking and i == spike_tenant else 1.0)
+            ts = _poisson_times(rng, rate, t0, t1)
+            times.append(ts)
+            who.append(np.full(ts.shape[0], i, dtype=np.int64))
+        if spiking:
+            left -= 1
+    return np.concatenate(times), np.concatenate(who)
+
+
+def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
+    w = task.workload
+    path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
+    trace = load_trace(path)
+    total_s = task.horizon * task.window_s
+    if "tokens_per_s" not in w:
+        return replay_slice(trace, total_s, speedup=float(w.get("speedup", 1.0)), start_s=w.get("start_s"))
+    # Seeded slice: consecutive requests from a start drawn by the seed, as many as hold
+    # tokens_per_s x episode seconds of work (prompt + output tokens), played at the speed that
+    # fits them into the episode. Normalising by tokens rather than requests keeps the load, and so
+    # the difficulty, alike across seeds; the trace's own burstiness and lengths are kept.
+    work = np.cumsum(trace.prompt_tokens + trace.output_tokens)
+    target = float(w["tokens_per_s"]) * total_s
+    if work[-1] <= target:
+        raise TraceError(f"trace {trace.path!r}: holds {int(work[-1])} tokens, fewer than the {target:g} to replay")
+    last_first = int(np.searchsorted(work, work[-1] - target, side="right"))
+    first = int(rng.integers(0, last_first + 1))
+    base = float(work[first - 1]) if first else 0.0
+    end = int(np.searchsorted(work, base + target))
+    t0, t_end = float(trace.arrival_s[first]), float(trace.arrival_s[end])
+    if t_end <= t0:
+        raise TraceError(f"trace {trace.path!r}: requests {first}..{end} all arrive at the same time")
+    return replay_slice(trace, total_s, speedup=(t_end - t0) / total_s, start_s=t0)
+
+
+def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
+    """Every request of one episode of `task` under `seed` (see the module docstring)."""
+    total_s = task.horizon * task.window_s
+    kind = task.workload.get("kind")
+    t_rng, who_rng, len_rng = _streams(seed)
+    if kind == "trace":
+        sl = _trace_slice(task, t_rng)
+        tenant = task.tenants[0]
+        return [
+            Arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
+            for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
+                                              sl.output_tokens.tolist(), strict=True))
+        ]
+    if kind == "poisson":
+        times = _poisson_times(t_rng, float(task.workload["rate_rps"]), 0.0, total_s)
+        who = None
+    elif kind == "mmpp":
+        times = _mmpp_times(t_rng, task, total_s)
+        who = None
+    elif kind == "spiky":
+        times, who = _spiky(t_rng, task)
+    else:
+        raise ValueError(f"task {task.task_id!r}: unknown workload kind {kind!r}")
+    order = np.argsort(times, kind="stable")
+    times = times[order]
+    n = times.shape[0]
+    if who is None:
+        shares = np.array([t.share for t in task.tenants], dtype=np.float64)
+        who = who_rng.choice(len(task.tenants), size=n, p=shares / shares.sum())
+    else:
+        who = who[order]
+    prompt = np.empty(n, dtype=np.int64)
+    output = np.empty(n, dtype=np.int64)
+    for i, tenant in enumerate(task.tenants):
+        mask = who == i
+        m = int(mask.sum())
+        prompt[mask] = _lognormal_tokens(len_rng, m, tenant.prompt_tokens, tenant.prompt_clip)
+        output[mask] = _lognormal_tokens(len_rng, m, tenant.output_tokens, tenant.output_clip)
+    tenants = task.tenants
+    return [
+        Arrival(i, t, p, o, tenants[k].name, tenants[k].priority)
+        for i, (t, p, o, k) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), who.tolist(),
+                                             strict=True))
+    ]
+
+
+def windows(arrivals: list[Arrival], task: TaskSpec) -> list[list[Arrival]]:
+    """Split sorted arrivals into `task.horizon` windows: k*window_s <= t < (k+1)*window_s."""
+    times = [a.arrival_s for a in arrivals]
+    out = []
+    lo = 0
+    for k in range(task.horizon):
+        hi = bisect.bisect_left(times, (k + 1) * task.window_s, lo)
+        out.append(arrivals[lo:hi])
+        lo = hi
+    if lo != len(arrivals):
+        raise ValueError(f"{len(arrivals) - lo} arrival(s) after the horizon of task {task.task_id!r}")
+    return out
+
+
+def resolve_task(task_id: str) -> TaskSpec:
+    """A built-in task by id, or a `trace:PATH[?options]` replay (see the module docstring)."""
+    if task_id.startswith(TRACE_PREFIX):
+        return trace_task(task_id)
+    return get_task(task_id)
+
+
+_TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms"}
+
+
+def _option(options: dict[str, str], name: str, default: float, spec: str) -> float:
+    if name not in options:
+        return default
+    try:
+        x = float(options[name])
+    except ValueError:
+        raise TraceError(f"{spec!r}: option {name} must be a number") from None
+    if not math.isfinite(x) or x < 0 or (x == 0 and name != "start_s"):
+        raise TraceError(f"{spec!r}: option {name} must be a positive number")
+    return x
+
+
+def trace_task(task_id: str) -> TaskSpec:
+    """The one-tenant task replaying `trace:PATH[?options]`; TraceError for a bad file or option."""
+    spec = task_id[len(TRACE_PREFIX):]
+    path, _, query = spec.partition("?")
+    if not path:
+        raise UnknownTaskError(task_id)
+    options: dict[str, str] = {}
+    for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=False):
+        if key not in _TRACE_OPTIONS:
+            raise TraceError(f"{task_id!r}: unknown option {key!r}; allowed: {', '.join(sorted(_TRACE_OPTIONS))}")
+        options[key] = value
+    speedup = _option(options, "speedup", 1.0, task_id)
+    window_s = _option(options, "window_s", 1.0, task_id)
+    horizon_opt = _option(options, "horizon", TRACE_DEFAULT_HORIZON, task_id)
+    if horizon_opt != int(horizon_opt) or not 1 <= horizon_opt <= MAX_HORIZON:
+        raise TraceError(f"{task_id!r}: option horizon must be an integer in 1..{MAX_HORIZON}")
+    trace = load_trace(path)
+    start = options.get("start_s")
+    start_s = _option(options, "start_s", 0.0, task_id) if start is not None else None
+    t_first = float(trace.arrival_s[0]) if start_s is None else start_s
+    # Cut the horizon to the replayed part of the trace, so an episode never runs on empty air.
+    span_s = (float(trace.arrival_s[-1]) - t_first) / speedup
+    if span_s < 0:
+        raise TraceError(f"{task_id!r}: start_s is after the trace's last request")
+    horizon = int(min(horizon_opt, max(1, math.floor(span_s / window_s) + 1)))
+    sl = replay_slice(trace, horizon * window_s, speedup=speedup, start_s=start_s)
+    if len(sl) == 0:
+        raise TraceError(f"{task_id!r}: no request of the trace falls in the replayed {horizon * window_s:g} s")
+    tenant = TenantSpec(
+        "trace", 1, 1.0,
+        ttft_slo_ms=_option(options, "ttft_ms", TRACE_DEFAULT_TTFT_MS, task_id),
+        tpot_slo_ms=_option(options, "tpot_ms", TRACE_DEFAULT_TPOT_MS, task_id),
+        prompt_tokens=_median_sigma(sl.prompt_tokens),
+        output_tokens=_median_sigma(sl.output_tokens),
+        prompt_clip=(1, 1 << 20), output_clip=(1, 1 << 20),
+    )
+    workload = {"kind": "trace", "path": path, "format": trace.fmt, "speedup": speedup, "start_s": sl.start_s,
+                "requests": len(sl)}
+    return TaskSpec(
+        task_id=task_id,
+        difficulty="custom",
+        description=(
+            f"Replay of {path} ({trace.fmt}): {len(sl)} requests from t={sl.start_s:g} s, {speedup:g}x "
+            f"speed, {horizon} windows of {window_s:g} s; one tenant with TTFT {tenant.ttft_slo_ms:g} ms "
+            f"and TPOT {tenant.tpot_slo_ms:g} ms."
+        ),
+        tenants=(tenant,),
+        workload=workload,
+        horizon=horizon,
+        window_s=window_s,
+    )
+
+
+def _median_sigma(x: np.ndarray) -> tuple[float, float]:
+    """(median, standard deviation of log) of a length sample: how TenantSpec describes lengths."""
+    logs = np.log(x.astype(np.float64))
+    return float(np.median(x)), round(float(logs.std()), 3)
+

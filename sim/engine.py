@@ -1,0 +1,668 @@
+"""The event engine: continuous batching, one iteration at a time, with decode runs skipped in closed form.
+
+Between events nothing changes the batch: a run of identical decode iterations has step times
+t_j = A + B * j (the KV stream grows by the tokens each iteration adds), so k of them take
+k * A + B * k * (k - 1) / 2 and every decoding request's progress is a linear function of the
+iteration counter. The engine jumps to the next event:
+
+    an arrival that could be admitted      a request finishing (a heap of finish iterations)
+    the end of the window                  the KV pool running short (a cheap upper bound first,
+    a KV transfer landing (disaggregated)   the exact block count only when memory is tight)
+
+Iterations that contain prefill chunks are simulated one at a time (they are events themselves).
+
+Two layouts:
+- unified (prefill_decode_split off): one lane; each iteration runs every decoding request (the
+  speculation depth + 1 tokens each) plus prefill chunks in what is left of the token budget, so
+  decode iterations stall behind prefill chunks;
+- split: a prefill lane and a decode lane, each with its share of the GPU, running concurrently;
+  a request's KV moves to the decode lane (a transfer) after its prefill, and prefill chunks no
+  longer slow decoding.
+
+An iteration that starts before the window's end is simulated whole; its outputs belong to this
+window even if it ends slightly after, and the engine carries the overhang into the next window.
+
+Admission and preemption follow shared/admission.py (see sim/scheduler.py). With priority routing
+on, a waiting request that does not fit may also preempt a running request of strictly lower
+priority (counted as an eviction). A request that could not fit in the whole KV budget even alone
+is rejected (status "rejected"). Speculation uses each request's expected tokens per step (its
+acceptance rate is drawn once, at arrival), which keeps decode runs closed-form.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+
+import numpy as np
+from llmserve_env.shared.admission import KV_BLOCK_TOKENS, blocks_for
+from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
+from llmserve_env.sim.kv_cache import KVCache
+from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
+from llmserve_env.sim.scheduler import Scheduler
+from llmserve_env.sim.step_time import StepTimeModel, lane_shares
+
+INF = math.inf
+SAMPLES_PER_WINDOW = 2
+
+
+def tokens_per_step(accept: float, depth: int) -> float:
+    """Expected tokens a verification step emits: (1 - a^(g+1)) / (1 - a)."""
+    if depth <= 0:
+        return 1.0
+    if accept >= 1.0:
+        return float(depth + 1)
+    return (1.0 - accept ** (depth + 1)) / (1.0 - accept)
+
+
+def steps_to_cover(a: float, b: float, span: float) -> int:
+    """Smallest k >= 1 with k*a + b*k*(k-1)/2 >= span (a > 0, b >= 0)."""
+    if span <= a:
+        return 1
+    if b <= a * 1e-12:
+        k = math.ceil(span / a)
+    else:
+        h = a - 0.5 * b
+        k = math.ceil((-h + math.sqrt(h * h + 2.0 * b * span)) / b)
+    k = max(k, 1)
+    while k > 1 and (k - 1) * a + b * (k - 1) * (k - 2) * 0.5 >= span:
+        k -= 1
+    while k * a + b * k * (k - 1) * 0.5 < span:
+        k += 1
+    return k
+
+
+class WindowAccumulator:
+    """What one window measured, filled in by the engine as it goes."""
+
+    __slots__ = ("finished", "first_tokens", "itl", "samples", "output_tokens", "prompt_tokens", "evictions",
+                 "spec_proposed", "spec_accepted", "busy", "iterations", "rejected")
+
+    def __init__(self) -> None:
+        self.finished: list[RequestRecord] = []
+        self.first_tokens: list[tuple[int, str, float]] = []
+        self.itl: list[tuple[float, int]] = []
+        self.samples: list[ResourceSample] = []
+        self.output_tokens = 0
+        self.prompt_tokens = 0
+        self.evictions = 0
+        self.spec_proposed = 0
+        self.spec_accepted = 0.0
+        self.busy = 0.0
+        self.iterations = 0
+        self.rejected = 0
+
+
+class Engine:
+    """One simulated serving engine (a replica: one GPU group). Drive it window by window."""
+
+    def __init__(self, profile: Profile, seed: int, models: dict[tuple[str, str], StepTimeModel]):
+        self.profile = profile
+        self.models = models
+        self.rng = np.random.default_rng([int(seed), 0x5EED51])  # engine stream, separate from the workload's
+        self.sched = Scheduler()
+        self.kv = KVCache()
+        self.decoding: dict[int, SimRequest] = {}
+        self.prefilling: list[SimRequest] = []
+        self.transfers: list[tuple[float, int, SimRequest]] = []
+        self.fresh: list[SimRequest] = []  # joined from a transfer; their first decode gap is not an iteration
+        self.fin_heap: list[tuple[int, int, int, SimRequest]] = []
+        self.it = 0          # decode iterations executed so far
+        self.S = 0.0         # summed context of decoding requests (tokens)
+        self.E = 0.0         # summed tokens per iteration of decoding requests
+        self.t = 0.0         # unified lane clock
+        self.tp = 0.0        # prefill lane clock (split)
+        self.td = 0.0        # decode lane clock (split)
+        self.carry = (0.0, 0.0, 0.0)  # busy overhang per lane into the next window
+        self.action_key: tuple | None = None
+        self.batch_cap = 1
+        self.depth = 0
+        self.tier = "FP16"
+        self.split = False
+        self.pre_blocked = False
+        self.arrivals: list[SimRequest] = []
+        self.ai = 0
+        self.acc = WindowAccumulator()
+        self.next_sample = INF
+        self.t0 = 0.0
+        self.dt = 1.0
+        self.mu = self.mp = self.md = None  # step-time models: unified, prefill lane, decode lane
+
+    # ----------------------------------------------------------------------------------- policy
+
+    def configure(self, batch_cap: int, kv_fraction: float, depth: int, tier: str, split: bool,
+                  priority_routing: bool) -> None:
+        p = self.profile
+        key = (batch_cap, kv_fraction, depth, tier, split, priority_routing)
+        if key == self.action_key:
+            return
+        self.action_key = key
+        self.batch_cap = batch_cap
+        self.kv.configure(p, tier, depth > 0, kv_fraction)
+        self.sched.configure(batch_cap, self.kv.total * KV_BLOCK_TOKENS, priority_routing)
+        if split != self.split:
+            if split:
+                self.tp = self.td = self.t
+            else:
+                self.t = max(self.tp, self.td)
+            self.split = split
+        self.tier = tier
+        self.mu = self._model(tier, "unified")
+        self.mp = self._model(tier, "prefill")
+        self.md = self._model(tier, "decode")
+        if depth != self.depth:
+            self.depth = depth
+            self._resync_decoding()
+        now = max(self.tp, self.td) if self.split else self.t
+        candidates = self._victim_pool(unified=True)
+        while self.kv.used_fixed + self._decode_blocks_exact(0) > self.kv.total:
+            victim = self.sched.victim(candidates())
+            if victim is None:
+                break
+            self._preempt(victim, now)
+        self.pre_blocked = False
+
+    def _model(self, tier: str, lane: str) -> StepTimeModel:
+        key = (tier, lane)
+        m = self.models.get(key)
+        if m is None:
+            m = self.models[key] = StepTimeModel(self.profile, tier, *lane_shares(self.profile, lane))
+        return m
+
+    def _resync_decoding(self) -> None:
+        """Re-base every decoding request at the current iteration (the depth changed their rate)."""
+        it, g = self.it, self.depth
+        self.fin_heap = []
+        self.S = self.E = 0.0
+        for r in self.decoding.values():
+            r.progress = r.progress_at(it)
+            r.sync_iter = it
+            r.e = tokens_per_step(r.accept, g)
+            r.gen += 1
+            r.finish_iter = it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
+            self.fin_heap.append((r.finish_iter, r.rid, r.gen, r))
+            self.S += r.prompt + r.progress
+            self.E += r.e
+        heapq.heapify(self.fin_heap)
+
+    # ----------------------------------------------------------------------------------- window
+
+    def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
+        self.acc = WindowAccumulator()
+        self.t0, self.dt = t0, dt
+        self.next_sample = t0 + dt / SAMPLES_PER_WINDOW
+        reqs = []
+        if arrivals:
+            p = self.profile
+            means = np.array([p.acceptance_mean(a.tenant) for a in arrivals])
+            kappa = p.spec_concentration
+            # drawn for every arrival whatever the policy, so the stream never depends on actions
+            accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa).tolist()
+            for a, acc in zip(arrivals, accepts, strict=True):
+                rec = RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
+                                    a.output_tokens)
+                reqs.append(SimRequest(rec, acc))
+        self.arrivals, self.ai = reqs, 0
+        cu, cp, cd = self.carry
+        share = self.profile.split_prefill_compute_share
+        self.acc.busy = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+
+    def run(self, t_end: float) -> None:
+        if self.split:
+            self._run_split(t_end)
+        else:
+            self._run_unified(t_end)
+        self._admit_arrivals(INF)
+        share = self.profile.split_prefill_compute_share
+        if self.split:
+            op, od = max(0.0, self.tp - t_end), max(0.0, self.td - t_end)
+            self.acc.busy -= op * share + od * (1.0 - share)
+            self.carry = (0.0, op, od)
+        else:
+            ou = max(0.0, self.t - t_end)
+            self.acc.busy -= ou
+            self.carry = (ou, 0.0, 0.0)
+        self.acc.busy = min(max(self.acc.busy, 0.0), self.dt)
+
+    # ----------------------------------------------------------------------------------- arrivals
+
+    def _admit_arrivals(self, t: float) -> None:
+        arr, i = self.arrivals, self.ai
+        n = len(arr)
+        while i < n and arr[i].arrival <= t:
+            self.sched.push(arr[i])
+            i += 1
+        if i != self.ai:
+            self.ai = i
+            self.pre_blocked = False
+
+    def _next_arrival(self) -> float:
+        return self.arrivals[self.ai].arrival if self.ai < len(self.arrivals) else INF
+
+    # ----------------------------------------------------------------------------------- KV accounting
+
+    def _decode_blocks_exact(self, k: int) -> int:
+        it = self.it + k
+        total = 0
+        for r in self.decoding.values():
+            p = r.progress + (it - r.sync_iter) * r.e
+            if p > r.target:
+                p = r.target
+            total += -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)
+        return total
+
+    def _decode_blocks_bound(self, k: int) -> float:
+        n = len(self.decoding)
+        return (self.S + k * self.E + n) / KV_BLOCK_TOKENS + n
+
+    def _decode_kv_limit(self, kcap: int) -> int:
+        """Most decode iterations (<= kcap) whose KV growth fits; 0 when even one does not."""
+        free = self.kv.total - self.kv.used_fixed
+        n = len(self.decoding)
+        if (self.S + kcap * self.E + n) * (1.0 / KV_BLOCK_TOKENS) + n <= free:
+            return kcap
+        if self._decode_blocks_exact(1) > free:
+            return 0
+        lo, hi = 1, kcap
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._decode_blocks_exact(mid) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _running(self) -> int:
+        return len(self.decoding) + len(self.prefilling) + len(self.transfers)
+
+    def _victim_pool(self, unified: bool):
+        if unified:
+            return lambda: list(self.decoding.values()) + self.prefilling
+        return lambda: list(self.decoding.values())
+
+    # ----------------------------------------------------------------------------------- state changes
+
+    def _preempt(self, r: SimRequest, t: float) -> None:
+        if r.state == DECODE:
+            p = r.progress + (self.it - r.sync_iter) * r.e
+            self.S -= r.prompt + p
+            self.E -= r.e
+            del self.decoding[r.rid]
+            r.gen += 1
+            r.progress = min(p, float(r.target))
+            r.last_emit_s = t
+            if r in self.fresh:
+                self.fresh.remove(r)
+        elif r.state == PREFILL:
+            self.prefilling.remove(r)
+            self.kv.used_fixed -= r.blocks
+        else:
+            return
+        r.blocks = 0
+        r.prefilled = 0
+        r.prefill_target = r.prompt + int(r.progress)
+        r.state = WAITING
+        r.rec.preemptions += 1
+        self.acc.evictions += 1
+        self.sched.push(r)
+        self.pre_blocked = False
+
+    def _reject(self, r: SimRequest, t: float, why: str) -> None:
+        r.state = DONE
+        rec = r.rec
+        rec.status = "rejected"
+        rec.error = why
+        rec.finish_s = t
+        rec.output_tokens = int(r.progress)
+        self.acc.output_tokens += rec.output_tokens - r.reported
+        self.acc.finished.append(rec)
+        self.acc.rejected += 1
+
+    def _finish(self, r: SimRequest, t: float) -> None:
+        if r.state == DECODE:
+            self.S -= r.prompt + r.progress + (self.it - r.sync_iter) * r.e
+            self.E -= r.e
+            del self.decoding[r.rid]
+        r.state = DONE
+        rec = r.rec
+        rec.status = "ok"
+        rec.finish_s = t
+        rec.output_tokens = r.target
+        self.acc.output_tokens += r.target - r.reported
+        r.reported = r.target
+        self.acc.finished.append(rec)
+        self.pre_blocked = False
+
+    def _finish_due(self, t: float) -> None:
+        h, it = self.fin_heap, self.it
+        while h and h[0][0] <= it:
+            _, _, gen, r = heapq.heappop(h)
+            if gen == r.gen and r.state == DECODE:
+                self._finish(r, t)
+
+    def _join_decode(self, r: SimRequest) -> None:
+        r.state = DECODE
+        r.sync_iter = self.it
+        r.e = tokens_per_step(r.accept, self.depth)
+        r.finish_iter = self.it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
+        self.decoding[r.rid] = r
+        self.S += r.prompt + r.progress
+        self.E += r.e
+        heapq.heappush(self.fin_heap, (r.finish_iter, r.rid, r.gen, r))
+
+    def _complete_prefill(self, r: SimRequest, t: float, model: StepTimeModel, split: bool) -> None:
+        """The last chunk ran: the request samples a token (its first, or the next after recompute)."""
+        self.prefilling.remove(r)
+        self.kv.used_fixed -= r.blocks
+        r.blocks = 0
+        rec = r.rec
+        if rec.first_token_s is None:
+            rec.first_token_s = t
+            self.acc.first_tokens.append((r.rid, r.tenant, t - r.arrival))
+            r.progress = 1.0
+        else:
+            r.progress = float(int(r.progress) + 1)
+            self.acc.itl.append((t - r.last_emit_s, 1))
+        r.last_emit_s = t
+        if r.progress >= r.target:
+            self._finish(r, t)
+        elif split:
+            r.state = TRANSFER
+            r.blocks = blocks_for(r.prefilled)
+            self.kv.used_fixed += r.blocks
+            ready = t + model.transfer_s(r.prefilled)
+            heapq.heappush(self.transfers, (ready, r.rid, r))
+        else:
+            self._join_decode(r)
+
+    def _process_joins(self, t: float) -> None:
+        tr = self.transfers
+        while tr and tr[0][0] <= t:
+            _, _, r = heapq.heappop(tr)
+            self.kv.used_fixed -= r.blocks
+            r.blocks = 0
+            self._join_decode(r)
+            self.fresh.append(r)
+
+    # ----------------------------------------------------------------------------------- scheduling
+
+    def _plan_prefill(self, t: float, budget: int, unified: bool) -> list[tuple[SimRequest, int]]:
+        """Chunks for this iteration: running prefills first, then admissions in waiting order."""
+        chunks: list[tuple[SimRequest, int]] = []
+        if budget <= 0:
+            return chunks
+        kv, sched = self.kv, self.sched
+        ahead = 1 if unified else 0
+        exact = False
+        nd = len(self.decoding)
+        free = kv.total - kv.used_fixed - ((self.S + ahead * self.E + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
+        scheduled: set[int] = set()
+
+        def pool() -> list[SimRequest]:
+            out = [r for r in self.prefilling if r.rid not in scheduled]
+            return (list(self.decoding.values()) + out) if unified else out
+
+        for r in list(self.prefilling) if self.prefilling else ():
+            if budget <= 0:
+                break
+            if r.state != PREFILL:
+                continue
+            c = min(r.prefill_target - r.prefilled, budget)
+            need = blocks_for(r.prefilled + c) - r.blocks
+            while need > free and r.state == PREFILL:
+                if not exact:
+                    exact = True
+                else:
+                    victim = sched.victim(pool())
+                    if victim is None:
+                        break
+                    self._preempt(victim, t)
+                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            if r.state != PREFILL or need > free:
+                continue
+            r.blocks += need
+            kv.used_fixed += need
+            free -= need
+            chunks.append((r, c))
+            scheduled.add(r.rid)
+            budget -= c
+        pr = sched.priority_routing
+        waiting = sched.heap
+        n_running = len(self.decoding) + len(self.prefilling) + len(self.transfers)
+        while budget > 0 and waiting:
+            r = waiting[0][2]
+            if -(-(r.prompt + r.target) // KV_BLOCK_TOKENS) > kv.total:
+                sched.pop()
+                self._reject(r, t, "request needs more KV blocks than the whole budget")
+                continue
+            c = min(r.prefill_target, budget)
+            need = -(-c // KV_BLOCK_TOKENS)
+            fits_batch = n_running < self.batch_cap
+            if fits_batch and need > free and not exact:
+                exact = True
+                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            if not fits_batch or need > free:
+                if pr:
+                    victim = sched.victim(pool())
+                    if victim is not None and victim.priority > r.priority:
+                        self._preempt(victim, t)
+                        n_running -= 1
+                        free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+                        exact = True
+                        continue
+                break
+            sched.pop()
+            r.state = PREFILL
+            rec = r.rec
+            if rec.dispatch_s is None:
+                rec.dispatch_s = t
+                rec.attempts = 1
+            r.blocks = need
+            kv.used_fixed += need
+            free -= need
+            self.prefilling.append(r)
+            n_running += 1
+            chunks.append((r, c))
+            scheduled.add(r.rid)
+            budget -= c
+        return chunks
+
+    def _run_chunks(self, chunks: list[tuple[SimRequest, int]], t: float, model: StepTimeModel, n: int,
+                    split: bool) -> float:
+        """Execute one iteration with `chunks` (and `n` decoding requests); return its duration."""
+        g = self.depth
+        tokens = 0
+        completing = 0
+        shapes = []
+        for r, c in chunks:
+            shapes.append((c, r.prefilled))
+            tokens += c
+            if r.prefilled + c >= r.prefill_target:
+                completing += 1
+        dt_it = model.iteration_s(n, self.S, g, shapes, tokens, completing)
+        t_new = t + dt_it
+        self.acc.iterations += 1
+        self.acc.prompt_tokens += tokens
+        if n:
+            self._advance_decode(1, dt_it, dt_it, n, t_new)
+        for r, c in chunks:
+            r.prefilled += c
+            if r.prefilled >= r.prefill_target:
+                self._complete_prefill(r, t_new, model, split)
+        if n:
+            self._finish_due(t_new)
+        return dt_it
+
+    def _advance_decode(self, k: int, total: float, first: float, n: int, t_new: float) -> None:
+        """Account for k decode iterations of n requests lasting `total` seconds (the first `first`)."""
+        self.it += k
+        self.S += k * self.E
+        acc = self.acc
+        g = self.depth
+        if g:
+            acc.spec_proposed += g * n * k
+            acc.spec_accepted += k * (self.E - n)
+        if self.fresh:
+            nf = len(self.fresh)
+            t_first_end = t_new - total + first
+            for r in self.fresh:
+                acc.itl.append((t_first_end - r.last_emit_s, 1))
+            if n > nf:
+                acc.itl.append((first, n - nf))
+            if k > 1:
+                acc.itl.append(((total - first) / (k - 1), n * (k - 1)))
+            self.fresh.clear()
+        else:
+            acc.itl.append((total / k, n * k))
+
+    def _decode_run(self, t: float, t_end: float, model: StepTimeModel, horizon: float,
+                    unified: bool) -> float | None:
+        """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
+        h = self.fin_heap
+        while h and (h[0][2] != h[0][3].gen or h[0][3].state != DECODE):
+            heapq.heappop(h)
+        n = len(self.decoding)
+        g = self.depth
+        a = model.iteration_s(n, self.S, g, [], 0, 0)
+        b = model.decode_slope(g) * self.E
+        kcap = max(1, h[0][0] - self.it) if h else 1
+        if self.fresh:
+            kcap = 1
+        stop = min(t_end, horizon)
+        if kcap > 1:
+            kcap = min(kcap, steps_to_cover(a, b, stop - t))
+        k = self._decode_kv_limit(kcap)
+        if k == 0:
+            victim = self.sched.victim(self._victim_pool(unified)())
+            if victim is not None:
+                self._preempt(victim, t)
+            return None
+        total = k * a + b * k * (k - 1) * 0.5
+        t_new = t + total
+        self.acc.iterations += k
+        self._advance_decode(k, total, a, n, t_new)
+        self._finish_due(t_new)
+        return t_new
+
+    # ----------------------------------------------------------------------------------- loops
+
+    def _sample(self, t: float) -> None:
+        used = self.kv.used_fixed + self._decode_blocks_exact(0)
+        self.acc.samples.append(ResourceSample(t, self._running(), len(self.sched.heap), used, self.kv.total,
+                                               self.kv.memory_gib(used)))
+        self.next_sample = self.next_sample + self.dt / SAMPLES_PER_WINDOW
+
+    def _run_unified(self, t_end: float) -> None:
+        mu, acc, sched, decoding, arrivals = self.mu, self.acc, self.sched, self.decoding, self.arrivals
+        waiting = sched.heap
+        budget0 = self.profile.token_budget
+        n_arr = len(arrivals)
+        while self.t < t_end:
+            t = self.t
+            if t >= self.next_sample:
+                self._sample(t)
+            if self.ai < n_arr and arrivals[self.ai].arrival <= t:
+                self._admit_arrivals(t)
+            if self.transfers:
+                self._process_joins(t)
+            n = len(decoding)
+            if n and self._decode_kv_limit(1) == 0:
+                victim = sched.victim(self._victim_pool(True)())
+                if victim is not None:
+                    self._preempt(victim, t)
+                continue
+            if self.prefilling or waiting:
+                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True)
+                if chunks:
+                    dt_it = self._run_chunks(chunks, t, mu, len(decoding), split=False)
+                    acc.busy += dt_it
+                    self.t = t + dt_it
+                    continue
+            if decoding:
+                horizon = self.transfers[0][0] if self.transfers else INF
+                if sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
+                                              < self.batch_cap):
+                    nxt = arrivals[self.ai].arrival if self.ai < n_arr else INF
+                    if nxt < horizon:
+                        horizon = nxt
+                t_new = self._decode_run(t, t_end, mu, horizon, unified=True)
+                if t_new is not None:
+                    acc.busy += t_new - t
+                    self.t = t_new
+                continue
+            nxt = min(self._next_arrival(), self.transfers[0][0] if self.transfers else INF, t_end)
+            self.t = nxt if nxt > t else t_end
+
+    def _run_split(self, t_end: float) -> None:
+        mp, md = self.mp, self.md
+        share = self.profile.split_prefill_compute_share
+        while True:
+            if self.prefilling or (self.sched.heap and not self.pre_blocked):
+                pnext = self.tp
+            else:  # idle or blocked: woken by an arrival, or by the decode lane freeing room
+                pnext = max(self.tp, self._next_arrival())
+            if self.decoding or self.fresh:
+                dnext = self.td
+            elif self.transfers:
+                dnext = max(self.td, self.transfers[0][0])
+            else:
+                dnext = INF
+            now = min(pnext, dnext)
+            if now >= t_end:
+                self.tp = max(self.tp, min(pnext, t_end))
+                self.td = max(self.td, min(dnext, t_end))
+                break
+            if now >= self.next_sample:
+                self._sample(now)
+            if pnext <= dnext:
+                t = pnext
+                self.tp = t
+                self._admit_arrivals(t)
+                chunks = self._plan_prefill(t, self.profile.token_budget, unified=False)
+                if not chunks:
+                    self.pre_blocked = True
+                    continue
+                dt_it = self._run_chunks(chunks, t, mp, 0, split=True)
+                self.acc.busy += dt_it * share
+                self.tp = t + dt_it
+            else:
+                t = dnext
+                self.td = t
+                self._process_joins(t)
+                if not self.decoding:
+                    continue
+                horizon = min(pnext, self.transfers[0][0] if self.transfers else INF)
+                blocked = self.pre_blocked
+                t_new = self._decode_run(t, t_end, md, horizon, unified=False)
+                if t_new is not None:
+                    self.acc.busy += (t_new - t) * (1.0 - share)
+                    self.td = t_new
+                if blocked and not self.pre_blocked:
+                    # room freed at the decode lane's clock; the prefill lane cannot use it earlier
+                    self.tp = max(self.tp, self.td)
+
+    # ----------------------------------------------------------------------------------- reporting
+
+    def close_window(self) -> tuple[list[RequestRecord], int, float]:
+        """Exact re-sums, output tokens of live requests, the end sample; returns (pending, kv used, memory)."""
+        it = self.it
+        self.S = self.E = 0.0
+        acc = self.acc
+        for r in self.decoding.values():
+            self.S += r.prompt + r.progress + (it - r.sync_iter) * r.e
+            self.E += r.e
+        pending: list[RequestRecord] = []
+        for group in (self.prefilling, [e[2] for e in self.transfers], self.decoding.values(),
+                      list(self.sched.waiting())):
+            for r in group:
+                cur = int(r.progress_at(it))
+                if cur != r.reported:
+                    acc.output_tokens += cur - r.reported
+                    r.reported = cur
+                pending.append(r.snapshot(it))
+        used = self.kv.used_fixed + self._decode_blocks_exact(0)
+        mem = self.kv.memory_gib(used)
+        end = self.t0 + self.dt
+        acc.samples.append(ResourceSample(end, self._running(), len(self.sched.heap), used, self.kv.total, mem))
+        return pending, used, mem

@@ -1,0 +1,199 @@
+"""Fitting the kernel-time forms (sim.forms) to measured latencies, and scoring them.
+
+Least squares on log(latency): relative error is what matters for a step time, and log space keeps
+the 1 us kernels from being drowned by the 100 ms ones. A small Levenberg-Marquardt (numpy only)
+fits the log of each positive coefficient, so coefficients stay positive without bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+from llmserve_env.sim import kernel_data as kd
+from llmserve_env.sim.forms import (
+    AlphaBetaFit,
+    DecodeAttentionFit,
+    RooflineFit,
+    gemm_work,
+    prefill_attention_work,
+)
+
+
+def levenberg_marquardt(model: Callable[[np.ndarray], np.ndarray], y: np.ndarray, p0: list[float],
+                        iters: int = 300) -> np.ndarray:
+    """Coefficients q (positive) minimising sum((log model(q) - log y)^2); q is searched as log q."""
+    theta = np.log(np.asarray(p0, dtype=float))
+    logy = np.log(y)
+
+    def residual(th: np.ndarray) -> np.ndarray:
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            r = np.log(model(np.exp(th))) - logy
+        return np.where(np.isfinite(r), r, 1e3)
+
+    r = residual(theta)
+    cost = float(r @ r)
+    lam = 1e-3
+    for _ in range(iters):
+        jac = np.empty((len(r), len(theta)))
+        for j in range(len(theta)):
+            d = np.zeros_like(theta)
+            d[j] = 1e-6
+            jac[:, j] = (residual(theta + d) - r) / 1e-6
+        a = jac.T @ jac
+        g = jac.T @ r
+        improved = False
+        while lam < 1e12:
+            step = np.linalg.solve(a + lam * (np.diag(np.diag(a)) + 1e-12 * np.eye(len(theta))), -g)
+            rn = residual(theta + step)
+            cn = float(rn @ rn)
+            if cn < cost:
+                theta, r, improved = theta + step, rn, True
+                rel = (cost - cn) / max(cost, 1e-300)
+                cost = cn
+                lam = max(lam / 3.0, 1e-12)
+                break
+            lam *= 4.0
+        if not improved or rel < 1e-12:
+            break
+    return np.exp(theta)
+
+
+@dataclass(frozen=True, slots=True)
+class FitScore:
+    n_train: int
+    n_test: int
+    train_median_abs_err_pct: float
+    test_median_abs_err_pct: float
+    test_p90_abs_err_pct: float
+
+    def to_dict(self) -> dict[str, float]:
+        return {"n_train": self.n_train, "n_test": self.n_test,
+                "train_median_abs_err_pct": round(self.train_median_abs_err_pct, 2),
+                "test_median_abs_err_pct": round(self.test_median_abs_err_pct, 2),
+                "test_p90_abs_err_pct": round(self.test_p90_abs_err_pct, 2)}
+
+
+def abs_err_pct(pred: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return np.abs(pred / y - 1.0) * 100.0
+
+
+def score(pred: np.ndarray, y: np.ndarray, test: np.ndarray) -> FitScore:
+    e = abs_err_pct(pred, y)
+    et, eh = e[~test], e[test]
+    return FitScore(int((~test).sum()), int(test.sum()), float(np.median(et)),
+                    float(np.median(eh)) if len(eh) else float("nan"),
+                    float(np.percentile(eh, 90)) if len(eh) else float("nan"))
+
+
+# --- GEMM ---------------------------------------------------------------------------------------
+
+# (weight bytes, activation bytes) per element. FP8 GEMMs quantize their bf16 input first (read 2 bytes,
+# write 1) and then read it (1): 4 bytes of activation traffic per element.
+GEMM_BYTES = {"bfloat16": (2.0, 2.0), "fp8": (1.0, 4.0)}
+
+
+def gemm_rows(gpu: str, dtype: str) -> dict[str, np.ndarray]:
+    t = kd.load_table(gpu, "gemm")
+    return kd.select(t, t["gemm_dtype"] == dtype)
+
+
+def gemm_predict(fit: RooflineFit, rows: dict[str, np.ndarray], dtype: str) -> np.ndarray:
+    wb, ab = GEMM_BYTES[dtype]
+    nbytes, flops = gemm_work(rows["m"], rows["n"], rows["k"], wb, ab)
+    return fit.us(nbytes, flops)
+
+
+def fit_gemm(gpu: str, dtype: str) -> tuple[RooflineFit, FitScore]:
+    rows = gemm_rows(gpu, dtype)
+    test = kd.heldout_mask(rows["n"], rows["k"])
+    wb, ab = GEMM_BYTES[dtype]
+    nbytes, flops = gemm_work(rows["m"], rows["n"], rows["k"], wb, ab)
+    y = rows["latency"] * 1e3  # ms -> us
+    tr = ~test
+
+    def model(q: np.ndarray) -> np.ndarray:
+        return RooflineFit(q[0], q[1], q[2], q[3]).us(nbytes[tr], flops[tr])
+
+    q = levenberg_marquardt(model, y[tr], [5.0, 2000.0, 500.0, 2.0])
+    fit = RooflineFit(*(float(v) for v in q))
+    return fit, score(fit.us(nbytes, flops), y, test)
+
+
+# --- attention ----------------------------------------------------------------------------------
+
+def attention_rows(gpu: str, kind: str) -> dict[str, np.ndarray]:
+    return kd.load_table(gpu, kind)
+
+
+# the regime the simulator uses: batch_cap <= 512, contexts up to 32k tokens, prompts of 16+ tokens
+DECODE_MAX_BATCH, DECODE_MAX_CTX, PREFILL_MIN_ISL = 512, 32768, 16
+
+
+def decode_attention_work(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(sequence x KV-head items, bytes) of one decode-attention call: `step` cached tokens + the new one."""
+    b = rows["batch_size"]
+    ctx = rows["step"] + 1.0
+    nbytes = 2.0 * 2.0 * b * ctx * rows["num_key_value_heads"] * rows["head_dim"]
+    return b * rows["num_key_value_heads"], nbytes
+
+
+def decode_attention_rows(gpu: str) -> dict[str, np.ndarray]:
+    rows = attention_rows(gpu, "generation_attention")
+    return kd.select(rows, (rows["batch_size"] <= DECODE_MAX_BATCH) & (rows["step"] < DECODE_MAX_CTX))
+
+
+def prefill_attention_rows(gpu: str) -> dict[str, np.ndarray]:
+    rows = attention_rows(gpu, "context_attention")
+    return kd.select(rows, rows["isl"] >= PREFILL_MIN_ISL)
+
+
+def fit_decode_attention(gpu: str) -> tuple[DecodeAttentionFit, FitScore]:
+    rows = decode_attention_rows(gpu)
+    test = kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
+    b, nbytes = decode_attention_work(rows)
+    y = rows["latency"] * 1e3
+    tr = ~test
+    q = levenberg_marquardt(lambda q: DecodeAttentionFit(q[0], q[1], q[2]).us(b[tr], nbytes[tr]), y[tr],
+                            [10.0, 0.1, 2000.0])
+    fit = DecodeAttentionFit(*(float(v) for v in q))
+    return fit, score(fit.us(b, nbytes), y, test)
+
+
+def prefill_attention_rows_work(rows: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    nbytes, flops = prefill_attention_work(rows["isl"], 0.0, rows["num_heads"], rows["num_key_value_heads"],
+                                           rows["head_dim"])
+    return nbytes * rows["batch_size"], flops * rows["batch_size"]
+
+
+def fit_prefill_attention(gpu: str) -> tuple[RooflineFit, FitScore]:
+    rows = prefill_attention_rows(gpu)
+    test = kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
+    nbytes, flops = prefill_attention_rows_work(rows)
+    y = rows["latency"] * 1e3
+    tr = ~test
+    q = levenberg_marquardt(lambda q: RooflineFit(q[0], q[1], q[2], q[3]).us(nbytes[tr], flops[tr]), y[tr],
+                            [10.0, 1000.0, 300.0, 2.0])
+    fit = RooflineFit(*(float(v) for v in q))
+    return fit, score(fit.us(nbytes, flops), y, test)
+
+
+# --- all-reduce ---------------------------------------------------------------------------------
+
+def allreduce_rows(gpu: str, num_gpus: int) -> dict[str, np.ndarray]:
+    t = kd.load_table(gpu, "allreduce")
+    return kd.select(t, t["num_gpus"] == num_gpus)
+
+
+def fit_allreduce(gpu: str, num_gpus: int, max_bytes: float = 64 * 2**20) -> tuple[AlphaBetaFit, FitScore]:
+    """Alpha-beta fit over messages up to `max_bytes` (a 2,048-token batch of the largest model is 32 MiB)."""
+    rows = allreduce_rows(gpu, num_gpus)
+    rows = kd.select(rows, rows["message_size"] <= max_bytes)
+    test = kd.heldout_mask(rows["message_size"])
+    s = rows["message_size"]
+    y = rows["latency"] * 1e3
+    tr = ~test
+    q = levenberg_marquardt(lambda q: AlphaBetaFit(q[0], q[1]).us(s[tr]), y[tr], [5.0, 100.0])
+    fit = AlphaBetaFit(*(float(v) for v in q))
+    return fit, score(fit.us(s), y, test)

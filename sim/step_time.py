@@ -1,0 +1,182 @@
+"""The step-time model: how long one engine iteration takes for a given batch.
+
+One iteration of a vLLM-style engine runs every scheduled token through the model once:
+
+    t = t_fixed                                   host overhead + small kernels (fitted, see calibrate)
+      + dense[m]                                  m tokens through every linear layer (fitted GEMM roofline),
+                                                  the elementwise kernels (norms, rotary, SiLU: bytes / bw)
+                                                  and, with tensor parallelism, 2 all-reduces per layer
+      + head[r]                                   LM head + sampling for the r rows that sample a token
+      + L * (c0 + c1 * seqs * kv_heads) + ctx_coef * sum(context)    decode attention (streams the KV cache)
+      + L * roofline(bytes, flops of the prefill chunks)              prefill attention
+      + g * (draft step)                          speculation: g draft-model steps before verifying
+
+All GPU terms are per GPU of the tensor-parallel group, multiplied by the profile's
+`gpu_time_scale` (1.0 unless calibrated from measured request records). Under prefill/decode
+disaggregation each lane owns a compute share and a bandwidth share of the GPU: its kernels run
+at those fractions of the fitted FLOP rate and bandwidth (launch latencies unchanged).
+
+Decode attention is affine in the summed context, so a run of identical decode iterations has
+step times t_j = A + B * j and the engine sums them in closed form.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import numpy as np
+from llmserve_env.sim.forms import BF16_BYTES, DecodeAttentionFit, RooflineFit, gemm_work
+from llmserve_env.sim.profiles import ModelShape, Profile, load_profile
+
+MAX_BATCH = 512
+MAX_SPEC_DEPTH = 8
+# fp32 logits: write, read for softmax/top-p, read for sampling
+SAMPLING_BYTES_PER_LOGIT = 12.0
+
+
+def _elementwise_bytes_per_token(shape: ModelShape, tp: int) -> float:
+    """Bytes per token per layer of the non-GEMM kernels: two RMSNorms (read+write hidden), two
+    residual adds (read 2, write 1), rotary on q and k (read+write), SiLU-and-mul (read 2I, write I)."""
+    elems = (4 + 6) * shape.hidden + 3 * shape.intermediate / tp + 2 * (shape.heads + shape.kv_heads) * shape.head_dim / tp
+    return elems * BF16_BYTES
+
+
+def _lane(fit: RooflineFit, cs: float, bs: float) -> RooflineFit:
+    """The fit as seen by a lane with compute share `cs` and bandwidth share `bs`."""
+    return RooflineFit(fit.c0_us, fit.bw_gbs * bs, fit.tflops * cs, fit.p)
+
+
+def _dense_table(p: Profile, shape: ModelShape, tier: str, size: int, cs: float, bs: float) -> np.ndarray:
+    """Seconds for m = 0..size-1 tokens through all linear layers, elementwise kernels and all-reduces."""
+    spec = p.tiers[tier] if shape is p.model else None
+    fit = _lane(p.gemm[spec.gemm] if spec else p.gemm["bfloat16"], cs, bs)
+    wb = spec.weight_bytes if spec else 2.0
+    ab = spec.act_bytes if spec else 2.0
+    fscale = spec.flops_scale if spec else 1.0
+    m = np.arange(size, dtype=float)
+    per_layer_us = np.zeros(size)
+    for n, k in shape.linear_shapes(p.tp):
+        nbytes, flops = gemm_work(m, n, k, wb, ab)
+        per_layer_us += fit.us(nbytes, flops / fscale)
+    bw = p.gemm["bfloat16"].bw_gbs * bs * 1e3  # bytes per us
+    per_layer_us += m * _elementwise_bytes_per_token(shape, p.tp) / bw
+    if p.tp > 1 and p.allreduce is not None:
+        per_layer_us += 2.0 * p.allreduce.us(m * shape.hidden * BF16_BYTES)
+    out = shape.layers * per_layer_us * 1e-6
+    out[0] = 0.0
+    return out
+
+
+def _head_table(p: Profile, shape: ModelShape, size: int, cs: float, bs: float) -> np.ndarray:
+    """Seconds for the LM head (bf16 in every tier) and sampling over r = 0..size-1 rows."""
+    r = np.arange(size, dtype=float)
+    fit = _lane(p.gemm["bfloat16"], cs, bs)
+    nbytes, flops = gemm_work(r, shape.vocab // p.tp, shape.hidden, 2.0, 2.0)
+    us = fit.us(nbytes, flops) + r * shape.vocab * SAMPLING_BYTES_PER_LOGIT / (fit.bw_gbs * 1e3)
+    out = us * 1e-6
+    out[0] = 0.0
+    return out
+
+
+class StepTimeModel:
+    """Iteration times for one (profile, quantization tier, capacity share); build with `step_model`."""
+
+    __slots__ = ("profile", "tier", "share", "t_fixed", "t_fixed_draft", "dense", "head", "draft_dense",
+                 "draft_head", "dec_c0", "dec_seq", "dec_ctx", "ddec_c0", "ddec_seq", "ddec_ctx", "pre_layers",
+                 "pre_fit", "heads", "kv_heads", "head_dim", "xfer_c0", "xfer_per_token", "gpu_scale")
+
+    def __init__(self, p: Profile, tier: str, compute_share: float = 1.0, bandwidth_share: float = 1.0):
+        if tier not in p.tiers:
+            raise KeyError(f"profile {p.id} has no tier {tier!r}")
+        self.profile, self.tier, self.share = p, tier, compute_share
+        cs, bs = compute_share, bandwidth_share
+        scale = p.gpu_time_scale
+        self.gpu_scale = scale
+        size = max(p.token_budget, MAX_BATCH * (MAX_SPEC_DEPTH + 1)) + MAX_BATCH + 1
+        self.t_fixed = p.t_fixed_s
+        # the draft's own host overhead, assumed proportional to its depth
+        self.t_fixed_draft = p.t_fixed_s * p.draft.layers / p.model.layers
+        self.dense = (_dense_table(p, p.model, tier, size, cs, bs) * scale).tolist()
+        self.head = (_head_table(p, p.model, size, cs, bs) * scale).tolist()
+        self.draft_dense = (_dense_table(p, p.draft, tier, MAX_BATCH + 1, cs, bs) * scale).tolist()
+        self.draft_head = (_head_table(p, p.draft, MAX_BATCH + 1, cs, bs) * scale).tolist()
+        a = DecodeAttentionFit(p.attn_decode.c0_us, p.attn_decode.per_item_us / cs, p.attn_decode.bw_gbs * bs)
+        bw = a.bw_gbs * 1e9  # bytes per s
+        for prefix, shape in (("dec", p.model), ("ddec", p.draft)):
+            kvh = max(1, shape.kv_heads // p.tp)
+            setattr(self, prefix + "_c0", shape.layers * a.c0_us * 1e-6 * scale)
+            setattr(self, prefix + "_seq", shape.layers * a.per_item_us * kvh * 1e-6 * scale)
+            setattr(self, prefix + "_ctx", shape.kv_bytes_per_token(p.tp) / bw * scale)
+        self.pre_layers = p.model.layers * scale * 1e-6
+        self.pre_fit = _lane(p.attn_prefill, cs, bs)
+        self.heads = max(1, p.model.heads // p.tp)
+        self.kv_heads = max(1, p.model.kv_heads // p.tp)
+        self.head_dim = p.model.head_dim
+        x = p.kv_transfer
+        self.xfer_c0 = x.c0_us * 1e-6
+        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)
+
+    def decode_attention_s(self, seqs: int, ctx_sum: float) -> float:
+        if seqs <= 0:
+            return 0.0
+        return self.dec_c0 + self.dec_seq * seqs + self.dec_ctx * ctx_sum
+
+    def draft_s(self, seqs: int, ctx_sum: float, depth: int) -> float:
+        """`depth` sequential draft-model steps proposing one token for each of `seqs` sequences."""
+        if seqs <= 0 or depth <= 0:
+            return 0.0
+        one = (self.t_fixed_draft + self.draft_dense[seqs] + self.draft_head[seqs] + self.ddec_c0
+               + self.ddec_seq * seqs + self.ddec_ctx * ctx_sum)
+        return depth * one
+
+    def prefill_attention_s(self, chunks: list[tuple[int, int]]) -> float:
+        """Causal attention for prefill chunks given as (new tokens, tokens already cached)."""
+        if not chunks:
+            return 0.0
+        # scalar form of forms.prefill_attention_work (numpy on scalars is slow on this path)
+        q_elems = kv_elems = flop_units = 0.0
+        for c, ctx in chunks:
+            q_elems += c
+            kv_elems += ctx + c
+            flop_units += c * (ctx + (c + 1) * 0.5)
+        h, kvh, hd = self.heads, self.kv_heads, self.head_dim
+        nbytes = BF16_BYTES * (2.0 * q_elems * h * hd + 2.0 * kv_elems * kvh * hd)
+        flops = 4.0 * h * hd * flop_units
+        f = self.pre_fit
+        mem = nbytes / (f.bw_gbs * 1e3)
+        comp = flops / (f.tflops * 1e6)
+        return self.pre_layers * (f.c0_us + (mem**f.p + comp**f.p) ** (1.0 / f.p))
+
+    def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
+                    prefill_tokens: int, sampled_prefills: int) -> float:
+        """One iteration: `decode_seqs` decoding (verifying depth+1 tokens each) plus prefill chunks."""
+        q = decode_seqs * (depth + 1)
+        t = self.t_fixed + self.dense[q + prefill_tokens] + self.head[q + sampled_prefills]
+        if decode_seqs:
+            t += self.decode_attention_s(decode_seqs, ctx_sum) + self.draft_s(decode_seqs, ctx_sum, depth)
+        if chunks:
+            t += self.prefill_attention_s(chunks)
+        return t
+
+    def decode_slope(self, depth: int) -> float:
+        """d(iteration time)/d(summed context) of a decode iteration (target + draft KV streams)."""
+        return self.dec_ctx + (depth * self.ddec_ctx if depth > 0 else 0.0)
+
+    def transfer_s(self, tokens: int) -> float:
+        """Moving one request's KV (`tokens` tokens) from the prefill to the decode partition."""
+        return self.xfer_c0 + tokens * self.xfer_per_token
+
+
+def lane_shares(p: Profile, lane: str) -> tuple[float, float]:
+    """(compute share, bandwidth share) of a lane: "unified", "prefill" or "decode"."""
+    if lane == "unified":
+        return 1.0, 1.0
+    if lane == "prefill":
+        return p.split_prefill_compute_share, p.split_prefill_bandwidth_share
+    return 1.0 - p.split_prefill_compute_share, 1.0 - p.split_prefill_bandwidth_share
+
+
+@lru_cache(maxsize=64)
+def step_model(profile_id: str, tier: str, lane: str = "unified") -> StepTimeModel:
+    p = load_profile(profile_id)
+    return StepTimeModel(p, tier, *lane_shares(p, lane))

@@ -1,0 +1,85 @@
+"""The Gymnasium wrapper: spaces, check_env, determinism, and a few hundred steps of SB3 PPO."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import gymnasium
+import numpy as np
+import pytest
+from gymnasium.utils.env_checker import check_env
+from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM
+from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
+from llmserve_env.shared.tasks import get_task
+
+
+def test_registered_and_made_with_a_task():
+    env = gymnasium.make(ENV_ID, task="bursty_workload")
+    assert env.spec.id == ENV_ID
+    assert isinstance(env.action_space, gymnasium.spaces.MultiDiscrete)
+    assert list(env.action_space.nvec) == list(ACTION_NVEC)
+    assert env.observation_space.shape == (OBS_DIM,)
+    env.close()
+
+
+def test_check_env_passes():
+    env = LLMServeGymEnv("static_workload")
+    check_env(env, skip_render_check=True)
+    env.close()
+
+
+def test_episode_plays_to_the_horizon_and_reports_the_grade():
+    env = LLMServeGymEnv("adversarial_multitenant")
+    obs, info = env.reset(seed=3)
+    assert env.observation_space.contains(obs) and "episode_seed" in info
+    steps, total, terminated = 0, 0.0, False
+    while not terminated:
+        obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
+        assert env.observation_space.contains(obs) and np.isfinite(reward) and not truncated
+        total += reward
+        steps += 1
+    assert steps == get_task("adversarial_multitenant").horizon
+    assert 0.0 <= info["score"] <= 1.0
+    env.close()
+
+
+def test_same_seed_same_episode_and_chosen_episode_seed():
+    a, b = LLMServeGymEnv("bursty_workload"), LLMServeGymEnv("bursty_workload")
+    oa, ia = a.reset(seed=11)
+    ob, ib = b.reset(seed=11)
+    assert ia == ib and np.array_equal(oa, ob)
+    action = np.array([5, 5, 0, 0, 0, 0])
+    for _ in range(5):
+        ra, rb = a.step(action), b.step(action)
+        assert np.array_equal(ra[0], rb[0]) and ra[1] == rb[1]
+    _, info = a.reset(options={"episode_seed": 1_000_003})
+    assert info["episode_seed"] == 1_000_003
+
+
+@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None,
+                    reason="stable-baselines3 not installed (pip install -e '.[sb3]')")
+def test_stable_baselines3_ppo_trains_a_few_hundred_steps():
+    from stable_baselines3 import PPO
+
+    env = gymnasium.make(ENV_ID, task="static_workload")
+    model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=0, device="cpu", verbose=0)
+    model.learn(total_timesteps=256)
+    obs, _ = env.reset(seed=0)
+    action, _ = model.predict(obs, deterministic=True)
+    assert env.action_space.contains(action)
+    env.close()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is in the train extra")
+def test_train_py_runs_end_to_end_and_its_weights_load_without_torch(tmp_path):
+    import llmserve_env.train as train
+    from llmserve_env.agents.ppo_policy import PPOPolicy
+
+    args = train.Args(task="static_workload", steps=256, num_envs=2, num_workers=1, num_steps=64,
+                      bc_episodes=2, bc_epochs=2, val_episodes=1, val_every=1,
+                      out_dir=tmp_path / "weights", run_dir=tmp_path / "runs", command="test")
+    summary = train.train(args)
+    assert summary["global_steps"] == 256 and summary["episodes"] == 4
+    assert (tmp_path / "runs" / "static_workload__s0" / "progress.csv").read_text().count("\n") == 3
+    policy = PPOPolicy("static_workload", tmp_path / "weights" / "static_workload.npz")
+    assert policy.weights.meta["command"] == "test" and "obs_norm" in policy.weights.meta

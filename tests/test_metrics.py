@@ -1,0 +1,249 @@
+"""Metrics: vLLM-benchmark latency definitions, SLO settlement exactly once, speed."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import numpy as np
+import pytest
+from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
+from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics, percentiles, weighted_percentiles
+from llmserve_env.shared.tasks import TASKS, TaskSpec, TenantSpec
+
+TASK = TaskSpec(
+    task_id="unit",
+    difficulty="easy",
+    description="two tenants for metric tests",
+    tenants=(
+        TenantSpec("a", 0, 0.5, ttft_slo_ms=500.0, tpot_slo_ms=50.0, prompt_tokens=(100, 0.1), output_tokens=(10, 0.1)),
+        TenantSpec("b", 1, 0.5, ttft_slo_ms=2000.0, tpot_slo_ms=100.0, prompt_tokens=(100, 0.1),
+                   output_tokens=(10, 0.1)),
+    ),
+    workload={"kind": "poisson", "rate_rps": 1.0},
+    horizon=4,
+)
+
+
+def arrival(rid: int, t: float, tenant: str = "a", prompt: int = 100, out: int = 11) -> Arrival:
+    return Arrival(rid, t, prompt, out, tenant, 0 if tenant == "a" else 1)
+
+
+def record(a: Arrival, status: str = "ok", dispatch: float | None = None, first: float | None = None,
+           finish: float | None = None, tokens: int | None = None, chunks: list[float] | None = None) -> RequestRecord:
+    return RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens, a.output_tokens,
+                         status=status, dispatch_s=dispatch, first_token_s=first, finish_s=finish,
+                         output_tokens=a.output_tokens if tokens is None else tokens, chunk_times_s=chunks or [])
+
+
+def report(t0: float, finished=(), pending=(), first_tokens=(), itl=(), **kw) -> WindowReport:
+    return WindowReport(t0=t0, dt=1.0, finished=list(finished), pending=list(pending),
+                        first_tokens=list(first_tokens), itl_samples=list(itl), **kw)
+
+
+def test_percentiles_match_numpy():
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 3, 10, 127, 128, 500):
+        vals = rng.exponential(1.0, n).tolist()
+        qs = (0, 1, 50, 90, 99, 100)
+        assert percentiles(vals, *qs) == pytest.approx(np.percentile(vals, qs).tolist(), rel=1e-12, abs=1e-15)
+    assert percentiles([], 50, 99) == [0.0, 0.0]
+
+
+def test_weighted_percentile_matches_expanded_numpy():
+    rng = np.random.default_rng(1)
+    for n in (1, 2, 5, 40, 127, 128, 300):
+        samples = [(float(rng.exponential(0.01)), int(rng.integers(0, 20))) for _ in range(n)]
+        samples.append((0.5, 1))
+        expanded = np.repeat([s[0] for s in samples], [s[1] for s in samples])
+        qs = (0, 25, 50, 99, 100)
+        assert weighted_percentiles(samples, *qs) == pytest.approx(np.percentile(expanded, qs).tolist(), rel=1e-12)
+    assert weighted_percentiles([], 50) == [0.0]
+    assert weighted_percentiles([(1.0, 0)], 50) == [0.0]
+
+
+def test_latencies_as_vllm_defines_them():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.1, out=11)
+    rec = record(a, dispatch=0.15, first=0.3, finish=0.8)
+    m = tr.observe(report(0.0, finished=[rec], first_tokens=[(0, "a", 0.2)], itl=[(0.05, 10)], output_tokens=11,
+                          prompt_tokens=100), [a])
+    assert m.p50_ttft_ms == pytest.approx(200.0)
+    assert m.p50_ttft_dispatch_ms == pytest.approx(150.0)
+    assert m.p50_tpot_ms == pytest.approx(50.0)  # (0.8 - 0.3) / (11 - 1)
+    assert m.p50_e2e_ms == pytest.approx(700.0)
+    assert m.p50_itl_ms == pytest.approx(50.0)
+    assert (m.slo_met, m.slo_missed, m.slo_attainment) == (1, 0, 1.0)  # TPOT exactly at its SLO meets it
+    assert m.goodput_rps == 1.0 and m.goodput_tokens_per_s == 11.0 and m.throughput_tps == 11.0
+
+
+@pytest.mark.parametrize(
+    ("status", "first", "finish", "met"),
+    [
+        ("ok", 0.59, 1.0, True),
+        ("ok", 0.61, 1.0, False),  # TTFT 510 ms > 500 ms
+        ("ok", 0.2, 0.75, False),  # TPOT 55 ms > 50 ms
+        ("error", 0.2, 0.5, False),
+        ("timeout", None, 0.9, False),
+        ("rejected", None, 0.1, False),
+    ],
+)
+def test_every_slo_and_status_judged(status, first, finish, met):
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.1)
+    m = tr.observe(report(0.0, finished=[record(a, status=status, dispatch=0.1, first=first, finish=finish)]), [a])
+    assert (m.slo_met, m.slo_missed) == ((1, 0) if met else (0, 1))
+    assert m.per_tenant["a"].attainment == (1.0 if met else 0.0)
+
+
+def test_late_waiter_is_missed_once_not_again_when_it_finishes():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.2)  # TTFT SLO 500 ms: hopeless from t=0.7
+    m0 = tr.observe(report(0.0, pending=[record(a, status="queued")]), [a])
+    assert (m0.slo_met, m0.slo_missed, m0.queue_depth) == (0, 1, 1)
+    assert m0.slo_attainment == 0.0
+    done = record(a, dispatch=1.5, first=1.6, finish=1.9)
+    m1 = tr.observe(report(1.0, finished=[done], first_tokens=[(0, "a", 1.4)]), [])
+    assert (m1.slo_met, m1.slo_missed, m1.finished) == (0, 0, 1)
+    assert m1.slo_attainment == 1.0  # nothing settled in this window
+    assert m1.p50_ttft_ms == pytest.approx(1400.0) and m1.p50_e2e_ms == pytest.approx(1700.0)
+
+
+def test_waiter_within_its_slo_is_not_settled_early():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.6)  # only 0.4 s old at the window's end
+    m0 = tr.observe(report(0.0, pending=[record(a, status="queued")]), [a])
+    assert (m0.slo_met, m0.slo_missed) == (0, 0)
+    m1 = tr.observe(report(1.0, finished=[record(a, dispatch=1.0, first=1.05, finish=1.4)]), [])
+    assert (m1.slo_met, m1.slo_missed) == (1, 0)
+
+
+def test_running_request_settled_early_when_its_tpot_is_already_lost():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.0, tenant="a", out=11)  # TPOT SLO 50 ms x 10 tokens: must finish by first + 0.5 s
+    slow = record(a, status="running", dispatch=0.0, first=0.1)
+    m0 = tr.observe(report(0.0, pending=[slow]), [a])
+    assert m0.slo_missed == 1 and m0.active_requests == 1  # 0.9 s of decoding already > 0.5 s
+
+
+def test_final_window_charges_the_backlog():
+    tr = MetricsTracker(TASK)
+    a, b, c = arrival(0, 3.5, "a"), arrival(1, 3.6, "b"), arrival(2, 3.7, "b")
+    m = tr.observe(report(3.0, finished=[record(c, dispatch=3.7, first=3.75, finish=3.9)],
+                          pending=[record(a, status="queued"), record(b, status="running", first=3.8)]),
+                   [a, b, c], final=True)
+    assert (m.slo_met, m.slo_missed, m.backlog_missed) == (1, 2, 2)
+    assert m.per_tenant["a"].missed == 1 and m.per_tenant["b"].missed == 1 and m.per_tenant["b"].met == 1
+    assert tr.outstanding == 0
+    with pytest.raises(ValueError, match="final"):
+        tr.observe(report(4.0), [])
+
+
+def test_backlog_counted_even_if_the_backend_forgot_it():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.5)
+    m = tr.observe(report(0.0), [a], final=True)  # neither pending nor finished
+    assert m.slo_missed == 1 and m.backlog_missed == 1
+
+
+def test_unknown_or_twice_finished_requests_are_backend_bugs():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.1)
+    with pytest.raises(ValueError, match="not outstanding"):
+        tr.observe(report(0.0, finished=[record(arrival(9, 0.1), first=0.2, finish=0.3)]), [a])
+    tr = MetricsTracker(TASK)
+    rec = record(a, dispatch=0.1, first=0.2, finish=0.3)
+    tr.observe(report(0.0, finished=[rec]), [a])
+    with pytest.raises(ValueError, match="not outstanding"):
+        tr.observe(report(1.0, finished=[rec]), [])
+
+
+def test_itl_from_chunk_times_when_no_samples():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.0, out=4)
+    rec = record(a, dispatch=0.0, first=0.1, finish=0.4, tokens=4, chunks=[0.1, 0.2, 0.25, 0.4])
+    m = tr.observe(report(0.0, finished=[rec]), [a])
+    assert m.p50_itl_ms == pytest.approx(100.0)  # gaps 100, 50, 150 ms
+    assert m.p99_itl_ms == pytest.approx(149.0)
+
+
+def test_resources_cost_and_speculation():
+    tr = MetricsTracker(TASK)
+    m = tr.observe(report(0.0, output_tokens=2000, prompt_tokens=500, evictions=3, spec_proposed=40, spec_accepted=30,
+                          kv_occupancy=1.2, gpu_memory_used_gb=70.5, cost_usd=0.002, quality=0.97), [])
+    assert m.spec_acceptance_rate == 0.75 and m.evictions == 3 and m.kv_occupancy == 1.0
+    assert m.cost_per_1k_tokens == pytest.approx(0.001) and m.quality == 0.97 and m.gpu_memory_used_gb == 70.5
+    idle = MetricsTracker(TASK).observe(report(0.0, cost_usd=0.002), [])
+    assert idle.cost_per_1k_tokens == 0.0 and idle.spec_acceptance_rate == 0.0
+    assert idle.slo_attainment == 1.0 and idle.p50_ttft_ms == 0.0
+
+
+def test_to_dict_is_flat_json_with_the_observation_fields():
+    tr = MetricsTracker(TASK)
+    a = arrival(0, 0.8)
+    d = tr.observe(report(0.0, pending=[record(a, status="queued")]), [a]).to_dict()
+    json.dumps(d)
+    required = {"arrivals", "arrival_rate_rps", "mean_prompt_tokens", "finished", "slo_met", "slo_missed",
+                "slo_attainment", "goodput_rps", "goodput_tokens_per_s", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms",
+                "p50_tpot_ms", "p50_e2e_ms", "throughput_tps", "queue_depth", "active_requests", "kv_occupancy",
+                "gpu_memory_used_gb", "evictions", "spec_acceptance_rate", "cost_usd", "cost_per_1k_tokens",
+                "quality", "per_tenant"}
+    assert required <= set(d)
+    assert all(not isinstance(v, dict) for k, v in d.items() if k != "per_tenant")
+    assert d["per_tenant"]["a"] == {"arrived": 1, "met": 0, "missed": 0, "attainment": 1.0}
+    assert set(d) - {"per_tenant"} == set(WindowMetrics.__dataclass_fields__) - {"per_tenant"}
+
+
+def test_every_arrival_settled_exactly_once_under_random_backends():
+    """Random (but contract-abiding) backends: met + missed always equals the arrivals at the end."""
+    task = TASKS["adversarial_multitenant"]
+    for seed in range(20):
+        rnd = random.Random(seed)
+        tr = MetricsTracker(task)
+        live: list[Arrival] = []
+        rid, total_arrived, met, missed = 0, 0, 0, 0
+        horizon = 6
+        for k in range(horizon):
+            arrs = []
+            for _ in range(rnd.randint(0, 8)):
+                t = task.tenants[rnd.randrange(3)]
+                arrs.append(Arrival(rid, k + rnd.random() * 0.99, 50, rnd.randint(1, 30), t.name, t.priority))
+                rid += 1
+            arrs.sort(key=lambda x: x.arrival_s)
+            live += arrs
+            total_arrived += len(arrs)
+            finished, pending = [], []
+            for a in list(live):
+                if rnd.random() < 0.5:
+                    first = max(a.arrival_s, k + rnd.random() * 0.5)
+                    finished.append(record(a, status=rnd.choice(["ok", "ok", "ok", "error"]), dispatch=a.arrival_s,
+                                           first=first, finish=first + rnd.random() * 0.4))
+                    live.remove(a)
+                else:
+                    pending.append(record(a, status=rnd.choice(["queued", "running"])))
+            m = tr.observe(report(float(k), finished=finished, pending=pending), arrs, final=k == horizon - 1)
+            met += m.slo_met
+            missed += m.slo_missed
+        assert met + missed == total_arrived
+
+
+def test_observe_is_fast():
+    """The RL inner loop calls this every step: ~20 requests and ~100 ITL groups per window."""
+    task = TASKS["static_workload"]
+    windows = []
+    rid = 0
+    for k in range(400):
+        arrs = [Arrival(rid + i, k + 0.04 * i, 256, 128, "chat", 1) for i in range(20)]
+        fin = [record(a, dispatch=a.arrival_s, first=a.arrival_s + 0.05, finish=a.arrival_s + 0.9) for a in arrs[:18]]
+        pend = [record(a, status="running", dispatch=a.arrival_s, first=a.arrival_s + 0.05) for a in arrs[18:]]
+        rep = report(float(k), finished=fin, pending=pend, first_tokens=[(a.request_id, "chat", 0.05) for a in arrs],
+                     itl=[(0.008 + 1e-5 * j, 12) for j in range(100)], output_tokens=2500)
+        windows.append((rep, arrs))
+        rid += 20
+    tr = MetricsTracker(task)
+    t0 = time.perf_counter()
+    for rep, arrs in windows:
+        tr.observe(rep, arrs)
+    per_window_us = (time.perf_counter() - t0) / len(windows) * 1e6
+    assert per_window_us < 250, f"{per_window_us:.0f} us per window"

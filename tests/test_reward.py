@@ -1,0 +1,96 @@
+"""Reward: bounded, goodput-driven, each penalty term pulls the way its docstring says."""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import replace
+
+import pytest
+from llmserve_env.shared import reward as reward_mod
+from llmserve_env.shared.metrics import TenantStats, WindowMetrics
+from llmserve_env.shared.reward import WEIGHTS, compute_reward
+from llmserve_env.shared.tasks import TASKS
+
+TASK = TASKS["static_workload"]
+
+
+def metrics(**kw) -> WindowMetrics:
+    base = dict(
+        window_s=1.0, arrivals=20, arrival_rate_rps=20.0, mean_prompt_tokens=256.0, finished=20, slo_met=20,
+        slo_missed=0, backlog_missed=0, slo_attainment=1.0, goodput_rps=20.0, goodput_tokens_per_s=2560.0,
+        p50_ttft_ms=40.0, p99_ttft_ms=90.0, p50_ttft_dispatch_ms=30.0, p50_itl_ms=9.0, p99_itl_ms=15.0,
+        p50_tpot_ms=9.0, p50_e2e_ms=1200.0, output_tokens=2560, prompt_tokens=5120, throughput_tps=2560.0,
+        queue_depth=0, active_requests=25, kv_occupancy=0.3, gpu_memory_used_gb=30.0, evictions=0,
+        spec_acceptance_rate=0.0, cost_usd=0.5 * TASK.cost_budget_per_1k * 2.56, cost_per_1k_tokens=0.5 * TASK.cost_budget_per_1k,
+        quality=1.0, per_tenant={"chat": TenantStats(20, 20, 0)},
+    )
+    base.update(kw)
+    return WindowMetrics(**base)
+
+
+def test_perfect_window_earns_one_and_names_every_term():
+    r, terms = compute_reward(metrics(), TASK)
+    assert r == 1.0
+    assert set(terms) == set(WEIGHTS) == {"goodput", "miss", "memory", "evict", "cost", "quality"}
+    assert terms["goodput"] == 1.0 and all(terms[k] == 0.0 for k in terms if k != "goodput")
+
+
+@pytest.mark.parametrize(
+    ("change", "term"),
+    [
+        ({"slo_met": 10, "slo_missed": 10}, "miss"),
+        ({"kv_occupancy": 0.97}, "memory"),
+        ({"evictions": 5}, "evict"),
+        ({"cost_per_1k_tokens": 1.5 * TASK.cost_budget_per_1k}, "cost"),
+        ({"quality": 0.97}, "quality"),
+    ],
+)
+def test_each_penalty_lowers_the_reward(change, term):
+    r0, _ = compute_reward(metrics(), TASK)
+    r1, terms = compute_reward(metrics(**change), TASK)
+    assert terms[term] > 0.0
+    assert r1 < r0
+
+
+def test_goodput_normalised_by_the_windows_demand():
+    half, _ = compute_reward(metrics(slo_met=10, slo_missed=0), TASK)
+    assert half == pytest.approx(0.5)  # 10 of 20 arrivals met, the rest still in flight
+    burst, _ = compute_reward(metrics(arrivals=60, slo_met=60), TASK)
+    assert burst == 1.0  # a burst fully served weighs like a lull fully served
+    catch_up, terms = compute_reward(metrics(arrivals=5, slo_met=30), TASK)
+    assert catch_up == 1.0 and terms["goodput"] == 1.0  # draining carry-over cannot exceed 1
+    idle, _ = compute_reward(metrics(arrivals=0, slo_met=0, output_tokens=0, cost_per_1k_tokens=0.0), TASK)
+    assert idle == 0.0
+
+
+def test_backlog_is_not_free():
+    clean, _ = compute_reward(metrics(), TASK)
+    backlog, terms = compute_reward(metrics(slo_met=5, slo_missed=40, backlog_missed=35), TASK)
+    assert terms["miss"] == pytest.approx(40 / 45) and backlog < 0 < clean
+
+
+def test_bounded_for_any_metrics():
+    rnd = random.Random(0)
+    for _ in range(2000):
+        arrivals = rnd.randint(0, 500)
+        m = metrics(arrivals=arrivals, slo_met=rnd.randint(0, 600), slo_missed=rnd.randint(0, 600),
+                    kv_occupancy=rnd.random(), evictions=rnd.randint(0, 10_000), quality=rnd.uniform(0.0, 1.0),
+                    cost_per_1k_tokens=rnd.uniform(0, 1.0))
+        r, terms = compute_reward(m, TASK)
+        assert -1.0 <= r <= 1.0
+        assert all(0.0 <= v <= 1.0 for v in terms.values())
+
+
+def test_no_budget_means_no_cost_term():
+    free = replace(TASK, cost_budget_per_1k=0.0)
+    _, terms = compute_reward(metrics(cost_per_1k_tokens=5.0), free)
+    assert terms["cost"] == 0.0
+
+
+def test_docstring_formula_matches_the_weights():
+    doc = reward_mod.__doc__ or ""
+    line = next(x for x in doc.splitlines() if x.strip().startswith("reward  = clip("))
+    found = {name: -float(w) for w, name in re.findall(r"- ([0-9.]+) (\w+)", line)}
+    found["goodput"] = 1.0
+    assert found == WEIGHTS

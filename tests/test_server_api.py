@@ -1,0 +1,210 @@
+"""Every route answers as documented, and every bad input gets a clear 4xx (never a 500)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import STEADY_ACTION
+
+
+def reset(client, task_id="static_workload", seed=7) -> dict:
+    r = client.post("/reset", json={"task_id": task_id, "seed": seed})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def play(client, episode_id: str, action=STEADY_ACTION) -> list[dict]:
+    out = []
+    while True:
+        r = client.post("/step", json={"action": action, "episode_id": episode_id})
+        assert r.status_code == 200, r.text
+        out.append(r.json())
+        if r.json()["done"]:
+            return out
+
+
+def test_info_routes(client):
+    assert client.get("/health").json()["status"] == "healthy"
+    meta = client.get("/metadata").json()
+    assert meta["name"] == "LLMServeEnv" and meta["description"]
+    schema = client.get("/schema").json()
+    assert set(schema["action"]["properties"]) >= {"batch_cap", "kv_budget_fraction", "speculation_depth",
+                                                   "quantization_tier", "prefill_decode_split",
+                                                   "priority_routing"}
+    assert "p99_ttft_ms" in schema["observation"]["properties"]
+    assert "action_history" in schema["state"]["properties"]
+    root = client.get("/").json()
+    assert root["web"] == "/web" and root["tasks"] == "/tasks"
+
+
+def test_tasks_route_lists_every_task_with_slos(client):
+    body = client.get("/tasks").json()
+    ids = {t["task_id"] for t in body["tasks"]}
+    assert {"static_workload", "bursty_workload", "adversarial_multitenant"} <= ids
+    for t in body["tasks"]:
+        assert t["horizon"] > 0 and t["difficulty"] and t["description"]
+        assert all("ttft_ms" in tenant["slo"] for tenant in t["tenants"])
+    assert body["action_schema"]["properties"]["batch_cap"]["maximum"] == 512
+
+
+def test_demo_redirects_to_web_and_web_serves(client):
+    r = client.get("/demo", follow_redirects=False)
+    assert r.status_code in (302, 307) and r.headers["location"] == "/web"
+    r = client.get("/web", follow_redirects=True)
+    assert r.status_code == 200 and "<html" in r.text.lower()
+
+
+def test_reset_returns_episode_id_and_initial_observation(client):
+    body = reset(client)
+    obs = body["observation"]
+    assert obs["episode_id"] and obs["task_id"] == "static_workload" and obs["step_index"] == 0
+    assert body["done"] is False
+
+
+def test_full_episode_state_and_grade(client):
+    body = reset(client, seed=3)
+    eid = body["observation"]["episode_id"]
+    steps = play(client, eid)
+    horizon = client.get("/state", params={"episode_id": eid}).json()["horizon"]
+    assert len(steps) == horizon
+    assert [s["observation"]["step_index"] for s in steps] == list(range(1, horizon + 1))
+    state = client.get("/state", params={"episode_id": eid}).json()
+    assert state["done"] is True and state["step_count"] == horizon
+    assert len(state["action_history"]) == horizon
+    assert state["cumulative_reward"] == pytest.approx(sum(s["reward"] for s in steps))
+    grade = client.post("/grader", json={"episode_id": eid}).json()
+    assert 0.0 <= grade["score"] <= 1.0
+    # Stepping a finished episode is a conflict, not a silent no-op.
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": eid})
+    assert r.status_code == 409 and "done" in r.json()["detail"]
+
+
+def test_grader_accepts_an_explicit_episode_log(client, app):
+    eid = reset(client, seed=5)["observation"]["episode_id"]
+    play(client, eid)
+    by_id = client.post("/grader", json={"episode_id": eid}).json()
+    log = app.state.episode_store.get(eid).episode_log().model_dump(mode="json")
+    by_log = client.post("/grader", json={"episode_log": log}).json()
+    assert by_log["score"] == by_id["score"]
+
+
+def test_same_seed_same_actions_same_observations_over_http(client):
+    runs = []
+    for _ in range(2):
+        eid = reset(client, task_id="bursty_workload", seed=11)["observation"]["episode_id"]
+        obs = [s["observation"] | {"episode_id": None} for s in play(client, eid)]
+        runs.append(obs)
+    assert runs[0] == runs[1]
+
+
+def test_two_interleaved_sessions_stay_isolated(client):
+    other = dict(STEADY_ACTION, batch_cap=4, quantization_tier="INT4")
+    alone_a = play(client, reset(client, seed=21)["observation"]["episode_id"])
+    alone_b = play(client, reset(client, seed=22)["observation"]["episode_id"], action=other)
+    ea = reset(client, seed=21)["observation"]["episode_id"]
+    eb = reset(client, seed=22)["observation"]["episode_id"]
+    got_a, got_b = [], []
+    for _ in range(len(alone_a)):
+        got_a.append(client.post("/step", json={"action": STEADY_ACTION, "episode_id": ea}).json())
+        got_b.append(client.post("/step", json={"action": other, "episode_id": eb}).json())
+
+    def strip(xs):
+        return [x["observation"] | {"episode_id": None} for x in xs]
+
+    assert strip(got_a) == strip(alone_a)
+    assert strip(got_b) == strip(alone_b)
+
+
+# -- bad input ----------------------------------------------------------------------------------
+def test_step_without_episode_id_says_how_to_get_one(client):
+    r = client.post("/step", json={"action": STEADY_ACTION})
+    assert r.status_code == 400
+    assert "/reset" in r.json()["detail"] and "episode_id" in r.json()["detail"]
+
+
+def test_unknown_episode_is_404(client):
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": "nope"})
+    assert r.status_code == 404
+    assert client.get("/state", params={"episode_id": "nope"}).status_code == 404
+    assert client.post("/grader", json={"episode_id": "nope"}).status_code == 404
+
+
+def test_state_without_episode_id_is_400(client):
+    r = client.get("/state")
+    assert r.status_code == 400 and "episode_id" in r.json()["detail"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "needle"),
+    [
+        ("batch_cap", 0, "greater than or equal to 1"),
+        ("batch_cap", 513, "less than or equal to 512"),
+        ("batch_cap", 32.5, "integer"),
+        ("batch_cap", "32", "integer"),
+        ("kv_budget_fraction", 0.05, "greater than or equal to 0.1"),
+        ("kv_budget_fraction", 1.5, "less than or equal to 1"),
+        ("speculation_depth", 9, "less than or equal to 8"),
+        ("quantization_tier", "FP8", "'FP16', 'INT8' or 'INT4'"),
+        ("prefill_decode_split", "yes", "boolean"),
+        ("priority_routing", 1, "boolean"),
+    ],
+)
+def test_bad_action_is_422_naming_field_and_range(client, field, value, needle):
+    eid = reset(client)["observation"]["episode_id"]
+    r = client.post("/step", json={"action": dict(STEADY_ACTION, **{field: value}), "episode_id": eid})
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert any(field in e["loc"] and needle in e["msg"] for e in detail), detail
+    # Nothing was applied: the episode did not advance.
+    assert client.get("/state", params={"episode_id": eid}).json()["step_count"] == 0
+
+
+def test_missing_and_extra_action_fields_are_422(client):
+    eid = reset(client)["observation"]["episode_id"]
+    partial = {k: v for k, v in STEADY_ACTION.items() if k != "batch_cap"}
+    r = client.post("/step", json={"action": partial, "episode_id": eid})
+    assert r.status_code == 422 and any("batch_cap" in e["loc"] for e in r.json()["detail"])
+    r = client.post("/step", json={"action": dict(STEADY_ACTION, turbo=True), "episode_id": eid})
+    assert r.status_code == 422 and any("turbo" in e["loc"] for e in r.json()["detail"])
+
+
+def test_unknown_task_is_404_listing_valid_ids(client):
+    for r in (client.post("/reset", json={"task_id": "nope"}),
+              client.get("/baseline", params={"task_id": "nope"})):
+        assert r.status_code == 404
+        assert "static_workload" in r.text and "nope" in r.text
+
+
+def test_malformed_json_is_422(client):
+    r = client.post("/step", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+    r = client.post("/reset", content=b"[1,2", headers={"content-type": "application/json"})
+    assert r.status_code == 422
+
+
+def test_bad_seed_is_4xx(client):
+    for seed in (-1, "abc", 1.5):
+        r = client.post("/reset", json={"task_id": "static_workload", "seed": seed})
+        assert 400 <= r.status_code < 500, (seed, r.text)
+
+
+def test_grader_body_errors(client):
+    assert client.post("/grader", json={}).status_code == 422
+    assert client.post("/grader", json={"episode_log": {"task_id": "static_workload"}}).status_code == 422
+    eid = reset(client)["observation"]["episode_id"]
+    r = client.post("/grader", json={"episode_id": eid})
+    assert r.status_code == 409 and "not finished" in r.json()["detail"]
+
+
+def test_oversized_body_is_413(client):
+    big = json.dumps({"episode_log": {"steps": ["x" * 1000] * 400}})
+    r = client.post("/grader", content=big, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "limit" in r.json()["detail"]
+
+
+def test_baseline_openai_without_key_is_503(client, monkeypatch):
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    r = client.get("/baseline", params={"use_openai": "true"})
+    assert r.status_code == 503 and "OPENAI_API_KEY" in r.json()["detail"]

@@ -1,0 +1,151 @@
+"""Profiles and calibration: provenance, fit errors, reproducible kernel fits, the records loop."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.tasks import TaskSpec, TenantSpec
+from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.sim import calibrate
+from llmserve_env.sim.backend import SimBackend
+from llmserve_env.sim.kernel_data import DATA_DIR
+from llmserve_env.sim.profiles import UnknownProfileError, list_profiles, load_profile
+from llmserve_env.sim.record_fit import fit_records, read_records
+from llmserve_env.sim.step_time import StepTimeModel
+
+BUILT_IN = ["a100-llama3-8b", "h100-llama3.1-70b-tp4", "h100-llama3.1-8b"]
+
+
+def test_built_in_profiles_load_with_provenance_and_fit_error():
+    assert set(BUILT_IN) <= set(list_profiles())
+    for pid in BUILT_IN:
+        p = load_profile(pid)
+        raw = p.raw
+        for key in ("kernels", "fit", "t_fixed", "price", "memory", "model_shapes", "speculation"):
+            assert raw["provenance"][key]
+        assert raw["assumptions"]
+        fe = raw["fit_error"]
+        assert 0 < fe["kernels_heldout_median_abs_error_pct"] < 10
+        assert fe["kernels_heldout_rows"] > 1000
+        assert p.price_per_gpu_hour > 0 and p.memory_gib > 0
+        assert set(p.tiers) == {"FP16", "INT8", "INT4"}
+        assert p.kv_capacity_gib("FP16", False) > 0
+    assert load_profile("h100-llama3.1-70b-tp4").tp == 4
+    assert load_profile("h100-llama3.1-70b-tp4").allreduce is not None
+
+
+def test_unknown_profile_is_refused():
+    with pytest.raises(UnknownProfileError, match="available"):
+        load_profile("tpu-v9-llama-9t")
+    with pytest.raises(UnknownProfileError):
+        load_profile("../profiles/h100-llama3.1-8b")
+
+
+def test_weights_match_the_published_model_sizes():
+    p = load_profile("h100-llama3.1-8b")
+    assert p.model.params() == pytest.approx(8.03e9, rel=0.01)
+    assert load_profile("h100-llama3.1-70b-tp4").model.params() == pytest.approx(70.6e9, rel=0.01)
+    assert p.draft.params() == pytest.approx(1.24e9, rel=0.01)
+    assert p.weights_gib("FP16", False) == pytest.approx(14.96, abs=0.05)  # vLLM logs ~14.99 GiB
+    assert p.weights_gib("INT4", False) < p.weights_gib("INT8", False) < p.weights_gib("FP16", False)
+    assert p.kv_capacity_gib("INT4", False) > p.kv_capacity_gib("FP16", False) > p.kv_capacity_gib("FP16", True)
+
+
+def test_copied_kernel_data_is_small_and_documented():
+    files = list(DATA_DIR.iterdir())
+    assert sum(f.stat().st_size for f in files) < 5 * 2**20
+    note = (DATA_DIR / "PROVENANCE.md").read_text()
+    assert "Apache-2.0" in note and "AIConfigurator" in note
+
+
+def test_kernel_calibration_reproduces_the_shipped_profiles(tmp_path):
+    assert calibrate.main(["kernels", "--profile", "all", "--out-dir", str(tmp_path)]) == 0
+    assert (tmp_path / calibrate.REPORT_NAME).read_text().startswith("# Simulator fit report")
+    for pid in BUILT_IN:
+        fresh = json.loads((tmp_path / f"{pid}.json").read_text())
+        assert_same(fresh, load_profile(pid).raw, pid)
+
+
+def assert_same(a, b, where: str) -> None:
+    """Equal, up to float rounding a different BLAS may introduce into the least squares."""
+    if isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, list):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{where}[{i}]")
+    elif isinstance(a, float):
+        assert a == pytest.approx(b, rel=1e-4, abs=0.02), where
+    else:
+        assert a == b, where
+
+
+def test_step_time_shapes():
+    p = load_profile("h100-llama3.1-8b")
+    fp16, int8, int4 = (StepTimeModel(p, t) for t in ("FP16", "INT8", "INT4"))
+    # memory-bound decode: fewer weight bytes, faster
+    assert int4.iteration_s(1, 1000, 0, [], 0, 0) < int8.iteration_s(1, 1000, 0, [], 0, 0) \
+        < fp16.iteration_s(1, 1000, 0, [], 0, 0)
+    # compute-bound prefill: INT4 pays dequantization, INT8 runs FP8 tensor cores
+    chunk = [(2048, 0)]
+    assert int8.iteration_s(0, 0, 0, chunk, 2048, 1) < fp16.iteration_s(0, 0, 0, chunk, 2048, 1) \
+        < int4.iteration_s(0, 0, 0, chunk, 2048, 1)
+    # speculation: verifying 4 tokens at batch 1 costs little more than 1, at batch 256 a lot more
+    assert fp16.iteration_s(1, 1000, 3, [], 0, 0) < 2 * fp16.iteration_s(1, 1000, 0, [], 0, 0)
+    one, four = fp16.iteration_s(256, 256e3, 0, [], 0, 0), fp16.iteration_s(256, 256e3, 3, [], 0, 0)
+    assert four > 2.35 * one  # slower than the 2.35 tokens a 0.65-acceptance step emits
+    # all-reduce makes the TP4 70B profile pay per token
+    p70 = StepTimeModel(load_profile("h100-llama3.1-70b-tp4"), "FP16")
+    assert p70.dense[2048] > fp16.dense[2048]
+
+
+def _records(profile, path: Path, windows_n: int = 20) -> Path:
+    task = TaskSpec("rec", "x", "x", (TenantSpec("chat", 1, 1.0, 1000.0, 100.0, (512, 0.8), (128, 0.8)),),
+                    workload={"kind": "poisson", "rate_rps": 6.0}, horizon=windows_n)
+    backend = SimBackend(profile)
+    backend.reset(0)
+    action = ServeAction(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
+                         prefill_decode_split=False, priority_routing=False)
+    lines = []
+    for k, w in enumerate(windows(generate_arrivals(task, 0), task)):
+        report = backend.run_window(action, w, float(k), 1.0)
+        lines += [json.dumps(dataclasses.asdict(r)) for r in report.finished]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_records_fit_recovers_a_slower_gpu(tmp_path):
+    base = load_profile("h100-llama3.1-8b")
+    truth = dataclasses.replace(base, gpu_time_scale=1.3)
+    fit = fit_records(base, read_records(_records(truth, tmp_path / "r.jsonl")))
+    assert fit.gpu_time_scale == pytest.approx(1.3, rel=0.1)
+    assert fit.after_median_abs_error_pct < 0.5 * fit.before_median_abs_error_pct
+    assert fit.after_median_abs_error_pct < 10
+
+
+def test_records_calibration_cli_writes_a_loadable_profile(tmp_path):
+    recs = _records(load_profile("h100-llama3.1-8b"), tmp_path / "tiny.jsonl", windows_n=6)
+    assert calibrate.main(["records", "--profile", "h100-llama3.1-8b", "--records", str(recs),
+                           "--out", "h100-refit", "--out-dir", str(tmp_path)]) == 0
+    prof = json.loads((tmp_path / "h100-refit.json").read_text())
+    assert prof["id"] == "h100-refit" and "records_fit" in prof["provenance"]
+    assert prof["engine"]["gpu_time_scale"] == pytest.approx(1.0, rel=0.1)
+    assert (tmp_path / "h100-refit.records_fit.md").read_text().startswith("# Records fit")
+
+
+def test_malformed_records_name_the_line(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"status": "ok", "dispatch_s": 0, "first_token_s": 1, "finish_s": 2, '
+                   '"prompt_tokens": 5, "output_tokens": 3}\nnot json\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
+        read_records(bad)
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"status": "ok", "dispatch_s": 0}\n')
+    with pytest.raises(ValueError, match="missing.jsonl:1: missing first_token_s"):
+        read_records(missing)

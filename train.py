@@ -1,0 +1,550 @@
+"""PPO for LLMServeEnv, in one file (after CleanRL's ppo.py).
+
+    python train.py --task adversarial_multitenant --steps 120000 --seed 0
+
+Environments: `Args.num_envs` copies of the Gymnasium wrapper (gym_env.py, the simulator in
+process), spread over `Args.num_workers` worker processes so both cores step the simulator
+while the learner waits; each worker steps its share in turn and resets finished episodes at
+once (the observation returned with done=True is the next episode's first).
+
+Policy: an MLP (tanh) with one categorical head per knob of the MultiDiscrete action; a
+separate MLP critic. Observations are normalised by running mean/variance, frozen for the
+final export.
+
+Outputs:
+    runs/<task>__s<seed>/progress.csv and TensorBoard events   (training curves)
+    weights/<task>.npz   the actor's layers, for agents/ppo_policy.py (numpy, no torch)
+    weights/<task>.json  observation normalisation, the command, commit, hyperparameters, scores
+
+The exported actor is the one with the best greedy score on validation seeds (never the
+evaluation seeds evaluate.py uses) among the checkpoints validated during training.
+torch comes from the `train` extra: pip install -e '.[train]'.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import multiprocessing as mp
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+from llmserve_env.agents.encoding import ACTION_NVEC, FEATURE_NAMES, OBS_DIM, encode_action
+from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.registry import make_policy
+from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.search import git_commit
+from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT, train_seeds, validation_seeds
+from llmserve_env.agents.static import VLLM_DEFAULT
+from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
+from llmserve_env.gym_env import LLMServeGymEnv
+from llmserve_env.server.baseline_inference import InProcessEnv
+from llmserve_env.shared.models import ServeAction
+from torch.distributions.categorical import Categorical
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+ROOT = Path(__file__).resolve().parent
+
+
+@dataclass
+class Args:
+    task: str = "adversarial_multitenant"
+    steps: int = 120_000  # total environment steps (windows)
+    seed: int = 0
+    num_envs: int = 16
+    num_workers: int = 2  # processes stepping environments (one per core)
+    num_steps: int = 64  # windows per env per rollout (one episode of a 64-window task)
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 8
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.003
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    hidden: int = 64
+    init: str = "heuristic"  # start from: heuristic (behaviour cloning), tuned_static, vllm_default, uniform
+    init_prob: float = 0.8  # tuned_static / vllm_default: initial probability of that choice, per knob
+    bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
+    bc_epochs: int = 30
+    obs_clip: float = 10.0
+    obs_epsilon: float = 1e-8
+    reward_scale: float = 1.0
+    val_every: int = 10  # updates between validation runs
+    val_episodes: int = 16
+    torch_threads: int = 1
+    out_dir: Path = ROOT / "weights"
+    run_dir: Path = ROOT / "runs"
+    command: str = field(default="", repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.steps // self.batch_size)
+
+
+# ----------------------------------------------------------------------------------------------
+# Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
+# ----------------------------------------------------------------------------------------------
+def _worker(remote, task: str, seeds: list[int]) -> None:
+    torch.set_num_threads(1)
+    envs = [LLMServeGymEnv(task) for _ in seeds]
+    remote.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]))
+    while True:
+        cmd, actions = remote.recv()
+        if cmd == "close":
+            remote.close()
+            return
+        obs, rew, done, score = [], [], [], []
+        for env, a in zip(envs, actions, strict=True):
+            o, r, terminated, truncated, info = env.step(a)
+            finished = terminated or truncated
+            if finished:
+                o, _ = env.reset()
+            obs.append(o)
+            rew.append(r)
+            done.append(finished)
+            score.append(info.get("score", np.nan) if finished else np.nan)
+        remote.send((np.stack(obs), np.asarray(rew, np.float32), np.asarray(done), np.asarray(score)))
+
+
+class ShardedVecEnv:
+    """num_envs environments in num_workers processes; step() takes and returns batches."""
+
+    def __init__(self, task: str, num_envs: int, num_workers: int, seed: int):
+        # fork: the children inherit the imported modules (openenv pulls in gradio: seconds per
+        # spawn); it happens before the learner runs any torch op, so no thread pool is copied.
+        ctx = mp.get_context("fork")
+        shards = np.array_split(np.arange(num_envs), num_workers)
+        self.remotes, self.procs = [], []
+        for shard in shards:
+            parent, child = ctx.Pipe()
+            seeds = [seed * 10_000 + int(i) for i in shard]
+            p = ctx.Process(target=_worker, args=(child, task, seeds), daemon=True)
+            p.start()
+            child.close()
+            self.remotes.append(parent)
+            self.procs.append(p)
+        self.shards = shards
+        self.first_obs = np.concatenate([r.recv() for r in self.remotes])
+
+    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        for r, shard in zip(self.remotes, self.shards, strict=True):
+            r.send(("step", actions[shard]))
+        parts = [r.recv() for r in self.remotes]
+        return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+    def close(self) -> None:
+        for r in self.remotes:
+            r.send(("close", None))
+        for p in self.procs:
+            p.join(timeout=5)
+
+
+class RunningMeanStd:
+    """Running mean/variance (parallel algorithm), as gymnasium's NormalizeObservation keeps."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.mean = np.zeros(shape, np.float64)
+        self.var = np.ones(shape, np.float64)
+        self.count = 1e-4
+
+    def update(self, x: np.ndarray) -> None:
+        b_mean, b_var, b_count = x.mean(0), x.var(0), x.shape[0]
+        delta, total = b_mean - self.mean, self.count + b_count
+        self.mean = self.mean + delta * b_count / total
+        m2 = self.var * self.count + b_var * b_count + delta**2 * self.count * b_count / total
+        self.var, self.count = m2 / total, total
+
+    def normalize(self, x: np.ndarray, clip: float, eps: float) -> np.ndarray:
+        return np.clip((x - self.mean) / np.sqrt(self.var + eps), -clip, clip).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Agent
+# ----------------------------------------------------------------------------------------------
+def layer_init(layer: nn.Linear, std: float = np.sqrt(2), bias_const: float = 0.0) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class Agent(nn.Module):
+    def __init__(self, obs_dim: int, nvec: tuple[int, ...], hidden: int):
+        super().__init__()
+        self.nvec = nvec
+        self.critic = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+            layer_init(nn.Linear(hidden, 1), std=1.0),
+        )
+        self.actor = nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+            layer_init(nn.Linear(hidden, sum(nvec)), std=0.01),
+        )
+
+    def start_near(self, idx: np.ndarray, p: float) -> None:
+        """Bias each head's logits so the untrained policy picks idx[k] with probability p.
+
+        A uniformly random serving policy is very poor here (one bad knob, e.g. batch cap 1 or
+        INT4, ruins a window) and slow to simulate (queues grow without bound), so learning starts
+        around a known configuration and explores the rest with probability 1 - p per knob.
+        """
+        head = [m for m in self.actor if isinstance(m, nn.Linear)][-1]
+        bias = torch.zeros(sum(self.nvec))
+        start = 0
+        for k, n in enumerate(self.nvec):
+            bias[start + int(idx[k])] = float(np.log(p * (n - 1) / (1.0 - p)))
+            start += n
+        with torch.no_grad():
+            head.bias.copy_(bias)
+
+    def get_value(self, x: torch.Tensor) -> torch.Tensor:
+        return self.critic(x)
+
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+        logits = torch.split(self.actor(x), self.nvec, dim=1)  # one (B, n_k) tensor per knob
+        dists = [Categorical(logits=lg) for lg in logits]
+        if action is None:
+            action = torch.stack([d.sample() for d in dists], dim=1)  # (B, 6)
+        logprob = torch.stack([d.log_prob(a) for d, a in zip(dists, action.T, strict=True)]).sum(0)
+        entropy = torch.stack([d.entropy() for d in dists]).sum(0)
+        return action, logprob, entropy, self.critic(x)
+
+    def greedy(self, x: torch.Tensor) -> np.ndarray:
+        logits = torch.split(self.actor(x), self.nvec, dim=1)
+        return torch.stack([lg.argmax(1) for lg in logits], dim=1).numpy()
+
+    def export(self, rms: RunningMeanStd) -> dict[str, np.ndarray]:
+        """The actor as numpy arrays in agents/ppo_policy.py's layout (x @ w + b)."""
+        linears = [m for m in self.actor if isinstance(m, nn.Linear)]
+        out: dict[str, np.ndarray] = {"nvec": np.asarray(self.nvec, np.int64)}
+        for i, lin in enumerate(linears):
+            out[f"actor_w{i}"] = lin.weight.detach().numpy().T.astype(np.float32)
+            out[f"actor_b{i}"] = lin.bias.detach().numpy().astype(np.float32)
+        return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation: greedy actor, whole episodes on validation seeds, in this process.
+# ----------------------------------------------------------------------------------------------
+def validate(agent: Agent, rms: RunningMeanStd, args: Args, env: LLMServeGymEnv) -> float:
+    scores = []
+    for seed in validation_seeds(args.val_episodes):
+        obs, _ = env.reset(options={"episode_seed": seed})
+        while True:
+            x = torch.as_tensor(rms.normalize(obs[None], args.obs_clip, args.obs_epsilon))
+            with torch.no_grad():
+                a = agent.greedy(x)[0]
+            obs, _, terminated, truncated, info = env.step(a)
+            if terminated or truncated:
+                scores.append(info["score"])
+                break
+    return float(np.mean(scores))
+
+
+def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args) -> dict[str, float]:
+    """Start from the tuned heuristic: imitate its actions, fit the critic to its returns.
+
+    The heuristic (agents/heuristic.py, thresholds tuned on training seeds) plays `bc_episodes`
+    episodes on training seeds; the actor learns its action per window by cross-entropy and the
+    critic its discounted return, so PPO starts where the best hand-made policy is and has only
+    to find what the rules miss. The observation statistics start from these episodes too.
+    """
+    env = LLMServeGymEnv(args.task, grade_on_done=False)
+    feats, acts, rets = [], [], []
+    for seed in train_seeds(args.bc_episodes, offset=TRAIN_SEED_LIMIT - args.bc_episodes):
+        policy = heuristic(args.task)
+        policy.reset()
+        x, info = env.reset(options={"episode_seed": seed})
+        obs = env.last_observation
+        rewards = []
+        while True:
+            action = policy.act(obs)
+            idx = encode_action(action)
+            feats.append(x)
+            acts.append(idx)
+            x, r, terminated, truncated, _ = env.step(idx)
+            obs = env.last_observation
+            rewards.append(r)
+            if terminated or truncated:
+                break
+        g, ep_rets = 0.0, []
+        for r in reversed(rewards):
+            g = r + args.gamma * g
+            ep_rets.append(g)
+        rets.extend(reversed(ep_rets))
+    X = np.stack(feats)
+    rms.update(X)
+    xb = torch.as_tensor(rms.normalize(X, args.obs_clip, args.obs_epsilon))
+    yb = torch.as_tensor(np.stack(acts), dtype=torch.long)
+    gb = torch.as_tensor(np.asarray(rets, np.float32))
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    for _ in range(args.bc_epochs):
+        for mb in torch.randperm(len(xb)).split(256):
+            _, logp, _, value = agent.get_action_and_value(xb[mb], yb[mb])
+            loss = -logp.mean() + 0.5 * ((value.view(-1) - gb[mb]) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with torch.no_grad():
+        accuracy = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
+    return {"accuracy": accuracy, "samples": float(len(xb))}
+
+
+def validate_rivals(args: Args) -> dict[str, float]:
+    """The tuned static configuration's and the heuristic's scores on the validation seeds."""
+    env, out = InProcessEnv(), {}
+    for name in ("tuned_static", "heuristic"):
+        try:
+            policy = make_policy(name, args.task)
+        except NotTunedError:
+            continue
+        out[name] = float(np.mean([play_episode(env, policy, args.task, s).score
+                                   for s in validation_seeds(args.val_episodes)]))
+    return out
+
+
+def initial_action(task: str, how: str) -> ServeAction:
+    """The configuration learning starts around (tuned on training seeds; vLLM's default otherwise)."""
+    if how == "tuned_static":
+        try:
+            return tuned_action(task)
+        except NotTunedError:
+            return VLLM_DEFAULT
+    if how == "vllm_default":
+        return VLLM_DEFAULT
+    raise ValueError(f"init must be heuristic, tuned_static, vllm_default or uniform, not {how!r}")
+
+
+def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    npz = args.out_dir / f"{args.task}.npz"
+    np.savez(npz, **agent.export(rms))
+    meta = {
+        "task": args.task,
+        "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",
+        "activation": "tanh",
+        "obs_norm": {"mean": rms.mean.tolist(), "var": rms.var.tolist(), "clip": args.obs_clip,
+                     "epsilon": args.obs_epsilon},
+        "feature_names": list(FEATURE_NAMES),
+        "action_nvec": list(ACTION_NVEC),
+        "command": args.command,
+        "git_commit": git_commit(),
+        "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
+                            for k, v in dataclasses.asdict(args).items() if k != "command"},
+        **meta,
+    }
+    npz.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+    return npz
+
+
+# ----------------------------------------------------------------------------------------------
+def parse_args(argv: list[str]) -> Args:
+    ap = argparse.ArgumentParser(description="PPO for LLMServeEnv")
+    for f in dataclasses.fields(Args):
+        if f.name == "command":
+            continue
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, bool):
+            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
+        elif f.name == "target_kl":
+            ap.add_argument(flag, type=float, default=None)
+        else:
+            ap.add_argument(flag, type=type(default), default=default)
+    ns = ap.parse_args(argv)
+    return Args(**vars(ns), command="python train.py " + " ".join(argv))
+
+
+def train(args: Args) -> dict:
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    torch.use_deterministic_algorithms(True)
+    run_dir = args.run_dir / f"{args.task}__s{args.seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    writer = SummaryWriter(str(run_dir))
+    csv_file = (run_dir / "progress.csv").open("w", newline="")
+    log = csv.writer(csv_file)
+    log.writerow(["update", "global_step", "sps", "episodes", "mean_score", "mean_return", "val_score",
+                  "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
+
+    started = time.perf_counter()
+    envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed)
+    val_env = LLMServeGymEnv(args.task)
+    agent = Agent(OBS_DIM, ACTION_NVEC, args.hidden)
+    rms = RunningMeanStd((OBS_DIM,))
+    bc: dict[str, float] = {}
+    if args.init == "heuristic":
+        bc = behaviour_clone(agent, rms, args)
+        writer.add_scalar("init/bc_accuracy", bc["accuracy"], 0)
+    elif args.init != "uniform":
+        agent.start_near(encode_action(initial_action(args.task, args.init)), args.init_prob)
+
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+
+    N, T = args.num_envs, args.num_steps
+    obs_buf = torch.zeros((T, N, OBS_DIM))
+    act_buf = torch.zeros((T, N, len(ACTION_NVEC)), dtype=torch.long)
+    logp_buf = torch.zeros((T, N))
+    rew_buf = torch.zeros((T, N))
+    done_buf = torch.zeros((T, N))
+    val_buf = torch.zeros((T, N))
+
+    raw_obs = envs.first_obs
+    rms.update(raw_obs)
+    next_obs = torch.as_tensor(rms.normalize(raw_obs, args.obs_clip, args.obs_epsilon))
+    next_done = torch.zeros(N)
+    ep_return = np.zeros(N)
+    recent_scores: list[float] = []
+    recent_returns: list[float] = []
+    # Where learning starts, and the rivals, on the same validation seeds.
+    rivals = validate_rivals(args)
+    best = {"val_score": validate(agent, rms, args, val_env), "update": 0, "global_step": 0}
+    save(agent, rms, args, {"status": "in training", "best": best})
+    tqdm.write(f"validation: start {best['val_score']:.4f}, rivals {rivals}, bc {bc}")
+    global_step, episodes = 0, 0
+    env_time = 0.0
+
+    bar = tqdm(range(1, args.num_updates + 1), desc=f"PPO {args.task}", unit="upd")
+    for update in bar:
+        if args.anneal_lr:
+            optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (update - 1.0) / args.num_updates)
+        for t in range(T):
+            global_step += N
+            obs_buf[t], done_buf[t] = next_obs, next_done
+            with torch.no_grad():
+                action, logp, _, value = agent.get_action_and_value(next_obs)
+            val_buf[t], act_buf[t], logp_buf[t] = value.flatten(), action, logp
+            t_env = time.perf_counter()
+            raw_obs, reward, done, score = envs.step(action.numpy())
+            env_time += time.perf_counter() - t_env
+            rms.update(raw_obs)
+            rew_buf[t] = torch.as_tensor(reward * args.reward_scale)
+            next_obs = torch.as_tensor(rms.normalize(raw_obs, args.obs_clip, args.obs_epsilon))
+            next_done = torch.as_tensor(done, dtype=torch.float32)
+            ep_return += reward
+            for i in np.flatnonzero(done):
+                episodes += 1
+                recent_scores.append(float(score[i]))
+                recent_returns.append(float(ep_return[i]))
+                ep_return[i] = 0.0
+
+        # GAE over the rollout, bootstrapping from the value of the observation after it.
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs).flatten()
+            adv = torch.zeros_like(rew_buf)
+            last = torch.zeros(N)
+            for t in reversed(range(T)):
+                nonterminal = 1.0 - (next_done if t == T - 1 else done_buf[t + 1])
+                nv = next_value if t == T - 1 else val_buf[t + 1]
+                delta = rew_buf[t] + args.gamma * nv * nonterminal - val_buf[t]
+                last = delta + args.gamma * args.gae_lambda * nonterminal * last
+                adv[t] = last
+            ret = adv + val_buf
+
+        b_obs, b_act = obs_buf.reshape(-1, OBS_DIM), act_buf.reshape(-1, len(ACTION_NVEC))
+        b_logp, b_adv, b_ret, b_val = logp_buf.reshape(-1), adv.reshape(-1), ret.reshape(-1), val_buf.reshape(-1)
+        idx = np.arange(args.batch_size)
+        clipfracs: list[float] = []
+        for _epoch in range(args.update_epochs):
+            np.random.shuffle(idx)
+            for start in range(0, args.batch_size, args.minibatch_size):
+                mb = idx[start : start + args.minibatch_size]
+                _, newlogp, entropy, newvalue = agent.get_action_and_value(b_obs[mb], b_act[mb])
+                logratio = newlogp - b_logp[mb]
+                ratio = logratio.exp()
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - logratio).mean()
+                    clipfracs.append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+                mb_adv = (b_adv[mb] - b_adv[mb].mean()) / (b_adv[mb].std() + 1e-8)
+                pg_loss = torch.max(-mb_adv * ratio,
+                                    -mb_adv * torch.clamp(ratio, 1 - args.clip_coef, 1 + args.clip_coef)).mean()
+                newvalue = newvalue.view(-1)
+                if args.clip_vloss:
+                    v_clipped = b_val[mb] + torch.clamp(newvalue - b_val[mb], -args.clip_coef, args.clip_coef)
+                    v_loss = 0.5 * torch.max((newvalue - b_ret[mb]) ** 2, (v_clipped - b_ret[mb]) ** 2).mean()
+                else:
+                    v_loss = 0.5 * ((newvalue - b_ret[mb]) ** 2).mean()
+                loss = pg_loss - args.ent_coef * entropy.mean() + args.vf_coef * v_loss
+                optimizer.zero_grad()
+                loss.backward()
+                nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+            if args.target_kl is not None and approx_kl > args.target_kl:
+                break
+
+        val_score = float("nan")
+        if update % args.val_every == 0 or update == args.num_updates:
+            val_score = validate(agent, rms, args, val_env)
+            writer.add_scalar("charts/val_score", val_score, global_step)
+            if val_score > best["val_score"]:
+                best = {"val_score": val_score, "update": update, "global_step": global_step}
+                save(agent, rms, args, {"status": "in training", "best": best})
+        sps = global_step / (time.perf_counter() - started)
+        mean_score = float(np.mean(recent_scores[-2 * N:])) if recent_scores else float("nan")
+        mean_return = float(np.mean(recent_returns[-2 * N:])) if recent_returns else float("nan")
+        for name, v in (("charts/episode_score", mean_score), ("charts/episode_return", mean_return),
+                        ("losses/policy_loss", pg_loss.item()), ("losses/value_loss", v_loss.item()),
+                        ("losses/entropy", entropy.mean().item()), ("losses/approx_kl", approx_kl.item()),
+                        ("losses/clipfrac", float(np.mean(clipfracs))), ("charts/SPS", sps)):
+            writer.add_scalar(name, v, global_step)
+        log.writerow([update, global_step, round(sps, 1), episodes, mean_score, mean_return, val_score,
+                      pg_loss.item(), v_loss.item(), entropy.mean().item(), approx_kl.item(), float(np.mean(clipfracs))])
+        csv_file.flush()
+        bar.set_postfix(score=f"{mean_score:.3f}", val=f"{best['val_score']:.3f}", sps=f"{sps:.0f}")
+
+    envs.close()
+    wall = time.perf_counter() - started
+    summary = {
+        "status": "done",
+        "global_steps": global_step,
+        "episodes": episodes,
+        "wall_s": round(wall, 1),
+        "env_steps_per_s": round(global_step / wall, 1),
+        "env_step_share": round(env_time / wall, 3),
+        "final_train_score": float(np.mean(recent_scores[-2 * N:])) if recent_scores else None,
+        "best": best,
+        "validation_seeds": validation_seeds(args.val_episodes),
+        "validation_rivals": rivals,
+        "behaviour_cloning": bc,
+    }
+    # Re-write the JSON of the best checkpoint with the finished run's summary.
+    best_json = args.out_dir / f"{args.task}.json"
+    meta = json.loads(best_json.read_text())
+    meta.update(summary)
+    best_json.write_text(json.dumps(meta, indent=2) + "\n")
+    writer.close()
+    csv_file.close()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    summary = train(args)
+    print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
