@@ -12,6 +12,11 @@
 3. Shapes from the Splitwise performance model (Llama-2-70B, H100, TP4; an older stack, so only
    ratios are compared): decode step vs batch size, prompt time vs prompt length, for the
    h100-llama3.1-70b-tp4 profile.
+4. Whole iterations measured on an H100 by this project (scripts/measure_gpu_steps.py: stock
+   PyTorch, random weights, CUDA graphs; sim/data/*_torch_steps.csv): decode and prefill of
+   Llama-3.1-8B and of one Llama-3.1-70B TP4 shard (no all-reduce), against the shipped profiles.
+   Stock PyTorch runs unfused norms, rotary and SiLU, so the vLLM-calibrated profiles are
+   expected to be somewhat faster; `python -m llmserve_env.sim.calibrate steps` re-fits to them.
 
 Prints tables, then (last line) one JSON object with `median_abs_error_pct` and
 `p90_abs_error_pct` over every held-out kernel measurement, and `<profile>_median_abs_error_pct`
@@ -32,9 +37,13 @@ from llmserve_env.sim import fitting
 from llmserve_env.sim.calibrate import ANCHOR_CONTEXT, batch1_decode_s, heldout_errors
 from llmserve_env.sim.experiment import play
 from llmserve_env.sim.profiles import list_profiles, load_profile, profile_from_dict
+from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
-SPLITWISE = Path(__file__).resolve().parent.parent / "sim" / "data" / "splitwise_llama2-70b_h100_tp4.csv"
+DATA = Path(__file__).resolve().parent.parent / "sim" / "data"
+SPLITWISE = DATA / "splitwise_llama2-70b_h100_tp4.csv"
+GPU_STEPS = {"h100-llama3.1-8b": DATA / "h100_llama3.1-8b_torch_steps.csv",
+             "h100-llama3.1-70b-tp4": DATA / "h100_llama3.1-70b-tp4-shard_torch_steps.csv"}
 VLLM_DEFAULT = ServeAction(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
                            prefill_decode_split=False, priority_routing=False)
 
@@ -160,6 +169,18 @@ def main() -> None:
         shape_err.append(e)
         print(f"{label:<34} {meas:>9.3f} {model:>8.3f} {e:>7.1f}")
     out["h100-llama3.1-70b-tp4_splitwise_shape_median_abs_error_pct"] = round(float(np.median(shape_err)), 2)
+
+    print("\nWhole iterations measured on an H100 (stock PyTorch, random weights) vs the shipped profiles")
+    print(f"{'profile':<24} {'rows':>5} {'decode %':>9} {'prefill %':>10} {'all %':>7} {'model/meas':>11} "
+          f"{'re-fit %':>9}")
+    for pid, path in GPU_STEPS.items():
+        data = read_steps(path)
+        fit = fit_steps(load_profile(pid), data)
+        out[f"{pid}_gpu_steps_median_abs_error_pct"] = round(fit.before_median_abs_error_pct, 2)
+        out[f"{pid}_gpu_steps_model_over_measured"] = round(fit.mean_ratio, 3)
+        print(f"{pid:<24} {fit.n:>5} {fit.before_by_phase.get('decode', float('nan')):>9.1f} "
+              f"{fit.before_by_phase.get('prefill', float('nan')):>10.1f} {fit.before_median_abs_error_pct:>7.1f} "
+              f"{fit.mean_ratio:>11.3f} {fit.after_median_abs_error_pct:>9.1f}")
     print(json.dumps(out))
 
 

@@ -10,6 +10,11 @@
         gateway (one JSON object per line with the RequestRecord fields plus dispatch_s, first_token_s,
         finish_s, prompt_tokens, output_tokens), and write the profile and a fit report.
 
+    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID]
+        Score a profile against whole iterations measured on a GPU (scripts/measure_gpu_steps.py
+        writes FILE.csv), re-fit t_fixed and gpu_time_scale to them, write a fit report, and, with
+        --out, the re-fitted profile.
+
     python -m llmserve_env.sim.calibrate extract --src /path/to/data/kernels
         Rebuild the kernel-table subsets in sim/data from the full tables.
 """
@@ -27,6 +32,7 @@ from llmserve_env.sim import fitting
 from llmserve_env.sim.profile_specs import SPECS, base_profile
 from llmserve_env.sim.profiles import PROFILE_DIR, load_profile, profile_from_dict
 from llmserve_env.sim.record_fit import fit_records, read_records
+from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
 # Published anchor (shared/data/README.md): a batch-1 decode step of Llama-3.1-8B on one H100 is 7-8 ms.
@@ -182,6 +188,28 @@ def run_records(profile_id: str, records_path: Path, out_id: str | None, report_
     return prof
 
 
+def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path: Path,
+              out_dir: Path = PROFILE_DIR) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """Fit report of `profile_id` on measured iterations; the re-fitted profile when `out_id` is given."""
+    base = load_profile(profile_id)
+    data = read_steps(steps_path)
+    result = fit_steps(base, data)
+    report_path.write_text(result.report(profile_id, f"{steps_path.name} ({data.meta.get('device', '?')}, "
+                                                     f"torch {data.meta.get('torch', '?')})"))
+    if out_id is None:
+        return result.to_dict(), None
+    prof = json.loads(json.dumps(base.raw))
+    prof["id"] = out_id
+    prof["engine"]["t_fixed_s"] = round(result.t_fixed_s, 7)
+    prof["engine"]["gpu_time_scale"] = round(result.gpu_time_scale, 5)
+    prof.setdefault("provenance", {})["steps_fit"] = (
+        f"t_fixed_s and gpu_time_scale re-fitted to {result.n} iterations measured on a GPU "
+        f"({steps_path.name}) by python -m llmserve_env.sim.calibrate steps")
+    prof.setdefault("fit_error", {})["steps"] = result.to_dict()
+    write_profile(prof, out_dir)
+    return result.to_dict(), prof
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--records", type=Path, required=True)
     r.add_argument("--out", default=None, help="id of the profile to write (default: overwrite --profile)")
     r.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the profile and report")
+    s = sub.add_parser("steps", help="score and re-fit a profile on iterations measured on a GPU (CSV)")
+    s.add_argument("--profile", required=True)
+    s.add_argument("--steps", type=Path, required=True)
+    s.add_argument("--out", default=None, help="also write the re-fitted profile under this id")
+    s.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the report (and profile)")
     e = sub.add_parser("extract", help="rebuild sim/data from the full kernel tables")
     e.add_argument("--src", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -217,6 +250,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prof['id']}: t_fixed {prof['engine']['t_fixed_s'] * 1e3:.3f} ms, gpu_time_scale "
               f"{prof['engine']['gpu_time_scale']:.4f}, TPOT median error {fe['before_median_abs_error_pct']:.1f} % "
               f"-> {fe['after_median_abs_error_pct']:.1f} %")
+        print(f"report: {report}")
+    elif args.cmd == "steps":
+        report = args.out_dir / f"{args.out or args.profile}.steps_fit.md"
+        fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
+        print(f"{args.profile} on {args.steps.name}: median abs error {fit['before_median_abs_error_pct']:.1f} % "
+              f"(p90 {fit['before_p90_abs_error_pct']:.1f} %, model/measured {fit['mean_ratio']:.3f}); re-fitted "
+              f"t_fixed {fit['t_fixed_s'] * 1e3:.3f} ms, gpu_time_scale {fit['gpu_time_scale']:.4f} -> "
+              f"{fit['after_median_abs_error_pct']:.1f} %")
         print(f"report: {report}")
     else:
         from llmserve_env.sim.kernel_data import extract_subsets

@@ -15,6 +15,7 @@ from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.kernel_data import DATA_DIR
 from llmserve_env.sim.profiles import UnknownProfileError, list_profiles, load_profile
 from llmserve_env.sim.record_fit import fit_records, read_records
+from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
 BUILT_IN = ["a100-llama3-8b", "h100-llama3.1-70b-tp4", "h100-llama3.1-8b"]
@@ -149,3 +150,61 @@ def test_malformed_records_name_the_line(tmp_path):
     missing.write_text('{"status": "ok", "dispatch_s": 0}\n')
     with pytest.raises(ValueError, match="missing.jsonl:1: missing first_token_s"):
         read_records(missing)
+
+
+def _synthetic_steps(path: Path, profile_id: str, t_fixed: float, scale: float) -> Path:
+    """A measure_gpu_steps-style CSV whose latencies are a known (t_fixed, scale) of the profile."""
+    p = load_profile(profile_id)
+    model = StepTimeModel(p, "FP16")
+    rows = ["phase,batch,context,prompt,tokens,latency_ms,p10_ms,p90_ms,repeats"]
+    for b, c in [(1, 512), (8, 1024), (64, 2048), (256, 512)]:
+        gpu = (model.iteration_s(b, float(b * c), 0, [], 0, 0) - p.t_fixed_s) / p.gpu_time_scale
+        rows.append(f"decode,{b},{c},0,{b},{(t_fixed + scale * gpu) * 1e3},0,0,5")
+    for b, n in [(1, 256), (1, 2048), (4, 512)]:
+        gpu = (model.iteration_s(0, 0.0, 0, [(n, 0)] * b, b * n, b) - p.t_fixed_s) / p.gpu_time_scale
+        rows.append(f"prefill,{b},0,{n},{b * n},{(t_fixed + scale * gpu) * 1e3},0,0,5")
+    rows.append("prefill_eager,1,0,256,256,99.0,0,0,5")  # host-bound rows are not GPU measurements
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_steps_fit_recovers_a_known_scale_and_the_cli_writes_a_profile(tmp_path):
+    steps = _synthetic_steps(tmp_path / "steps.csv", "h100-llama3.1-8b", t_fixed=2.0e-3, scale=1.25)
+    data = read_steps(steps)
+    assert len(data.steps) == 7 and data.includes_allreduce
+    fit = fit_steps(load_profile("h100-llama3.1-8b"), data)
+    assert fit.t_fixed_s == pytest.approx(2.0e-3, rel=1e-3)
+    assert fit.gpu_time_scale == pytest.approx(1.25, rel=1e-3)
+    assert fit.after_median_abs_error_pct < 0.1 < fit.before_median_abs_error_pct
+    assert fit.mean_ratio < 1.0  # the shipped profile is faster than this synthetic GPU
+    assert calibrate.main(["steps", "--profile", "h100-llama3.1-8b", "--steps", str(steps),
+                           "--out", "h100-steps", "--out-dir", str(tmp_path)]) == 0
+    prof = json.loads((tmp_path / "h100-steps.json").read_text())
+    assert prof["engine"]["gpu_time_scale"] == pytest.approx(1.25, rel=1e-3)
+    assert "steps_fit" in prof["provenance"]
+    assert (tmp_path / "h100-steps.steps_fit.md").read_text().startswith("# Measured-iteration fit")
+
+
+def test_shipped_gpu_measurements_check_the_profiles():
+    """The H100 iterations this project measured stay within 25 % of the shipped profiles (median),
+    and the shard measurement is compared without all-reduces."""
+    for pid, name, allreduce in (("h100-llama3.1-8b", "h100_llama3.1-8b_torch_steps.csv", True),
+                                 ("h100-llama3.1-70b-tp4", "h100_llama3.1-70b-tp4-shard_torch_steps.csv", False)):
+        data = read_steps(DATA_DIR / name)
+        assert data.includes_allreduce is allreduce
+        assert data.meta["device"].startswith("NVIDIA H100")
+        fit = fit_steps(load_profile(pid), data)
+        assert fit.n >= 50
+        assert fit.before_median_abs_error_pct < 25
+        assert fit.after_median_abs_error_pct < 5
+
+
+def test_malformed_steps_name_the_line(tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("phase,batch,context,prompt,latency_ms\ndecode,1,512,0,8.4\ndecode,x,512,0,8.4\n")
+    with pytest.raises(ValueError, match=r"bad.csv:3"):
+        read_steps(bad)
+    nohead = tmp_path / "nohead.csv"
+    nohead.write_text("a,b\n1,2\n")
+    with pytest.raises(ValueError, match=r"nohead.csv:1: header lacks phase"):
+        read_steps(nohead)
