@@ -16,6 +16,11 @@ Observation space: `Box(0, 4, (25,), float32)`: the observation's numeric fields
 ratio scales (roughly 0..1), the previous window's arrival rate and queue, the previous action,
 and the episode's progress (`agents.encoding.FEATURE_NAMES` names each).
 
+With `advice=True` (what train.py uses for the shipped PPO weights) the tuned heuristic runs
+beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
+Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
+4, 4, 3, 3])`, 0 = follow); see agents/advice.py.
+
 Reward: the environment's own per-window reward (`shared.reward`), unchanged.
 
 Start: each `reset` starts an episode of the task on a fresh episode seed drawn from the
@@ -35,6 +40,7 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
+from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, Advisor
 from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, OBS_HIGH, ObservationEncoder, decode_action
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.server.config import ServerConfig
@@ -51,12 +57,15 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, task: str = "static_workload", grade_on_done: bool = True):
+    def __init__(self, task: str = "static_workload", grade_on_done: bool = True, advice: bool = False):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.action_space = spaces.MultiDiscrete(np.array(ACTION_NVEC, dtype=np.int64))
-        self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(OBS_DIM,), dtype=np.float32)
+        self.advisor = Advisor(task) if advice else None
+        nvec = ADVICE_NVEC if advice else ACTION_NVEC
+        self.action_space = spaces.MultiDiscrete(np.array(nvec, dtype=np.int64))
+        dim = OBS_DIM + (ADVICE_DIM if advice else 0)
+        self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(dim,), dtype=np.float32)
         # A one-slot store: the wrapper only ever plays one episode at a time, so finished
         # episodes need not be kept around for HTTP look-ups.
         self._env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
@@ -73,17 +82,25 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         obs = self._env.reset(seed=self.episode_seed, task_id=self.task_id)
         self.last_observation = obs
         self._encoder.reset()
-        return self._encoder.encode(obs), {"episode_seed": self.episode_seed}
+        if self.advisor is not None:
+            self.advisor.reset()
+        return self._features(obs), {"episode_seed": self.episode_seed}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        serve_action = decode_action(action)
+        serve_action = self.advisor.decode(action) if self.advisor is not None else decode_action(action)
         obs = self._env.step(serve_action)
         self.last_observation = obs
         self._encoder.record_action(serve_action)
-        info: dict[str, Any] = {}
+        info: dict[str, Any] = {"action": serve_action}
         if obs.done and self.grade_on_done:
             info["score"] = self._env.grade().score
-        return self._encoder.encode(obs), float(obs.reward or 0.0), bool(obs.done), False, info
+        return self._features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
+
+    def _features(self, obs: ServeObservation) -> np.ndarray:
+        x = self._encoder.encode(obs)
+        if self.advisor is None:
+            return x
+        return np.concatenate([x, self.advisor.observe(obs)])
 
     def close(self) -> None:
         self._env.close()

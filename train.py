@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
+from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_FEATURE_NAMES, ADVICE_NVEC, FOLLOW
 from llmserve_env.agents.encoding import ACTION_NVEC, FEATURE_NAMES, OBS_DIM, encode_action
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.registry import make_policy
@@ -75,13 +76,22 @@ class Args:
     max_grad_norm: float = 0.5
     target_kl: float | None = None
     hidden: int = 64
-    init: str = "heuristic"  # start from: heuristic (behaviour cloning), tuned_static, vllm_default, uniform
-    init_prob: float = 0.8  # tuned_static / vllm_default: initial probability of that choice, per knob
+    # advice: the tuned heuristic's proposal is an input and "follow it" a choice per knob
+    # (agents/advice.py); without it the agent acts on the plain grid.
+    advice: bool = True
+    # start from: follow (the heuristic exactly; needs advice), heuristic (behaviour cloning),
+    # tuned_static, vllm_default, uniform
+    init: str = "follow"
+    init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
     bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
     bc_epochs: int = 30
     obs_clip: float = 10.0
     obs_epsilon: float = 1e-8
     reward_scale: float = 1.0
+    # Training-only shaping: add score_coef x the grader's episode score to the last window's
+    # reward. The step reward sums goodput over tenants, while the grade also weighs the worst
+    # tenant, quality and cost multiplicatively; the bonus points learning at the grade itself.
+    score_coef: float = 0.0
     val_every: int = 10  # updates between validation runs
     val_episodes: int = 16
     torch_threads: int = 1
@@ -105,9 +115,9 @@ class Args:
 # ----------------------------------------------------------------------------------------------
 # Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
 # ----------------------------------------------------------------------------------------------
-def _worker(remote, task: str, seeds: list[int]) -> None:
+def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
     torch.set_num_threads(1)
-    envs = [LLMServeGymEnv(task) for _ in seeds]
+    envs = [LLMServeGymEnv(task, advice=advice) for _ in seeds]
     remote.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]))
     while True:
         cmd, actions = remote.recv()
@@ -130,7 +140,7 @@ def _worker(remote, task: str, seeds: list[int]) -> None:
 class ShardedVecEnv:
     """num_envs environments in num_workers processes; step() takes and returns batches."""
 
-    def __init__(self, task: str, num_envs: int, num_workers: int, seed: int):
+    def __init__(self, task: str, num_envs: int, num_workers: int, seed: int, advice: bool):
         # fork: the children inherit the imported modules (openenv pulls in gradio: seconds per
         # spawn); it happens before the learner runs any torch op, so no thread pool is copied.
         ctx = mp.get_context("fork")
@@ -139,7 +149,7 @@ class ShardedVecEnv:
         for shard in shards:
             parent, child = ctx.Pipe()
             seeds = [seed * 10_000 + int(i) for i in shard]
-            p = ctx.Process(target=_worker, args=(child, task, seeds), daemon=True)
+            p = ctx.Process(target=_worker, args=(child, task, seeds, advice), daemon=True)
             p.start()
             child.close()
             self.remotes.append(parent)
@@ -347,8 +357,9 @@ def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
         "activation": "tanh",
         "obs_norm": {"mean": rms.mean.tolist(), "var": rms.var.tolist(), "clip": args.obs_clip,
                      "epsilon": args.obs_epsilon},
-        "feature_names": list(FEATURE_NAMES),
-        "action_nvec": list(ACTION_NVEC),
+        "feature_names": list(FEATURE_NAMES) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
+        "action_nvec": list(agent.nvec),
+        "advice": "heuristic" if args.advice else None,
         "command": args.command,
         "git_commit": git_commit(),
         "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)
@@ -391,22 +402,30 @@ def train(args: Args) -> dict:
                   "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
 
     started = time.perf_counter()
-    envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed)
-    val_env = LLMServeGymEnv(args.task)
-    agent = Agent(OBS_DIM, ACTION_NVEC, args.hidden)
-    rms = RunningMeanStd((OBS_DIM,))
+    obs_dim = OBS_DIM + (ADVICE_DIM if args.advice else 0)
+    nvec = ADVICE_NVEC if args.advice else ACTION_NVEC
+    if args.init == "follow" and not args.advice:
+        raise ValueError("--init follow needs --advice true")
+    if args.init == "heuristic" and args.advice:
+        raise ValueError("--init heuristic (behaviour cloning) is for --advice false; with advice use follow")
+    envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice)
+    val_env = LLMServeGymEnv(args.task, advice=args.advice)
+    agent = Agent(obs_dim, nvec, args.hidden)
+    rms = RunningMeanStd((obs_dim,))
     bc: dict[str, float] = {}
     if args.init == "heuristic":
         bc = behaviour_clone(agent, rms, args)
         writer.add_scalar("init/bc_accuracy", bc["accuracy"], 0)
+    elif args.init == "follow":
+        agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":
         agent.start_near(encode_action(initial_action(args.task, args.init)), args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
     N, T = args.num_envs, args.num_steps
-    obs_buf = torch.zeros((T, N, OBS_DIM))
-    act_buf = torch.zeros((T, N, len(ACTION_NVEC)), dtype=torch.long)
+    obs_buf = torch.zeros((T, N, obs_dim))
+    act_buf = torch.zeros((T, N, len(nvec)), dtype=torch.long)
     logp_buf = torch.zeros((T, N))
     rew_buf = torch.zeros((T, N))
     done_buf = torch.zeros((T, N))
@@ -441,7 +460,8 @@ def train(args: Args) -> dict:
             raw_obs, reward, done, score = envs.step(action.numpy())
             env_time += time.perf_counter() - t_env
             rms.update(raw_obs)
-            rew_buf[t] = torch.as_tensor(reward * args.reward_scale)
+            shaped = reward + args.score_coef * np.where(done, np.nan_to_num(score), 0.0)
+            rew_buf[t] = torch.as_tensor(shaped * args.reward_scale, dtype=torch.float32)
             next_obs = torch.as_tensor(rms.normalize(raw_obs, args.obs_clip, args.obs_epsilon))
             next_done = torch.as_tensor(done, dtype=torch.float32)
             ep_return += reward
@@ -464,7 +484,7 @@ def train(args: Args) -> dict:
                 adv[t] = last
             ret = adv + val_buf
 
-        b_obs, b_act = obs_buf.reshape(-1, OBS_DIM), act_buf.reshape(-1, len(ACTION_NVEC))
+        b_obs, b_act = obs_buf.reshape(-1, obs_dim), act_buf.reshape(-1, len(nvec))
         b_logp, b_adv, b_ret, b_val = logp_buf.reshape(-1), adv.reshape(-1), ret.reshape(-1), val_buf.reshape(-1)
         idx = np.arange(args.batch_size)
         clipfracs: list[float] = []

@@ -7,7 +7,9 @@ Weights are written by train.py as `weights/<task>.npz` (the actor's layers) bes
     json: {"obs_norm": {"mean": [...], "var": [...], "clip": c, "epsilon": e}, "activation": "tanh", ...}
 
 The action is the most likely choice of each head (deterministic), decoded through the same
-grid the Gymnasium wrapper trained on.
+grid the Gymnasium wrapper trained on. Weights trained with advice (`"advice": "heuristic"` in
+the JSON, agents/advice.py) run the task's tuned heuristic beside the actor: its proposal is
+appended to the features and each head's last choice means "follow the proposal".
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, Advisor
 from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, ObservationEncoder, decode_action
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
@@ -65,12 +68,17 @@ class ActorWeights:
         w.check()
         return w
 
+    @property
+    def advice(self) -> bool:
+        return self.meta.get("advice") == "heuristic"
+
     def check(self) -> None:
         """Shapes must match the encoder and action grid this code was built with."""
-        if self.nvec != ACTION_NVEC:
-            raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {ACTION_NVEC}")
-        if self.layers[0][0].shape[0] != OBS_DIM or self.obs_mean.shape != (OBS_DIM,):
-            raise ValueError(f"weights expect {self.layers[0][0].shape[0]} features, the encoder makes {OBS_DIM}")
+        nvec, dim = (ADVICE_NVEC, OBS_DIM + ADVICE_DIM) if self.advice else (ACTION_NVEC, OBS_DIM)
+        if self.nvec != nvec:
+            raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {nvec}")
+        if self.layers[0][0].shape[0] != dim or self.obs_mean.shape != (dim,):
+            raise ValueError(f"weights expect {self.layers[0][0].shape[0]} features, the encoder makes {dim}")
         if self.layers[-1][0].shape[1] != sum(self.nvec):
             raise ValueError("last layer width does not match the action heads")
 
@@ -91,12 +99,18 @@ class PPOPolicy:
         self.weights = ActorWeights.load(path)
         self.name = "ppo"
         self._encoder = ObservationEncoder(get_task(task_id).horizon)
+        self._advisor = Advisor(task_id) if self.weights.advice else None
 
     def reset(self) -> None:
         self._encoder.reset()
+        if self._advisor is not None:
+            self._advisor.reset()
 
     def act(self, obs: ServeObservation) -> ServeAction:
-        heads = self.weights.logits(self._encoder.encode(obs).astype(np.float64))
-        action = decode_action([int(np.argmax(h)) for h in heads])
+        x = self._encoder.encode(obs)
+        if self._advisor is not None:
+            x = np.concatenate([x, self._advisor.observe(obs)])
+        idx = [int(np.argmax(h)) for h in self.weights.logits(x.astype(np.float64))]
+        action = self._advisor.decode(idx) if self._advisor is not None else decode_action(idx)
         self._encoder.record_action(action)
         return action

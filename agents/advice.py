@@ -1,0 +1,106 @@
+"""Residual control over the tuned heuristic: a learned policy that follows or nudges it.
+
+The PPO agent shipped in weights/ does not start from nothing, nor from a lossy imitation: every
+window the tuned heuristic (agents/heuristic.py) proposes an action, the agent sees that proposal
+beside the observation, and for each knob it either follows the proposal (choice 0) or nudges it:
+
+| knob                   | choices (0 = follow)                                       |
+|------------------------|------------------------------------------------------------|
+| `batch_cap`            | follow, halve, double (kept in 1..512)                     |
+| `kv_budget_fraction`   | follow, -0.15, +0.15 (kept in 0.1..1.0)                    |
+| `speculation_depth`    | follow, off, +1, +2 (kept in 0..8)                         |
+| `quantization_tier`    | follow, FP16, INT8, INT4                                   |
+| `prefill_decode_split` | follow, off, on                                            |
+| `priority_routing`     | follow, off, on                                            |
+
+so `ADVICE_NVEC = (3, 3, 4, 4, 3, 3)`. A policy that always follows is the heuristic exactly, so
+learning starts at the best hand-made policy and only has to find where a nudge pays; nudges
+are small, so exploring them costs little. The heuristic keeps its own state from the
+observations alone, whatever the agent played.
+
+Features: the heuristic's proposal on the same scales as the previous-action features
+(`ADVICE_FEATURE_NAMES`), appended to `agents.encoding`'s observation features.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
+from llmserve_env.shared.models import (
+    BATCH_CAP_RANGE,
+    KV_BUDGET_RANGE,
+    QUANTIZATION_TIERS,
+    SPECULATION_RANGE,
+    ServeAction,
+    ServeObservation,
+)
+
+ADVICE_NVEC: tuple[int, ...] = (3, 3, 4, 4, 3, 3)
+FOLLOW: tuple[int, ...] = (0, 0, 0, 0, 0, 0)  # per knob, the index that means "follow the heuristic"
+KV_NUDGE = 0.15
+KNOBS: tuple[str, ...] = ("batch_cap", "kv_budget_fraction", "speculation_depth", "quantization_tier",
+                          "prefill_decode_split", "priority_routing")
+ADVICE_FEATURE_NAMES: tuple[str, ...] = (
+    "advice_batch_cap",
+    "advice_kv_budget_fraction",
+    "advice_speculation_depth",
+    "advice_quant_int8",
+    "advice_quant_int4",
+    "advice_prefill_decode_split",
+    "advice_priority_routing",
+)
+ADVICE_DIM = len(ADVICE_FEATURE_NAMES)
+
+
+def advice_features(a: ServeAction) -> np.ndarray:
+    return np.asarray([
+        math.log2(a.batch_cap) / 9.0,
+        a.kv_budget_fraction,
+        a.speculation_depth / 8.0,
+        float(a.quantization_tier == "INT8"),
+        float(a.quantization_tier == "INT4"),
+        float(a.prefill_decode_split),
+        float(a.priority_routing),
+    ], dtype=np.float32)
+
+
+def decode_advised(idx: Sequence[int] | np.ndarray, advice: ServeAction) -> ServeAction:
+    """The action an ADVICE_NVEC index vector stands for, given the heuristic's proposal."""
+    b, k, g, q, split, prio = (int(i) for i in idx)
+    a = advice
+    batch = a.batch_cap if b == 0 else a.batch_cap // 2 if b == 1 else a.batch_cap * 2
+    kv = a.kv_budget_fraction + (0.0, -KV_NUDGE, KV_NUDGE)[k]
+    spec = (a.speculation_depth, 0, a.speculation_depth + 1, a.speculation_depth + 2)[g]
+    return ServeAction(
+        batch_cap=min(max(batch, BATCH_CAP_RANGE[0]), BATCH_CAP_RANGE[1]),
+        kv_budget_fraction=round(min(max(kv, KV_BUDGET_RANGE[0]), KV_BUDGET_RANGE[1]), 4),
+        speculation_depth=min(max(spec, SPECULATION_RANGE[0]), SPECULATION_RANGE[1]),
+        quantization_tier=a.quantization_tier if q == 0 else QUANTIZATION_TIERS[q - 1],
+        prefill_decode_split=a.prefill_decode_split if split == 0 else split == 2,
+        priority_routing=a.priority_routing if prio == 0 else prio == 2,
+    )
+
+
+class Advisor:
+    """The task's tuned heuristic, run beside a learned policy for its proposals."""
+
+    def __init__(self, task_id: str):
+        self.policy: HeuristicPolicy = heuristic(task_id)
+        self.proposal: ServeAction | None = None
+
+    def reset(self) -> None:
+        self.policy.reset()
+        self.proposal = None
+
+    def observe(self, obs: ServeObservation) -> np.ndarray:
+        """Let the heuristic see the window just served; its proposal's features for the next one."""
+        self.proposal = self.policy.act(obs)
+        return advice_features(self.proposal)
+
+    def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
+        if self.proposal is None:
+            raise RuntimeError("observe() an observation before decoding an advised action")
+        return decode_advised(idx, self.proposal)
