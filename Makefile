@@ -30,6 +30,7 @@ test: install-dev
 
 lint: install-dev
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/hadolint Dockerfile
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -76,12 +76,13 @@ class Args:
     max_grad_norm: float = 0.5
     target_kl: float | None = None
     hidden: int = 64
-    # advice: the tuned heuristic's proposal is an input and "follow it" a choice per knob
-    # (agents/advice.py); without it the agent acts on the plain grid.
-    advice: bool = True
-    # start from: follow (the heuristic exactly; needs advice), heuristic (behaviour cloning),
+    # advice: the tuned heuristic's proposal is an input and each knob is followed or nudged
+    # (agents/advice.py; use with --init follow); off, the agent acts on the plain grid. The
+    # shipped weights were trained without it (see README, "PPO against the rivals").
+    advice: bool = False
+    # start from: heuristic (behaviour cloning), follow (the heuristic exactly; needs advice),
     # tuned_static, vllm_default, uniform
-    init: str = "follow"
+    init: str = "heuristic"
     init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
     bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
     bc_epochs: int = 30

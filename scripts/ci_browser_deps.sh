@@ -2,6 +2,8 @@
 # Installs what tests/test_dashboard_browser.py needs on a fresh Debian machine: Debian's Chromium
 # and Playwright for Python. `playwright install` downloads a browser build and cannot work
 # offline, so the test launches /usr/bin/chromium through Playwright's executable_path instead.
+# Playwright itself is in the `dev` extra (pyproject.toml); it is installed here only for a venv
+# made without it. Idempotent: on a machine that has both, it only prints their versions.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,7 +16,10 @@ if ! command -v chromium > /dev/null 2>&1; then
 fi
 
 venv="${VENV:-.venv}"
-"$venv/bin/python" -m pip install -q "playwright>=1.40"
+if ! "$venv/bin/python" -c 'import playwright.sync_api' 2> /dev/null; then
+  "$venv/bin/python" -m pip install -q "playwright>=1.40"
+fi
 
-chromium --version 2> /dev/null || true; echo
+# Debian's chromium wrapper script prints a harmless shell warning on some hosts: keep stderr out.
+chromium --version 2> /dev/null || true
 "$venv/bin/python" -c 'from importlib.metadata import version; print("playwright", version("playwright"))'

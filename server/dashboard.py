@@ -105,6 +105,9 @@ def step_row(obs: ServeObservation, action: ServeAction, previous: list[dict[str
         "cumulative_reward": cumulative,
         "per_tenant": dict(meta.get("per_tenant", {})),
         **action.knobs(),
+        "weight_bits": weight_bits(action.quantization_tier),
+        "split_on": float(bool(action.prefill_decode_split)),
+        "priority_on": float(bool(action.priority_routing)),
     }
 
 
@@ -204,17 +207,30 @@ def grade_markdown(run: DashboardRun | None) -> str:
     return f"## Grade: {run.grade.score:.3f}  \nscore in [0, 1] from the episode log (`POST /grader`)."
 
 
-def plotted(frame: pd.DataFrame) -> dict[str, Any] | None:
+def weight_bits(tier: str) -> int:
+    """The weight width a quantization tier stands for (FP16 -> 16, INT8 -> 8, INT4 -> 4)."""
+    return int("".join(ch for ch in tier if ch.isdigit()))
+
+
+def plotted(frame: pd.DataFrame, from_zero: bool = True) -> dict[str, Any] | None:
     """A plot's new data with a fixed colour per series, or None until there is a point to draw.
 
     Gradio's plot builds its Vega spec (colour domain included) when it goes from no value to a
     value and afterwards only swaps the data, so each new episode starts from None (see
     `build_dashboard`); a plot first given an empty frame would also keep a broken layout.
+    `from_zero` plots (non-negative quantities) start their axis at 0; when every value is 0 the
+    axis runs to 1, since Vega would otherwise draw a zero-height domain labelled "0.000000".
     """
     if frame.empty:
         return None
     series = dict.fromkeys(frame["series"])
-    return gr.update(value=frame, color_map={s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)})
+    update: dict[str, Any] = {
+        "value": frame,
+        "color_map": {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)},
+    }
+    if from_zero:
+        update["y_lim"] = [0.0, 1.0] if float(frame["value"].max()) <= 0.0 else [0.0, None]
+    return gr.update(**update)
 
 
 def views(run: DashboardRun | None) -> tuple[Any, ...]:
@@ -242,12 +258,25 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
         plotted(
             series_frame(
                 rows, {"kv_cache_occupancy": "KV occupancy", "slo_compliance_rate": "SLO compliance"}
-            )
+            ),
+            from_zero=False,
         ),
         plotted(series_frame(rows, {"eviction_events": "evictions"})),
-        plotted(series_frame(rows, {"reward": "step reward"})),
-        plotted(series_frame(rows, {"batch_cap": "batch cap", "speculation_depth": "speculation depth"})),
-        plotted(tenant_frame(rows)),
+        plotted(series_frame(rows, {"reward": "step reward"}), from_zero=False),
+        plotted(series_frame(rows, {"batch_cap": "batch cap"})),
+        plotted(series_frame(rows, {"speculation_depth": "speculation depth", "weight_bits": "weight bits"})),
+        plotted(
+            series_frame(
+                rows,
+                {
+                    "kv_budget_fraction": "KV budget",
+                    "split_on": "prefill/decode split",
+                    "priority_on": "priority routing",
+                },
+            ),
+            from_zero=False,
+        ),
+        plotted(tenant_frame(rows), from_zero=False),
         action_table(rows),
     )
 
@@ -317,7 +346,7 @@ def build_dashboard(
             if run.done or len(run.rows) % RUN_UPDATE_EVERY == 0:
                 yield (run, *views(run))
 
-    def plot(title_text: str, y_title: str, y_lim: list[float] | None = None) -> gr.LinePlot:
+    def plot(title_text: str, y_title: str, y_lim: list[float | None] | None = None) -> gr.LinePlot:
         return gr.LinePlot(
             x="step",
             y="value",
@@ -387,7 +416,10 @@ def build_dashboard(
             evict_plot = plot("Evictions (preemptions)", "per window")
             reward_plot = plot("Reward", "per window")
         with gr.Row():
-            action_plot = plot("Actions: batch cap and speculation depth", "value")
+            batch_plot = plot("Action: batch cap", "running sequences (most)")
+            spec_plot = plot("Actions: speculation depth and quantization", "tokens / bits")
+        with gr.Row():
+            switch_plot = plot("Actions: KV budget and switches (on = 1)", "fraction / on-off", [0.0, 1.05])
             tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
         actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
         run_state = gr.State(None, time_to_live=SESSION_TTL_S)
@@ -406,7 +438,9 @@ def build_dashboard(
             kv_plot,
             evict_plot,
             reward_plot,
-            action_plot,
+            batch_plot,
+            spec_plot,
+            switch_plot,
             tenant_plot,
             actions_df,
         ]
