@@ -17,7 +17,6 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
-
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 
 

@@ -2,8 +2,11 @@
 
     uvicorn server.app:app --host 0.0.0.0 --port 7860
 
-OpenEnv registers /reset /step /schema /metadata /health /ws /mcp and the web interface at /web;
-server/routes.py adds /tasks /grader /baseline /demo / and an episode-aware /state.
+OpenEnv registers /reset /step /schema /metadata /health /ws /mcp, its task API (/{env_name}/...)
+and the web interface at /web; server/routes.py adds /tasks /grader /baseline /demo / and an
+episode-aware /state. Around them: a body-size limit (server/limits.py), strict checking of the
+/reset and /step bodies (server/bodies.py), and an /openapi.json that documents what the server
+really takes and answers (server/openapi.py). Settings: server/config.py.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import os
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from openenv.core.env_server.http_server import create_app
-
+from llmserve_env.server import openapi
+from llmserve_env.server.bodies import StrictBodies
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.dashboard import build_dashboard
-from llmserve_env.server.environment import LLMServeEnvironment
+from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.server.errors import EnvError
 from llmserve_env.server.limits import BodySizeLimit
@@ -26,8 +29,20 @@ from llmserve_env.shared.grader import GradeError
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.traces import TraceError
+from openenv.core.env_server.http_server import create_app
+from starlette.routing import Mount
 
 log = logging.getLogger("llmserve_env.app")
+
+# Gradio's queue polls for work every 1 ms on the server's event loop (`sleep_when_free`), which
+# costs an idle server ~7 % of a core and wakes the loop between every two steps. The dashboard
+# does not need millisecond pick-up: 20 ms (progress: 50 ms) is invisible to a person.
+GRADIO_POLL_S = 0.02
+GRADIO_PROGRESS_POLL_S = 0.05
+
+# Where a TraceError/GradeError came from, for the `loc` of its 422.
+VALUE_ERROR_LOC = {"/reset": ["body", "task_id"], "/web/reset": ["body", "task_id"],
+                   "/grader": ["body", "episode_log"]}
 
 
 def _drop_route(app: FastAPI, path: str, method: str) -> None:
@@ -36,6 +51,20 @@ def _drop_route(app: FastAPI, path: str, method: str) -> None:
         r for r in app.router.routes
         if not (getattr(r, "path", None) == path and method in (getattr(r, "methods", None) or ()))
     ]
+
+
+def _calm_gradio_queue(app: FastAPI) -> None:
+    """Slow the polling of the Gradio app mounted at /web (see GRADIO_POLL_S); best effort, since
+    the queue is Gradio's private attribute: if a Gradio release renames it, nothing breaks."""
+    for route in app.router.routes:
+        if isinstance(route, Mount) and route.path == "/web" and hasattr(route.app, "get_blocks"):
+            queue = getattr(route.app.get_blocks(), "_queue", None)
+            if queue is not None and hasattr(queue, "sleep_when_free"):
+                queue.sleep_when_free = max(queue.sleep_when_free, GRADIO_POLL_S)
+                queue.progress_update_sleep_when_free = max(
+                    getattr(queue, "progress_update_sleep_when_free", 0.0), GRADIO_PROGRESS_POLL_S)
+            else:
+                log.debug("the Gradio queue has no sleep_when_free; left as it is")
 
 
 def build_app(config: ServerConfig | None = None) -> FastAPI:
@@ -47,8 +76,12 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         GatewayConfig.from_env()
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
 
+    # Sim steps run inline on the event loop; real-mode steps block for a window of wall clock,
+    # so they keep OpenEnv's thread pool (see InlineStepEnvironment).
+    env_cls = InlineStepEnvironment if config.mode == "sim" else LLMServeEnvironment
+
     def env_factory() -> LLMServeEnvironment:
-        return LLMServeEnvironment(store=store, config=config)
+        return env_cls(store=store, config=config)
 
     # The seed promises /web out of the box, so the app turns OpenEnv's web interface on itself.
     os.environ.setdefault("ENABLE_WEB_INTERFACE", "true")
@@ -63,6 +96,7 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         custom_tab_name="Dashboard",
     )
     app.title = "LLMServeEnv"
+    _calm_gradio_queue(app)
     app.state.episode_store = store
     app.state.config = config
     # /state must find the episode by id; "/" points at the docs rather than redirecting.
@@ -76,14 +110,20 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     async def unknown_task(_: Request, exc: UnknownTaskError) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": str(exc), "valid_task_ids": exc.valid})
 
-    async def bad_value(_: Request, exc: ValueError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(exc)})
+    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
+        # A trace or episode log that parses but cannot be used: FastAPI's 422 shape, as documented.
+        loc = VALUE_ERROR_LOC.get(request.url.path, ["body"])
+        return JSONResponse(status_code=422, content={"detail": [
+            {"type": "value_error", "loc": loc, "msg": str(exc), "input": None}]})
 
     app.add_exception_handler(EnvError, env_error)
     app.add_exception_handler(UnknownTaskError, unknown_task)
     app.add_exception_handler(TraceError, bad_value)
     app.add_exception_handler(GradeError, bad_value)
+    # Added last = runs first: the size limit applies before StrictBodies buffers a body.
+    app.add_middleware(StrictBodies)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    openapi.install(app)
     return app
 
 

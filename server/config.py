@@ -5,8 +5,16 @@
 | LLMSERVE_MODE                   | sim     | `sim` (simulator) or `real` (OpenAI-compatible gateway)    |
 | LLMSERVE_MAX_EPISODES           | 1024    | most HTTP episodes kept at once (least recently used go)   |
 | LLMSERVE_EPISODE_IDLE_TIMEOUT_S | 1800    | an HTTP episode untouched this long is dropped             |
-| LLMSERVE_MAX_SESSIONS           | 256     | most concurrent WebSocket sessions                         |
+| LLMSERVE_MAX_SESSIONS           | 256     | most concurrent WebSocket sessions (OpenEnv's              |
+|                                 |         | `max_concurrent_envs`)                                     |
 | LLMSERVE_MAX_BODY_BYTES         | 1048576 | request bodies above this get 413 (episode logs included)  |
+
+HTTP clients hold no session: each keeps its episode in the store by `episode_id`, so the number
+of concurrent HTTP clients is bounded only by LLMSERVE_MAX_EPISODES (an episode pushed out answers
+404 "unknown or expired", saying to reset). A WebSocket connection beyond LLMSERVE_MAX_SESSIONS
+is refused by OpenEnv with an error frame of code CAPACITY_REACHED naming the limit (OpenEnv's
+client raises it as a RuntimeError), and the sessions already open carry on; a slot frees when a
+session's socket closes. bench/load.py runs 200 HTTP and 200 WebSocket clients within the defaults.
 """
 
 from __future__ import annotations

@@ -187,8 +187,10 @@ class EpisodeStore:
 
     def put(self, ep: Episode) -> None:
         dropped: list[Episode] = []
+        now = time.monotonic()
+        ep.last_used = now  # registered now: idle from now on, not from when it was built
         with self._lock:
-            self._expire_locked(time.monotonic(), dropped)
+            self._expire_locked(now, dropped)
             old = self._items.pop(ep.episode_id, None)
             if old is not None and old is not ep:
                 dropped.append(old)

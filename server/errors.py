@@ -57,6 +57,13 @@ class EpisodeNotDoneError(EnvError):
         )
 
 
+class UnknownSplitError(EnvError):
+    status = 404
+
+    def __init__(self, split: str):
+        super().__init__(f"unknown split {split!r}; this environment has one split, 'test', holding every task")
+
+
 class BackendFailure(EnvError):
     """The backend of one episode failed; that episode ends, others are untouched."""
 

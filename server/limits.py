@@ -1,4 +1,10 @@
-"""Request-body size limit: a body over the limit gets 413 before any parsing (pure ASGI)."""
+"""Request-body size limit: a body over the limit gets 413 before any parsing (pure ASGI).
+
+A declared Content-Length over the limit is refused at once. A body sent without one (chunked) is
+counted as it arrives; past the limit, reading it raises inside the app, and whatever the app then
+answers is replaced by the 413: FastAPI turns an error while reading a body into a 400 "error
+parsing the body", and OpenEnv's /mcp into a JSON-RPC parse error, neither of which says why.
+"""
 
 from __future__ import annotations
 
@@ -31,28 +37,33 @@ class BodySizeLimit:
                     await self._reject(send)
                     return
         seen = 0
+        too_large = False
         started = False
 
         async def limited_receive() -> dict[str, Any]:
-            nonlocal seen
+            nonlocal seen, too_large
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
+                    too_large = True
                     raise BodyTooLarge
             return message
 
-        async def tracking_send(message: dict[str, Any]) -> None:
+        async def guarded_send(message: dict[str, Any]) -> None:
             nonlocal started
+            if too_large and not started:
+                return  # the app's answer to a body it never got whole: the 413 below replaces it
             if message["type"] == "http.response.start":
                 started = True
             await send(message)
 
         try:
-            await self.app(scope, limited_receive, tracking_send)
+            await self.app(scope, limited_receive, guarded_send)
         except BodyTooLarge:
-            if not started:
-                await self._reject(send)
+            pass
+        if too_large and not started:
+            await self._reject(send)
 
     async def _reject(self, send: Any) -> None:
         body = json.dumps({"detail": f"request body larger than the limit of {self.max_bytes} bytes "

@@ -7,34 +7,32 @@ from typing import Any
 
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import RedirectResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
 from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.server.errors import EnvError
 from llmserve_env.shared.episode import EpisodeLog
 from llmserve_env.shared.grader import GradeResult, grade_episode
 from llmserve_env.shared.models import ServeAction, ServeState
 from llmserve_env.shared.tasks import TASKS, get_task
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class GraderRequest(BaseModel):
     """Grade the finished episode `episode_id`, or an explicit `episode_log` (exactly one of them)."""
 
-    model_config = ConfigDict(extra="forbid")
+    # The schema says "exactly one of the two, neither null", as the validator below enforces
+    # (the fields default to None only so that the missing one can be told apart).
+    model_config = ConfigDict(extra="forbid", json_schema_extra={
+        "oneOf": [{"required": ["episode_id"]}, {"required": ["episode_log"]}]})
 
-    episode_id: str | None = Field(None, min_length=1, max_length=255)
-    episode_log: EpisodeLog | None = None
+    episode_id: str = Field(None, min_length=1, max_length=255)  # type: ignore[assignment]
+    episode_log: EpisodeLog = None  # type: ignore[assignment]
 
     @model_validator(mode="after")
     def _one_of(self) -> GraderRequest:
         if (self.episode_id is None) == (self.episode_log is None):
             raise ValueError("give exactly one of 'episode_id' (a finished episode) or 'episode_log'")
         return self
-
-
-class UpstreamUnavailable(EnvError):
-    status = 503
 
 
 def build_router(env_factory: Any) -> APIRouter:
@@ -68,7 +66,9 @@ def build_router(env_factory: Any) -> APIRouter:
 
     @router.get("/state", response_model=ServeState, tags=["State Management"],
                 summary="The state of an episode (pass the episode_id that /reset returned)")
-    def state(episode_id: str | None = Query(None, min_length=1, max_length=255)) -> ServeState:
+    async def state(episode_id: str | None = Query(None, min_length=1, max_length=255)) -> ServeState:
+        # async: building the state is microseconds, not worth a thread-pool hop. Optional here so
+        # that a missing id gets the 400 saying how to get one; /openapi.json marks it required.
         env: LLMServeEnvironment = env_factory()
         try:
             return env.state_of(episode_id)
@@ -95,8 +95,11 @@ def build_router(env_factory: Any) -> APIRouter:
         if task_id is not None:
             get_task(task_id)  # 404 with the valid ids before any work
         if use_openai and not os.environ.get("OPENAI_API_KEY"):
-            raise UpstreamUnavailable("use_openai=true needs OPENAI_API_KEY set on the server; "
-                                      "GET /baseline without it runs the deterministic suite")
+            # A request this server cannot serve as configured: a 4xx naming the field, not a 5xx.
+            raise RequestValidationError([{
+                "type": "value_error", "loc": ("query", "use_openai"), "input": True,
+                "msg": "use_openai=true needs OPENAI_API_KEY set on the server; "
+                       "GET /baseline without it runs the deterministic suite"}])
         from llmserve_env.server.baseline_inference import run_baseline_suite
 
         return await run_in_threadpool(run_baseline_suite, use_openai=use_openai, model=model, task_id=task_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import os
 import socket
 import threading
 import time
@@ -22,6 +24,14 @@ STEADY_ACTION = {
     "prefill_decode_split": False,
     "priority_routing": False,
 }
+
+
+def train_extra(module: str):
+    """Import a module of the `train`/`sb3` extras, or skip; CI sets LLMSERVE_REQUIRE_TORCH=1 after
+    installing the extras, and then a missing module fails instead of skipping."""
+    if os.environ.get("LLMSERVE_REQUIRE_TORCH") == "1":
+        return importlib.import_module(module)
+    return pytest.importorskip(module, reason=f"{module} is in the train/sb3 extras (pip install -e '.[train,sb3]')")
 
 
 def free_port() -> int:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import train_extra
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import (
     ACTION_NVEC,
@@ -195,7 +196,7 @@ def test_ppo_inference_never_imports_torch(tmp_path):
 
 def test_trainer_export_matches_torch_forward(tmp_path):
     """The numpy actor computes the same logits as the torch actor it was exported from."""
-    torch = pytest.importorskip("torch", reason="torch is in the train extra (pip install -e '.[train]')")
+    torch = train_extra("torch")
     import llmserve_env.train as train
 
     agent = train.Agent(OBS_DIM, ACTION_NVEC, hidden=16)

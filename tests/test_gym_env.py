@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import gymnasium
 import numpy as np
-import pytest
+from conftest import train_extra
 from gymnasium.utils.env_checker import check_env
 from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM
 from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
@@ -56,10 +54,8 @@ def test_same_seed_same_episode_and_chosen_episode_seed():
     assert info["episode_seed"] == 1_000_003
 
 
-@pytest.mark.skipif(importlib.util.find_spec("stable_baselines3") is None,
-                    reason="stable-baselines3 not installed (pip install -e '.[sb3]')")
 def test_stable_baselines3_ppo_trains_a_few_hundred_steps():
-    from stable_baselines3 import PPO
+    PPO = train_extra("stable_baselines3").PPO
 
     env = gymnasium.make(ENV_ID, task="static_workload")
     model = PPO("MlpPolicy", env, n_steps=128, batch_size=64, n_epochs=2, seed=0, device="cpu", verbose=0)
@@ -70,8 +66,8 @@ def test_stable_baselines3_ppo_trains_a_few_hundred_steps():
     env.close()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is in the train extra")
 def test_train_py_runs_end_to_end_and_its_weights_load_without_torch(tmp_path):
+    train_extra("torch")
     import llmserve_env.train as train
     from llmserve_env.agents.ppo_policy import PPOPolicy
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import STEADY_ACTION
 
 
@@ -204,7 +203,86 @@ def test_oversized_body_is_413(client):
     assert r.status_code == 413 and "limit" in r.json()["detail"]
 
 
-def test_baseline_openai_without_key_is_503(client, monkeypatch):
+def test_baseline_openai_without_key_is_422_naming_the_field(client, monkeypatch):
+    # A request this server cannot serve as configured is the client's to change: 4xx, never 5xx.
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     r = client.get("/baseline", params={"use_openai": "true"})
-    assert r.status_code == 503 and "OPENAI_API_KEY" in r.json()["detail"]
+    assert r.status_code == 422
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["query", "use_openai"] and "OPENAI_API_KEY" in error["msg"]
+
+
+# -- strict bodies, OpenEnv's task API, the documented schema -------------------------------------
+@pytest.mark.parametrize("seed", [True, False, "7", 7.0, None, -3])
+def test_reset_takes_the_seed_strictly(client, seed):
+    # OpenEnv's ResetRequest would turn true into 1 and "7" into 7; null means "the default seed".
+    r = client.post("/reset", json={"task_id": "static_workload", "seed": seed})
+    if seed is None:
+        assert r.status_code == 200 and r.json()["observation"]["metadata"]["seed"] == 0
+    else:
+        assert r.status_code == 422
+        assert any(e["loc"] == ["body", "seed"] for e in r.json()["detail"]), r.json()
+
+
+def test_reset_and_step_reject_unknown_fields_by_name(client):
+    r = client.post("/reset", json={"task_id": "static_workload", "turbo": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "turbo"]
+    eid = reset(client)["observation"]["episode_id"]
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": eid, "turbo": 1})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "turbo"]
+    # OpenEnv's own StepRequest fields are accepted (and do not change the window).
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": eid, "timeout_s": 5.0,
+                                   "request_id": "abc"})
+    assert r.status_code == 200 and r.json()["observation"]["step_index"] == 1
+
+
+def test_a_bad_trace_is_422_on_the_task_id(client, tmp_path):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    r = client.post("/reset", json={"task_id": f"trace:{bad}"})
+    assert r.status_code == 422
+    [error] = r.json()["detail"]
+    assert error["loc"] == ["body", "task_id"] and "header" in error["msg"]
+
+
+def test_web_step_with_a_bad_action_is_422_not_500(client):
+    client.post("/web/reset", json={"task_id": "static_workload", "seed": 1})
+    r = client.post("/web/step", json={"action": {"batch_cap": 0}})
+    assert r.status_code == 422 and any("batch_cap" in e["loc"] for e in r.json()["detail"])
+    r = client.post("/web/step", json={"action": STEADY_ACTION})
+    assert r.status_code == 200 and r.json()["observation"]["step_index"] == 1
+
+
+def test_openenv_task_api_lists_the_tasks(client):
+    assert client.get("/list_environments").json() == ["llmserve_env"]
+    assert client.get("/llmserve_env/splits").json() == [{"name": "test", "type": "test"}]
+    tasks = client.post("/llmserve_env/tasks", json={"split": "test"}).json()["tasks"]
+    ids = [t["task_id"] for t in tasks]
+    assert {"static_workload", "bursty_workload", "adversarial_multitenant"} <= set(ids)
+    assert client.post("/llmserve_env/num_tasks", json={"split": "test"}).json() == {"num_tasks": len(ids)}
+    assert client.post("/llmserve_env/task", json={"split": "test", "index": 1}).json()["task"]["task_id"] == ids[1]
+    r = client.post("/llmserve_env/task_range", json={"split": "test", "start": 1, "stop": 3})
+    assert [t["task_id"] for t in r.json()["tasks"]] == ids[1:3]
+    # A listed task_id is what reset takes.
+    assert reset(client, task_id=ids[-1])["observation"]["task_id"] == ids[-1]
+    assert client.post("/llmserve_env/task", json={"split": "test", "index": 99}).status_code == 400
+    r = client.post("/llmserve_env/tasks", json={"split": "train"})
+    assert r.status_code == 404 and "'test'" in r.json()["detail"]
+
+
+def test_openapi_documents_the_real_bodies_and_errors(client):
+    spec = client.get("/openapi.json").json()
+    schemas = spec["components"]["schemas"]
+    step = spec["paths"]["/step"]["post"]
+    assert step["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ServeStepRequest")
+    assert set(schemas["ServeStepRequest"]["required"]) == {"action", "episode_id"}
+    assert schemas["ServeAction"]["properties"]["batch_cap"]["maximum"] == 512
+    assert {"400", "404", "409", "413", "422"} <= set(step["responses"]) and "500" not in step["responses"]
+    reset_body = spec["paths"]["/reset"]["post"]["requestBody"]
+    assert reset_body["required"] is False
+    assert schemas["ServeResetRequest"]["properties"]["seed"]["anyOf"][0] == {"type": "integer", "minimum": 0}
+    [param] = spec["paths"]["/state"]["get"]["parameters"]
+    assert param["name"] == "episode_id" and param["required"] is True
+    # OpenEnv's routes are still the ones serving /reset and /step: nothing registered twice.
+    routes = [(r.path, tuple(sorted(r.methods))) for r in client.app.routes if getattr(r, "methods", None)]
+    assert routes.count(("/reset", ("POST",))) == 1 and routes.count(("/step", ("POST",))) == 1

@@ -1,0 +1,108 @@
+"""/openapi.json as this server behaves: the real request bodies and every error status it answers.
+
+FastAPI's generated schema describes OpenEnv's generic routes: `/step` takes "any object" as the
+action, `/reset` any extra field, and only 200/422 are listed, while the server also answers
+400, 404, 409, 413 and (real mode) 502. Clients generated from the schema, and Schemathesis
+(tests/test_fuzz.py), then disagree with the server. This module rewrites the generated schema
+once, after FastAPI builds it: the bodies of POST /reset and /step (and of OpenEnv's /web/reset and
+/web/step) become the strict models that server/bodies.py enforces, the episode_id of /step and /state is marked required (it is, over
+HTTP), and each operation lists the error statuses it can answer. Routes are not touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI
+from llmserve_env.server.bodies import BODIES, OPTIONAL_BODIES
+from pydantic import BaseModel
+
+ERROR = {
+    "title": "Error",
+    "type": "object",
+    "required": ["detail"],
+    "properties": {"detail": {"type": "string", "description": "what was wrong and what to do instead"}},
+}
+
+# Every operation with a request body: a body FastAPI cannot decode (400), one over the limit (413).
+BODY_ERRORS = [(400, "the body is not UTF-8 JSON, or an argument the environment does not take"),
+               (413, "request body larger than LLMSERVE_MAX_BODY_BYTES")]
+
+# (method, path) -> the other error statuses that operation answers, beside 200 and 422.
+ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
+    ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
+    ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
+                        (404, "unknown or expired episode_id"),
+                        (409, "the episode is done: grade it or reset"),
+                        (502, "real mode: the upstream endpoint failed; this episode has ended")],
+    ("get", "/state"): [(400, "no episode_id: call POST /reset first"), (404, "unknown or expired episode_id")],
+    ("post", "/grader"): [(404, "unknown episode_id, or the episode_log's task_id is unknown"),
+                          (409, "the episode is not finished")],
+    ("get", "/baseline"): [(404, "unknown task_id")],
+    ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
+    ("post", "/web/step"): [(400, "no episode yet: POST /web/reset first"),
+                            (409, "the episode is done: reset")],
+    ("get", "/web/state"): [(400, "no episode yet: POST /web/reset first")],
+    # OpenEnv's task API: unknown environment name or split, task index out of range.
+    ("get", "/{env_name}/splits"): [(404, "unknown environment name")],
+} | {("post", f"/{{env_name}}/{name}"): [(400, "task index out of range"),
+                                         (404, "unknown environment name or split")]
+     for name in ("tasks", "num_tasks", "task", "task_range")}
+REQUIRED_EPISODE_ID = {("get", "/state")}
+
+
+def _add_model(schemas: dict[str, Any], model: type[BaseModel]) -> dict[str, str]:
+    """Put `model` (and the models it uses) into components/schemas; return a $ref to it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, sub)
+    schemas[model.__name__] = schema
+    return {"$ref": f"#/components/schemas/{model.__name__}"}
+
+
+def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
+    """Apply the changes described in the module docstring to a FastAPI-generated schema."""
+    schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+    schemas["Error"] = ERROR
+    paths = schema.get("paths", {})
+    for path, model in BODIES.items():
+        op = paths.get(path, {}).get("post")
+        if op is None:
+            continue
+        ref = _add_model(schemas, model)
+        op["requestBody"] = {"content": {"application/json": {"schema": ref}},
+                             "required": path not in OPTIONAL_BODIES}
+    if "ServeStepRequest" in schemas:
+        schemas["ServeStepRequest"]["required"] = ["action", "episode_id"]
+        schemas["ServeStepRequest"]["properties"]["episode_id"] = {
+            "type": "string", "minLength": 1, "maxLength": 255,
+            "description": "the episode_id that POST /reset returned"}
+    for method, path in REQUIRED_EPISODE_ID:
+        for param in paths.get(path, {}).get(method, {}).get("parameters", []):
+            if param["name"] == "episode_id":
+                param["required"] = True
+                param["schema"] = {"type": "string", "minLength": 1, "maxLength": 255}
+    for path, ops in paths.items():
+        for method, op in ops.items():
+            errors = ERRORS.get((method, path), []) + (BODY_ERRORS if "requestBody" in op else [])
+            responses = op.setdefault("responses", {})
+            responses.pop("500", None)  # OpenEnv documents a 500 for /step; this server never answers one
+            for status, why in errors:
+                responses.setdefault(str(status), {
+                    "description": why,
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+    return schema
+
+
+def install(app: FastAPI) -> None:
+    """Serve the rewritten schema from /openapi.json (built on first request, as FastAPI does)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if getattr(app.state, "openapi_rewritten", False):
+            return app.openapi_schema  # type: ignore[return-value]
+        app.openapi_schema = rewrite(generate())
+        app.state.openapi_rewritten = True
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
