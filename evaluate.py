@@ -67,7 +67,7 @@ def _skip_reason(agent: str) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent", default="ppo", help=f"comma-separated from {', '.join(POLICIES)}, or 'all'")
-    ap.add_argument("--task", default="all", help="a task id or 'all'")
+    ap.add_argument("--task", default="all", help="comma-separated task ids, or 'all'")
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--model", default=None, help="chat model for the llm agent")
     ap.add_argument("--output", default=None, help="also write per-episode scores as JSON here")
@@ -77,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     for a in agents:
         if a not in POLICIES:
             ap.error(f"unknown agent {a!r}; choose from {', '.join(POLICIES)}")
-    tasks = list(TASKS) if args.task == "all" else [args.task]
+    tasks = list(TASKS) if args.task == "all" else [t.strip() for t in args.task.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            ap.error(f"unknown task {t!r}; choose from {', '.join(TASKS)} (or 'all')")
     env = InProcessEnv()
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}

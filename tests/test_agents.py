@@ -222,3 +222,12 @@ def test_evaluate_plays_the_same_held_out_seeds_for_every_agent(capsys):
     static, rnd = result["scores"]["static"]["static_workload"], result["scores"]["random"]["static_workload"]
     assert static["n"] == rnd["n"] == 3 and static["mean"] > rnd["mean"]
     assert any(line.startswith("paired difference static - agent") for line in out)
+
+
+def test_evaluate_refuses_an_unknown_task_before_playing(capsys):
+    import llmserve_env.evaluate as evaluate
+
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main(["--agent", "static", "--task", "static_workload,nope", "--episodes", "1"])
+    assert exc.value.code == 2
+    assert "unknown task 'nope'" in capsys.readouterr().err
