@@ -647,20 +647,36 @@ class Engine:
     def close_window(self) -> tuple[list[RequestRecord], int, float]:
         """Exact re-sums, output tokens of live requests, the end sample; returns (pending, kv used, memory)."""
         it = self.it
-        self.S = self.E = 0.0
         acc = self.acc
-        for r in self.decoding.values():
-            self.S += r.prompt + r.progress + (it - r.sync_iter) * r.e
-            self.E += r.e
         pending: list[RequestRecord] = []
-        for group in (self.prefilling, [e[2] for e in self.transfers], self.decoding.values(),
-                      list(self.sched.waiting())):
+        new_tokens = 0
+
+        def settle(group) -> None:
+            nonlocal new_tokens
             for r in group:
                 cur = int(r.progress_at(it))
                 if cur != r.reported:
-                    acc.output_tokens += cur - r.reported
+                    new_tokens += cur - r.reported
                     r.reported = cur
                 pending.append(r.snapshot(it))
+
+        settle(self.prefilling)
+        settle([e[2] for e in self.transfers])
+        # Decoding requests, inlined (most pending requests decode): the exact re-sums of context S
+        # and emission rate E, output tokens since the last report, and the snapshot.
+        S = E = 0.0
+        for r in self.decoding.values():
+            p = r.progress + (it - r.sync_iter) * r.e
+            S += r.prompt + p
+            E += r.e
+            cur = int(p) if p < r.target else r.target
+            if cur != r.reported:
+                new_tokens += cur - r.reported
+                r.reported = cur
+            pending.append(r.snapshot_tokens(cur))
+        self.S, self.E = S, E
+        settle(list(self.sched.waiting()))
+        acc.output_tokens += new_tokens
         used = self.kv.used_fixed + self._decode_blocks_exact(0)
         mem = self.kv.memory_gib(used)
         end = self.t0 + self.dt

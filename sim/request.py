@@ -49,8 +49,11 @@ class SimRequest:
 
     def snapshot(self, it: int) -> RequestRecord:
         """A copy of the record as it stands (read-only; reused across windows while unchanged)."""
+        return self.snapshot_tokens(int(self.progress_at(it)))
+
+    def snapshot_tokens(self, tokens: int) -> RequestRecord:
+        """`snapshot` when the caller already knows the output tokens emitted so far."""
         r = self.rec
-        tokens = int(self.progress_at(it))
         key = (self.state == WAITING, tokens, r.preemptions, r.dispatch_s, r.first_token_s)
         if key == self.snap_key:
             return self.snap
