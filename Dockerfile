@@ -1,5 +1,7 @@
 # LLMServeEnv as a Hugging Face Docker Space (README front matter: sdk docker, app_port 7860).
 # CPU only, simulator mode: no GPU, no API key, no torch (the `train` extra stays out).
+# trace:PATH replays read files under /app/traces only (mount traces there), so a public Space
+# cannot be used to probe the container's files.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -8,7 +10,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     GRADIO_ANALYTICS_ENABLED=False \
     LLMSERVE_MODE=sim \
-    ENABLE_WEB_INTERFACE=true
+    ENABLE_WEB_INTERFACE=true \
+    LLMSERVE_TRACE_DIR=/app/traces
 
 # Spaces run the container as uid 1000; the same user owns nothing it could overwrite.
 RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin app

@@ -8,6 +8,10 @@
 | LLMSERVE_MAX_SESSIONS           | 256     | most concurrent WebSocket sessions (OpenEnv's              |
 |                                 |         | `max_concurrent_envs`)                                     |
 | LLMSERVE_MAX_BODY_BYTES         | 1048576 | request bodies above this get 413 (episode logs included)  |
+| LLMSERVE_TRACE_DIR              | (unset) | when set, `trace:PATH` tasks (reset and graded logs) may   |
+|                                 |         | only read files under this folder (403 otherwise); unset,  |
+|                                 |         | any path the server can read (local use). The Docker image |
+|                                 |         | sets it, so a public Space cannot be used to probe files.  |
 
 HTTP clients hold no session: each keeps its episode in the store by `episode_id`, so the number
 of concurrent HTTP clients is bounded only by LLMSERVE_MAX_EPISODES (an episode pushed out answers
@@ -21,6 +25,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
+
+TRACE_PREFIX = "trace:"
 
 MODES = ("sim", "real")
 
@@ -62,6 +69,21 @@ class ServerConfig:
     idle_timeout_s: float = 1800.0
     max_sessions: int = 256
     max_body_bytes: int = 1 << 20
+    trace_dir: str | None = None
+
+    def trace_task_id(self, task_id: str) -> str:
+        """`task_id` as this server replays it: with `trace_dir` set, a `trace:PATH` is read under
+        that folder (PATH relative to it; TraceForbiddenError, a 403, for anything outside)."""
+        if self.trace_dir is None or not task_id.startswith(TRACE_PREFIX):
+            return task_id
+        from llmserve_env.server.errors import TraceForbiddenError
+
+        root = Path(self.trace_dir).resolve()
+        path, sep, query = task_id[len(TRACE_PREFIX):].partition("?")
+        target = (root / path).resolve()  # an absolute PATH replaces root; `..` and links resolve away
+        if not target.is_relative_to(root):
+            raise TraceForbiddenError(path, str(root))
+        return f"{TRACE_PREFIX}{target}{sep}{query}"
 
     @classmethod
     def from_env(cls) -> ServerConfig:
@@ -74,4 +96,5 @@ class ServerConfig:
             idle_timeout_s=_float("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", 1800.0),
             max_sessions=_int("LLMSERVE_MAX_SESSIONS", 256),
             max_body_bytes=_int("LLMSERVE_MAX_BODY_BYTES", 1 << 20, minimum=1024),
+            trace_dir=os.environ.get("LLMSERVE_TRACE_DIR") or None,
         )

@@ -59,6 +59,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
         if not isinstance(task_id, str):
             raise EnvError(f"task_id must be a string, got {task_id!r}")
+        task_id = self.config.trace_task_id(task_id)
         task = resolve_task(task_id)
         if self._episode is not None:
             self._episode.close()

@@ -68,3 +68,11 @@ class BackendFailure(EnvError):
     """The backend of one episode failed; that episode ends, others are untouched."""
 
     status = 502
+
+
+class TraceForbiddenError(EnvError):
+    status = 403
+
+    def __init__(self, path: str, root: str):
+        super().__init__(f"trace file {path!r} is outside the folder this server replays traces from "
+                         f"(LLMSERVE_TRACE_DIR={root}); put the file there and name it relative to it")

@@ -30,14 +30,16 @@ BODY_ERRORS = [(400, "the body is not UTF-8 JSON, or an argument the environment
 
 # (method, path) -> the other error statuses that operation answers, beside 200 and 422.
 ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
-    ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
+    ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
+                         (403, "trace:PATH outside LLMSERVE_TRACE_DIR")],
     ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
                         (404, "unknown or expired episode_id"),
                         (409, "the episode is done: grade it or reset"),
                         (502, "real mode: the upstream endpoint failed; this episode has ended")],
     ("get", "/state"): [(400, "no episode_id: call POST /reset first"), (404, "unknown or expired episode_id")],
     ("post", "/grader"): [(404, "unknown episode_id, or the episode_log's task_id is unknown"),
-                          (409, "the episode is not finished")],
+                          (409, "the episode is not finished"),
+                          (403, "the episode_log's trace:PATH is outside LLMSERVE_TRACE_DIR")],
     ("get", "/baseline"): [(404, "unknown task_id")],
     ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
     ("post", "/web/step"): [(400, "no episode yet: POST /web/reset first"),

@@ -78,11 +78,13 @@ def build_router(env_factory: Any) -> APIRouter:
     @router.post("/grader", response_model=GradeResult, tags=["Task API"],
                  summary="Grade a finished episode (by episode_id) or an explicit episode_log")
     def grader(request: GraderRequest) -> GradeResult:
-        if request.episode_log is not None:
-            return grade_episode(request.episode_log)
         env: LLMServeEnvironment = env_factory()
         try:
-            return env.grade(request.episode_id)
+            if request.episode_log is None:
+                return env.grade(request.episode_id)
+            log = request.episode_log
+            task_id = env.config.trace_task_id(log.task_id)
+            return grade_episode(log if task_id == log.task_id else log.model_copy(update={"task_id": task_id}))
         finally:
             env.close()
 
