@@ -29,43 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
-import subprocess
-import sys
 import time
-from contextlib import contextmanager
 
 import httpx
 import numpy as np
+from local_server import own_server
 
 ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
           "prefill_decode_split": False, "priority_routing": False}
-
-
-@contextmanager
-def own_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"],
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("server did not start")
-        yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def http_episodes(url: str, task: str, episodes: int) -> tuple[list[float], float]:
@@ -123,7 +94,7 @@ def main() -> None:
     if args.url:
         res = run(args.url)
     else:
-        with own_server() as url:
+        with own_server() as (url, _):
             res = run(url)
     print(f"{'transport':<10} {'p50 ms':>8} {'p99 ms':>8} {'steps/s':>9}")
     print(f"{'http':<10} {res['http_p50_ms']:>8.2f} {res['http_p99_ms']:>8.2f} {res['http_steps_per_s']:>9.1f}")

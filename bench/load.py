@@ -33,12 +33,7 @@ import asyncio
 import json
 import os
 import random
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +44,7 @@ from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
+from local_server import own_server
 from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import StepResponse
 from openenv.core.generic_client import GenericEnvClient
@@ -202,31 +198,6 @@ async def run_level(url: str, task_id: str, n: int, plans: list[list[dict[str, A
     s1 = cpu_seconds(server_pid) if server_pid else None
     level.server_cpu_s = s1 - s0 if s0 is not None and s1 is not None else None
     return level
-
-
-@contextmanager
-def own_server() -> Iterator[tuple[str, int]]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"],
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        else:
-            raise RuntimeError("server did not start")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def main() -> None:
