@@ -33,10 +33,9 @@ from pathlib import Path
 import numpy as np
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
-from llmserve_env.sim import fitting
-from llmserve_env.sim.calibrate import ANCHOR_CONTEXT, batch1_decode_s, heldout_errors
+from llmserve_env.sim.calibrate import ANCHOR_CONTEXT, batch1_decode_s, heldout_errors_by_kernel
 from llmserve_env.sim.experiment import play
-from llmserve_env.sim.profiles import list_profiles, load_profile, profile_from_dict
+from llmserve_env.sim.profiles import list_profiles, load_profile
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
@@ -46,33 +45,6 @@ GPU_STEPS = {"h100-llama3.1-8b": DATA / "h100_llama3.1-8b_torch_steps.csv",
              "h100-llama3.1-70b-tp4": DATA / "h100_llama3.1-70b-tp4-shard_torch_steps.csv"}
 VLLM_DEFAULT = ServeAction(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
                            prefill_decode_split=False, priority_routing=False)
-
-
-def kernel_table(profile_id: str) -> dict[str, np.ndarray]:
-    """Held-out absolute % errors per kernel class for one profile."""
-    p = profile_from_dict(load_profile(profile_id).raw)
-    out: dict[str, np.ndarray] = {}
-    for dtype in sorted({t.gemm for t in p.tiers.values()}):
-        rows = fitting.gemm_rows(p.gpu, dtype)
-        test = fitting.kd.heldout_mask(rows["n"], rows["k"])
-        out[f"gemm {dtype}"] = fitting.abs_err_pct(fitting.gemm_predict(p.gemm[dtype], rows, dtype),
-                                                   rows["latency"] * 1e3)[test]
-    rows = fitting.decode_attention_rows(p.gpu)
-    test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
-    items, nbytes = fitting.decode_attention_work(rows)
-    out["decode attention"] = fitting.abs_err_pct(p.attn_decode.us(items, nbytes), rows["latency"] * 1e3)[test]
-    rows = fitting.prefill_attention_rows(p.gpu)
-    test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
-    nbytes, flops = fitting.prefill_attention_rows_work(rows)
-    out["prefill attention"] = fitting.abs_err_pct(p.attn_prefill.us(nbytes, flops), rows["latency"] * 1e3)[test]
-    for n, fit in ((2, p.kv_transfer), (p.tp, p.allreduce)):
-        if fit is None or n < 2:
-            continue
-        rows = fitting.allreduce_rows(p.gpu, n)
-        rows = fitting.kd.select(rows, rows["message_size"] <= 64 * 2**20)
-        test = fitting.kd.heldout_mask(rows["message_size"])
-        out[f"all-reduce x{n}"] = fitting.abs_err_pct(fit.us(rows["message_size"]), rows["latency"] * 1e3)[test]
-    return out
 
 
 def moderate_load(trace_seconds: int) -> tuple[float, float]:
@@ -134,10 +106,11 @@ def main() -> None:
     for pid in list_profiles():
         if not (load_profile(pid).raw.get("fit_error") or {}).get("kernels_heldout_rows"):
             continue
-        for name, e in kernel_table(pid).items():
+        by_kernel = heldout_errors_by_kernel(load_profile(pid).raw)
+        for name, e in by_kernel.items():
             pooled[(load_profile(pid).gpu, name)] = e
             print(f"{pid:<24} {name:<18} {len(e):>6} {np.median(e):>7.2f} {np.percentile(e, 90):>7.2f}")
-        errs = heldout_errors(load_profile(pid).raw)
+        errs = np.concatenate(list(by_kernel.values()))
         out[f"{pid}_median_abs_error_pct"] = round(float(np.median(errs)), 2)
         print(f"{pid:<24} {'all':<18} {len(errs):>6} {np.median(errs):>7.2f} {np.percentile(errs, 90):>7.2f}")
     allerr = np.concatenate(list(pooled.values()))

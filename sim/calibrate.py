@@ -61,30 +61,36 @@ def fit_kernels(gpu: str, tp: int, dtypes: set[str]) -> tuple[dict[str, Any], di
     return fits, scores
 
 
-def heldout_errors(profile: dict[str, Any]) -> np.ndarray:
-    """Absolute % errors of the profile's fitted kernels on every held-out measurement it covers."""
+def heldout_errors_by_kernel(profile: dict[str, Any]) -> dict[str, np.ndarray]:
+    """Absolute % errors of the profile's fitted kernels on the held-out measurements, per kernel class."""
     p = profile_from_dict(profile)
-    errs = []
+    out: dict[str, np.ndarray] = {}
     for dtype in sorted({t.gemm for t in p.tiers.values()}):
         rows = fitting.gemm_rows(p.gpu, dtype)
         test = fitting.kd.heldout_mask(rows["n"], rows["k"])
-        errs.append(fitting.abs_err_pct(fitting.gemm_predict(p.gemm[dtype], rows, dtype), rows["latency"] * 1e3)[test])
+        out[f"gemm {dtype}"] = fitting.abs_err_pct(fitting.gemm_predict(p.gemm[dtype], rows, dtype),
+                                                   rows["latency"] * 1e3)[test]
     rows = fitting.decode_attention_rows(p.gpu)
     test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
     items, nbytes = fitting.decode_attention_work(rows)
-    errs.append(fitting.abs_err_pct(p.attn_decode.us(items, nbytes), rows["latency"] * 1e3)[test])
+    out["decode attention"] = fitting.abs_err_pct(p.attn_decode.us(items, nbytes), rows["latency"] * 1e3)[test]
     rows = fitting.prefill_attention_rows(p.gpu)
     test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
     nbytes, flops = fitting.prefill_attention_rows_work(rows)
-    errs.append(fitting.abs_err_pct(p.attn_prefill.us(nbytes, flops), rows["latency"] * 1e3)[test])
+    out["prefill attention"] = fitting.abs_err_pct(p.attn_prefill.us(nbytes, flops), rows["latency"] * 1e3)[test]
     for n, fit in ((2, p.kv_transfer), (p.tp, p.allreduce)):
         if fit is None or n < 2:
             continue
         rows = fitting.allreduce_rows(p.gpu, n)
         rows = fitting.kd.select(rows, rows["message_size"] <= 64 * 2**20)
         test = fitting.kd.heldout_mask(rows["message_size"])
-        errs.append(fitting.abs_err_pct(fit.us(rows["message_size"]), rows["latency"] * 1e3)[test])
-    return np.concatenate(errs)
+        out[f"all-reduce x{n}"] = fitting.abs_err_pct(fit.us(rows["message_size"]), rows["latency"] * 1e3)[test]
+    return out
+
+
+def heldout_errors(profile: dict[str, Any]) -> np.ndarray:
+    """Every held-out kernel error of the profile, pooled."""
+    return np.concatenate(list(heldout_errors_by_kernel(profile).values()))
 
 
 def batch1_decode_s(profile: dict[str, Any], context: int = ANCHOR_CONTEXT) -> float:
