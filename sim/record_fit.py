@@ -124,6 +124,14 @@ def _prefill_gpu(model: StepTimeModel, prompt: int, budget: int) -> tuple[int, f
     return chunks, gpu / model.gpu_scale
 
 
+def solve_fixed_and_scale(iterations: np.ndarray, gpu_s: np.ndarray, measured_s: np.ndarray) -> tuple[float, float]:
+    """(t_fixed, gpu_time_scale) minimising the relative error of iterations * t_fixed + scale * gpu_s
+    against `measured_s`, by least squares; both kept positive."""
+    a = np.stack([iterations, gpu_s], axis=1) / measured_s[:, None]  # relative: each row over its measurement
+    sol, *_ = np.linalg.lstsq(a, np.ones_like(measured_s), rcond=None)
+    return float(max(sol[0], 0.0)), float(max(sol[1], 1e-6))
+
+
 def fit_records(profile: Profile, recs: list[MeasuredRequest]) -> RecordFit:
     model = StepTimeModel(profile, "FP16")
     scale0, tf0 = profile.gpu_time_scale, profile.t_fixed_s
@@ -147,9 +155,7 @@ def fit_records(profile: Profile, recs: list[MeasuredRequest]) -> RecordFit:
     if len(ys) < 2:
         raise ValueError("need at least two usable measurements (completed requests with 2+ tokens)")
     c, x, y, kind = map(np.asarray, (rows_c, rows_x, ys, kinds))
-    a = np.stack([c, x], axis=1) / y[:, None]  # relative error: divide each row by its measurement
-    sol, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
-    t_fixed, scale = float(max(sol[0], 0.0)), float(max(sol[1], 1e-6))
+    t_fixed, scale = solve_fixed_and_scale(c, x, y)
     before = np.abs((c * tf0 + x * scale0) / y - 1) * 100
     after = np.abs((c * t_fixed + x * scale) / y - 1) * 100
 

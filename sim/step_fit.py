@@ -9,8 +9,9 @@ The same rows can re-fit the profile's two global coefficients,
 
     measured  ~  t_fixed + s * gpu(row)         gpu(row): the profile's GPU time at scale 1
 
-by least squares on relative error (as `sim.record_fit` does for request records), which turns a
-profile fitted to one engine's kernels into one for the engine that was measured.
+by least squares on relative error (`sim.record_fit.solve_fixed_and_scale`, the solve the request
+records use), which turns a profile fitted to one engine's kernels into one for the engine that
+was measured.
 
 A tensor-parallel shard measured on one GPU has no all-reduces; the sidecar JSON says so
 (`includes_allreduce: false`) and the prediction then leaves them out too.
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.record_fit import solve_fixed_and_scale
 from llmserve_env.sim.step_time import StepTimeModel
 
 PHASES = ("decode", "prefill")  # `prefill_eager` rows measure Python's launch overhead, not the GPU
@@ -138,9 +140,7 @@ def fit_steps(profile: Profile, data: StepSet) -> StepFit:
         raise ValueError("need at least two measured iterations within the profile's tables")
     pred, y, phase = np.asarray(preds), np.asarray(ys), np.asarray(phases)
     gpu = (pred - tf0) / scale0  # GPU seconds at scale 1
-    a = np.stack([np.ones_like(y), gpu], axis=1) / y[:, None]
-    sol, *_ = np.linalg.lstsq(a, np.ones_like(y), rcond=None)
-    t_fixed, scale = float(max(sol[0], 0.0)), float(max(sol[1], 1e-6))
+    t_fixed, scale = solve_fixed_and_scale(np.ones_like(y), gpu, y)
     before = np.abs(pred / y - 1) * 100
     after = np.abs((t_fixed + scale * gpu) / y - 1) * 100
     return StepFit(
