@@ -16,7 +16,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import STEADY_ACTION, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -153,12 +153,6 @@ def stage_context(dest: Path) -> None:
                 target = dest / rel
                 target.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(Path(dirpath) / name, target, follow_symlinks=False)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def with_port(argv: list[str], port: int) -> list[str]:
@@ -350,15 +344,7 @@ def test_image_cmd_serves_health_web_and_a_simulated_step(installed_image):
         reset = httpx.post(base + "/reset", json={"task_id": "static_workload", "seed": 1}, timeout=30)
         assert reset.status_code == 200, reset.text
         episode_id = reset.json()["observation"]["episode_id"]
-        action = {
-            "batch_cap": 64,
-            "kv_budget_fraction": 0.9,
-            "speculation_depth": 0,
-            "quantization_tier": "FP16",
-            "prefill_decode_split": False,
-            "priority_routing": False,
-        }
-        step = httpx.post(base + "/step", json={"action": action, "episode_id": episode_id}, timeout=30)
+        step = httpx.post(base + "/step", json={"action": STEADY_ACTION, "episode_id": episode_id}, timeout=30)
         assert step.status_code == 200, step.text
         assert isinstance(step.json()["reward"], float)
 
