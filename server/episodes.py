@@ -63,8 +63,7 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
         reward=reward,
         done=ep.done,
         metadata={
-            "per_tenant": {name: {"arrived": t.arrived, "met": t.met, "missed": t.missed,
-                                  "attainment": t.attainment} for name, t in m.per_tenant.items()},
+            "per_tenant": {name: t.to_dict() for name, t in m.per_tenant.items()},
             "goodput_rps": m.goodput_rps,
             "p50_tpot_ms": m.p50_tpot_ms,
             "quality": m.quality,

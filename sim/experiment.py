@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmserve_env.shared.metrics import MetricsTracker
+from llmserve_env.shared.metrics import MetricsTracker, TenantStats
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
@@ -25,8 +25,7 @@ class EpisodeSummary:
     finished_ok: int = 0
     met: int = 0
     missed: int = 0
-    tenant_met: dict[str, int] = field(default_factory=dict)
-    tenant_missed: dict[str, int] = field(default_factory=dict)
+    tenants: dict[str, TenantStats] = field(default_factory=dict)  # summed over the episode
     ttft_s: list[float] = field(default_factory=list)
     tpot_s: list[float] = field(default_factory=list)
     itl_weighted_sum: float = 0.0
@@ -47,12 +46,11 @@ class EpisodeSummary:
         return self.met / settled if settled else 1.0
 
     def tenant_attainment(self, tenant: str) -> float:
-        met, missed = self.tenant_met.get(tenant, 0), self.tenant_missed.get(tenant, 0)
-        return met / (met + missed) if met + missed else 1.0
+        return self.tenants[tenant].attainment if tenant in self.tenants else 1.0
 
     @property
     def worst_tenant_attainment(self) -> float:
-        return min(self.tenant_attainment(t) for t in self.tenant_met)
+        return min(t.attainment for t in self.tenants.values())
 
     @property
     def goodput_rps(self) -> float:
@@ -94,8 +92,10 @@ def play(task: TaskSpec, policy: Policy, seed: int = 0, profile: str | Profile |
         out.met += m.slo_met
         out.missed += m.slo_missed
         for name, ts in m.per_tenant.items():
-            out.tenant_met[name] = out.tenant_met.get(name, 0) + ts.met
-            out.tenant_missed[name] = out.tenant_missed.get(name, 0) + ts.missed
+            total = out.tenants.setdefault(name, TenantStats())
+            total.arrived += ts.arrived
+            total.met += ts.met
+            total.missed += ts.missed
         out.ttft_s.extend(x[2] for x in report.first_tokens)
         for r in report.finished:
             if r.status == "ok":
