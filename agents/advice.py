@@ -24,10 +24,10 @@ Features: the heuristic's proposal on the same scales as the previous-action fea
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import numpy as np
+from llmserve_env.agents.encoding import action_features
 from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
 from llmserve_env.shared.models import (
     BATCH_CAP_RANGE,
@@ -56,15 +56,7 @@ ADVICE_DIM = len(ADVICE_FEATURE_NAMES)
 
 
 def advice_features(a: ServeAction) -> np.ndarray:
-    return np.asarray([
-        math.log2(a.batch_cap) / 9.0,
-        a.kv_budget_fraction,
-        a.speculation_depth / 8.0,
-        float(a.quantization_tier == "INT8"),
-        float(a.quantization_tier == "INT4"),
-        float(a.prefill_decode_split),
-        float(a.priority_routing),
-    ], dtype=np.float32)
+    return np.asarray(action_features(a), dtype=np.float32)
 
 
 def decode_advised(idx: Sequence[int] | np.ndarray, advice: ServeAction) -> ServeAction:

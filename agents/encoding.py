@@ -77,6 +77,22 @@ def encode_action(action: ServeAction) -> np.ndarray:
     )
 
 
+def action_features(a: ServeAction) -> list[float]:
+    """An action's seven features, roughly in [0, 1]: batch cap (log2 / 9), KV budget, speculation
+    depth / 8, INT8, INT4, split, priority routing (the previous action's and advice's features)."""
+    return [
+        math.log2(a.batch_cap) / 9.0,
+        a.kv_budget_fraction,
+        a.speculation_depth / 8.0,
+        float(a.quantization_tier == "INT8"),
+        float(a.quantization_tier == "INT4"),
+        float(a.prefill_decode_split),
+        float(a.priority_routing),
+    ]
+
+
+NO_ACTION: tuple[float, ...] = (0.0,) * 7  # before the first action of an episode
+
 FEATURE_NAMES: tuple[str, ...] = (
     "queue_depth",
     "active_requests",
@@ -150,13 +166,7 @@ class ObservationEncoder:
             obs.step_index / self.horizon,
             _log_scale(self._prev_rate, 200.0),
             _log_scale(self._prev_queue, 1000.0),
-            math.log2(a.batch_cap) / 9.0 if a else 0.0,
-            a.kv_budget_fraction if a else 0.0,
-            a.speculation_depth / 8.0 if a else 0.0,
-            float(a is not None and a.quantization_tier == "INT8"),
-            float(a is not None and a.quantization_tier == "INT4"),
-            float(a.prefill_decode_split) if a else 0.0,
-            float(a.priority_routing) if a else 0.0,
+            *(action_features(a) if a is not None else NO_ACTION),
         ]
         self._prev_rate = obs.request_arrival_rate
         self._prev_queue = float(obs.queue_depth)
