@@ -91,7 +91,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         obs = self._env.step(serve_action)
         self.last_observation = obs
         self._encoder.record_action(serve_action)
-        info: dict[str, Any] = {"action": serve_action}
+        info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
             info["score"] = self._env.grade().score
         return self._features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
