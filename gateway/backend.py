@@ -61,6 +61,22 @@ def build_stream_client(config: GatewayConfig, http_client: Any = None) -> Strea
     return RawStreamClient(Http11Pool(config.base_url, MAX_CONNECTIONS), key, config.stall_timeout_s)
 
 
+_frozen = False
+
+
+def _freeze_startup_objects() -> None:
+    """Once per process: full collections walk every live object; with the libraries loaded that is
+    hundreds of thousands, and a pause of 0.4-0.7 s was measured at 200-500 streams, all of it landing
+    in measured latencies. What is alive at the first real-mode start (modules, the app) lives as long
+    as the process: take it out of the collector's sight. Later backends (one per episode) skip this,
+    so they neither pause other episodes' loops nor freeze their in-flight objects."""
+    global _frozen
+    if not _frozen:
+        gc.collect()
+        gc.freeze()
+        _frozen = True
+
+
 class GatewayBackend:
     """Backend protocol over an OpenAI-compatible streaming endpoint (see gateway/dispatcher.py)."""
 
@@ -81,12 +97,7 @@ class GatewayBackend:
         self._thread = threading.Thread(target=self._loop.run_forever, name="llmserve-gateway", daemon=True)
         self._thread.start()
         self._dispatcher: Dispatcher = self._call(self._make_dispatcher(http_client, lag_monitor), timeout=30)
-        # Full collections walk every live object; with the libraries loaded that is hundreds of
-        # thousands, and a pause of 0.4-0.7 s was measured at 200-500 streams, all of it landing in
-        # measured latencies. Objects alive now live as long as the process: take them out of the
-        # collector's sight.
-        gc.collect()
-        gc.freeze()
+        _freeze_startup_objects()
         logger.info("real mode: %s via %s client, tiers from %s", config.base_url, config.client, self.tiers.source)
         proxied = [v for v in PROXY_VARS if os.environ.get(v)]
         if config.client == "raw" and proxied and not is_loopback_url(config.base_url):
@@ -96,8 +107,7 @@ class GatewayBackend:
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **kwargs: Any) -> GatewayBackend:
         """Build from environment variables (gateway/config.py); raises GatewayConfigError when unusable."""
-        config = GatewayConfig.from_env(environ)
-        return cls(config, tiers=load_tier_table(config.tiers_path, config.model), **kwargs)
+        return cls(GatewayConfig.from_env(environ), **kwargs)
 
     def __repr__(self) -> str:
         return f"GatewayBackend(base_url={self.config.base_url!r}, client={self.config.client!r}, closed={self._closed})"

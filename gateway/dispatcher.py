@@ -44,7 +44,13 @@ from llmserve_env.gateway.recorder import JsonlRecorder
 from llmserve_env.gateway.streaming import AttemptError, AttemptOutcome, ChatRequest, StreamClient
 from llmserve_env.gateway.window import WindowAccumulator
 from llmserve_env.shared.admission import AdmissionLimits, blocks_for, token_budget, waiting_key
-from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample, WindowReport
+from llmserve_env.shared.backend import (
+    TERMINAL_STATUSES,
+    Arrival,
+    RequestRecord,
+    ResourceSample,
+    WindowReport,
+)
 from llmserve_env.shared.models import ServeAction
 
 logger = logging.getLogger("llmserve_env.gateway")
@@ -78,7 +84,6 @@ class Entry:
     price: TierPrice | None = None
     task: asyncio.Task[None] | None = None
     last_chunk_t: float | None = None
-    chunks_counted: int = 0
     text_parts: list[str] = field(default_factory=list)
     attempt_log: list[AttemptLog] = field(default_factory=list)
     usage_prompt_tokens: int | None = None
@@ -309,7 +314,6 @@ class Dispatcher:
             e.last_chunk_t = t
             rec.chunk_times_s.append(e.ep(t))
             e.text_parts.append(text)
-            e.chunks_counted += 1
             self._window.output_tokens += 1
 
         return on_chunk
@@ -340,30 +344,29 @@ class Dispatcher:
                     try:
                         outcome = await self.client.stream(request, on_chunk)
                     except AttemptError as err:
-                        self._settle(e, reservation, err.outcome)
+                        billed = self._settle(e, reservation, err.outcome)
                         e.completion_id = err.outcome.completion_id or e.completion_id
                         msg = redact(err.message, self._secret)
                         e.attempt_log.append(AttemptLog(e.ep(err.outcome.dispatch_t), e.ep(loop.time()), err.kind,
                                                         err.status, err.retry_after_s, msg))
                         if err.kind == "stall":
-                            self._finish(e, "timeout", msg, loop.time())
+                            self._finish(e, "timeout", msg, loop.time(), output_tokens=billed)
                             return
                         if not err.retryable or attempt_no == c.max_attempts:
                             tail = "" if not err.retryable else f" (after {attempt_no} attempts)"
-                            self._finish(e, "error", msg + tail, loop.time())
+                            self._finish(e, "error", msg + tail, loop.time(), output_tokens=billed)
                             return
                         delay = err.retry_after_s if err.retry_after_s is not None else self._backoff(attempt_no)
                         logger.info("request %d attempt %d failed (%s); retrying in %.2f s",
                                     e.record.request_id, attempt_no, msg[:120], delay)
                         await asyncio.sleep(delay)
                         continue
-                    self._settle(e, reservation, outcome)
+                    billed = self._settle(e, reservation, outcome)
                     e.attempt_log.append(AttemptLog(e.ep(outcome.dispatch_t), e.ep(loop.time()), "ok", outcome.status_code))
                     e.usage_prompt_tokens = outcome.usage_prompt_tokens
                     e.completion_id = outcome.completion_id
                     e.finish_reason = outcome.finish_reason
-                    out = outcome.usage_completion_tokens
-                    self._finish(e, "ok", None, loop.time(), output_tokens=out)
+                    self._finish(e, "ok", None, loop.time(), output_tokens=billed)
                     return
         except TimeoutError:
             self._finish(e, "timeout", f"request exceeded LLMSERVE_REAL_REQUEST_TIMEOUT_S={c.request_timeout_s:g}",
@@ -377,12 +380,13 @@ class Dispatcher:
         c = self.config
         return self._rng.uniform(0.0, min(c.backoff_cap_s, c.backoff_base_s * 2 ** (attempt_no - 1)))
 
-    def _settle(self, e: Entry, reservation: Reservation, outcome: AttemptOutcome) -> None:
-        """Charge an attempt what it used: nothing unless the server accepted it (HTTP 200)."""
+    def _settle(self, e: Entry, reservation: Reservation, outcome: AttemptOutcome) -> int | None:
+        """Charge an attempt what it used: nothing unless the server accepted it (HTTP 200). Returns the
+        output tokens billed (usage first, else a tiktoken count of the text), None when not accepted."""
         assert e.price is not None
         if outcome.status_code != 200:
             self._guard.settle(reservation, 0, 0.0)
-            return
+            return None
         prompt = outcome.usage_prompt_tokens or e.record.prompt_tokens
         out = outcome.usage_completion_tokens
         if out is None:
@@ -391,6 +395,7 @@ class Dispatcher:
         self._guard.settle(reservation, prompt + out, cost)
         e.record.cost_usd += cost
         self._window.cost_usd += cost
+        return out
 
     def _log_budget(self, message: str) -> None:
         if not self._budget_logged:
@@ -401,7 +406,7 @@ class Dispatcher:
 
     def _finish(self, e: Entry, status: str, error: str | None, now: float, output_tokens: int | None = None) -> None:
         rec = e.record
-        if rec.status in ("ok", "error", "timeout", "cancelled", "rejected"):
+        if rec.status in TERMINAL_STATUSES:
             raise RuntimeError(f"request {rec.request_id} finished twice ({rec.status} then {status})")
         rec.status = status
         rec.finish_s = e.ep(now)
@@ -409,7 +414,7 @@ class Dispatcher:
         if output_tokens is None:
             output_tokens = self._count_tokens("".join(e.text_parts)) if e.text_parts else 0
         rec.output_tokens = output_tokens
-        self._window.output_tokens += output_tokens - e.chunks_counted
+        self._window.output_tokens += output_tokens - len(rec.chunk_times_s)  # chunks counted as they came
         if status == "rejected":
             self._window.rejected += 1
         if e in self._running:

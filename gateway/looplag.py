@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-import numpy as np
+from llmserve_env.shared.metrics import percentiles
 
 
 class LoopLagMonitor:
@@ -50,9 +50,9 @@ def lag_summary_ms(samples: list[float]) -> dict[str, float]:
     """p50 / p99 / max of lag samples, in milliseconds (zeros when there are none)."""
     if not samples:
         return {"loop_lag_p50_ms": 0.0, "loop_lag_p99_ms": 0.0, "loop_lag_max_ms": 0.0}
-    arr = np.asarray(samples) * 1000.0
+    p50, p99 = percentiles(samples, 50.0, 99.0)
     return {
-        "loop_lag_p50_ms": round(float(np.percentile(arr, 50)), 3),
-        "loop_lag_p99_ms": round(float(np.percentile(arr, 99)), 3),
-        "loop_lag_max_ms": round(float(arr.max()), 3),
+        "loop_lag_p50_ms": round(p50 * 1000.0, 3),
+        "loop_lag_p99_ms": round(p99 * 1000.0, 3),
+        "loop_lag_max_ms": round(max(samples) * 1000.0, 3),
     }

@@ -16,6 +16,8 @@ from typing import Any, TextIO
 
 from llmserve_env.shared.backend import RequestRecord
 
+_FIELDS = tuple(f.name for f in dataclasses.fields(RequestRecord))
+
 
 class JsonlRecorder:
     """Appends records to `path` (parent directories created); not thread-safe: one loop writes."""
@@ -29,7 +31,9 @@ class JsonlRecorder:
     def write(self, record: RequestRecord, extra: dict[str, Any]) -> None:
         if self._file is None:
             raise ValueError(f"recorder for {self.path} is closed")
-        row = dataclasses.asdict(record)
+        # Shallow, not dataclasses.asdict: asdict deep-copies every chunk time (~0.5 ms a record
+        # at 512 chunks, on the event loop); json.dumps needs no copy.
+        row = {name: getattr(record, name) for name in _FIELDS}
         row.update(extra)
         self._file.write(json.dumps(row, separators=(",", ":")) + "\n")
         self.lines += 1

@@ -112,6 +112,17 @@ def test_tiktoken_is_seeded_offline(tmp_path, monkeypatch):
     assert count_tokens("hello world") == 2
 
 
+def test_the_seeded_cache_file_is_the_one_tiktoken_looks_for():
+    """tiktoken names its cache file after the download URL: if a release changed the URL, the seeded
+    file would be missed and tiktoken would try to download. Pin our URL to tiktoken's own."""
+    import inspect
+
+    import tiktoken_ext.openai_public as openai_public
+    from llmserve_env.gateway.tokens import O200K_URL
+
+    assert O200K_URL in inspect.getsource(openai_public.o200k_base)
+
+
 def test_prompts_have_exactly_the_target_token_count():
     b = PromptBuilder()
     for n in (1, 2, 3, 7, 64, 256, 1000, 3000, 9000):
