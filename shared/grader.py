@@ -57,6 +57,7 @@ from typing import Any
 
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.episode import EpisodeLog
+from llmserve_env.shared.metrics import SLO_EPS_S
 from llmserve_env.shared.reward import QUALITY_TOLERANCE
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
@@ -90,7 +91,6 @@ class References:
     upper_met_by_tenant: dict[str, int]
 
 
-_EPS = 1e-9
 
 
 def _serial_floor(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) -> dict[str, int]:
@@ -105,7 +105,7 @@ def _serial_floor(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity)
         finish = first + (a.output_tokens - 1) * itl
         free_at = finish
         ttft_slo, tpot_slo = slo[a.tenant]
-        if first - a.arrival_s <= ttft_slo + _EPS and itl <= tpot_slo + _EPS and finish < horizon_s:
+        if first - a.arrival_s <= ttft_slo + SLO_EPS_S and itl <= tpot_slo + SLO_EPS_S and finish < horizon_s:
             met[a.tenant] += 1
     return met
 
@@ -120,7 +120,7 @@ def _ideal_upper(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) 
         ttft_slo, tpot_slo = slo[a.tenant]
         prefill = a.prompt_tokens / peak
         done = a.arrival_s + prefill + (a.output_tokens - 1) * min_itl
-        if prefill <= ttft_slo + _EPS and min_itl <= tpot_slo + _EPS and done < horizon_s:
+        if prefill <= ttft_slo + SLO_EPS_S and min_itl <= tpot_slo + SLO_EPS_S and done < horizon_s:
             feasible.append(((a.prompt_tokens + a.output_tokens) / peak, a.tenant))
 
     def fit(works: list[float]) -> int:

@@ -35,7 +35,7 @@ from llmserve_env.shared.tasks import TaskSpec
 
 # Below this many samples a sorted Python list beats numpy's per-call overhead (same results).
 _NUMPY_MIN = 128
-_EPS = 1e-9  # seconds: a latency equal to its SLO meets it, whatever the float rounding
+SLO_EPS_S = 1e-9  # seconds: a latency equal to its SLO meets it, whatever the float rounding
 
 
 def percentiles(values: list[float], *qs: float) -> list[float]:
@@ -192,7 +192,8 @@ class MetricsTracker:
 
     def __init__(self, task: TaskSpec):
         self.task = task
-        self._slo = {t.name: (t.ttft_slo_ms / 1e3 + _EPS, t.tpot_slo_ms / 1e3 + _EPS) for t in task.tenants}
+        self._names = [t.name for t in task.tenants]
+        self._slo = {t.name: (t.ttft_slo_ms / 1e3 + SLO_EPS_S, t.tpot_slo_ms / 1e3 + SLO_EPS_S) for t in task.tenants}
         # request_id -> (tenant, latest first-token time that meets its TTFT SLO, TPOT SLO in s)
         self._open: dict[int, tuple[str, float, float]] = {}
         self._flagged: set[int] = set()  # settled as missed while still pending
@@ -204,7 +205,7 @@ class MetricsTracker:
         dt = report.dt
         t0 = report.t0
         t_end = t0 + dt
-        names = [t.name for t in self.task.tenants]
+        names = self._names
         arrived = dict.fromkeys(names, 0)
         met_by = dict.fromkeys(names, 0)
         missed_by = dict.fromkeys(names, 0)

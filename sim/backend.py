@@ -21,6 +21,18 @@ KNOBS = ("batch_cap", "kv_budget_fraction", "speculation_depth", "quantization_t
          "priority_routing")
 
 
+# Step-time models are pure functions of (profile, tier, lane) and take ~2 ms each to tabulate; the
+# server builds one backend per episode, so they are kept per profile object across backends.
+_MODELS: dict[str, tuple[Profile, dict[tuple[str, str], StepTimeModel]]] = {}
+
+
+def _models_for(profile: Profile) -> dict[tuple[str, str], StepTimeModel]:
+    cached = _MODELS.get(profile.id)
+    if cached is None or cached[0] is not profile:  # a re-loaded or hand-made profile gets fresh models
+        cached = _MODELS[profile.id] = (profile, {})
+    return cached[1]
+
+
 class SimBackend:
     """A calibrated, event-driven simulation of one vLLM-style serving replica."""
 
@@ -28,9 +40,8 @@ class SimBackend:
 
     def __init__(self, profile_id: str | Profile = "h100-llama3.1-8b"):
         self.profile = profile_id if isinstance(profile_id, Profile) else load_profile(profile_id)
-        self._models: dict[tuple[str, str], StepTimeModel] = {}
+        self._models = _models_for(self.profile)
         self._engine = Engine(self.profile, 0, self._models)
-        self._applied = dict.fromkeys(KNOBS, True)
 
     def reset(self, seed: int) -> None:
         self._engine = Engine(self.profile, seed, self._models)
@@ -51,7 +62,7 @@ class SimBackend:
             spec_accepted=int(round(acc.spec_accepted)), busy_s=acc.busy, gpu_memory_used_gb=mem,
             kv_occupancy=used / eng.kv.total if eng.kv.total else 0.0,
             cost_usd=dt * p.tp * p.price_per_gpu_hour / 3600.0, quality=p.tiers[action.quantization_tier].quality,
-            applied=dict(self._applied),
+            applied=dict.fromkeys(KNOBS, True),  # the simulator honours every knob
             notes={"profile": p.id, "iterations": acc.iterations, "kv_blocks_total": eng.kv.total,
                    "kv_blocks_used": used, "rejected": acc.rejected},
         )

@@ -118,7 +118,6 @@ class Engine:
         self.action_key: tuple | None = None
         self.batch_cap = 1
         self.depth = 0
-        self.tier = "FP16"
         self.split = False
         self.pre_blocked = False
         self.arrivals: list[SimRequest] = []
@@ -140,27 +139,31 @@ class Engine:
         self.action_key = key
         self.batch_cap = batch_cap
         self.kv.configure(p, tier, depth > 0, kv_fraction)
-        self.sched.configure(batch_cap, self.kv.total * KV_BLOCK_TOKENS, priority_routing)
+        self.sched.configure(priority_routing)
         if split != self.split:
             if split:
                 self.tp = self.td = self.t
             else:
                 self.t = max(self.tp, self.td)
             self.split = split
-        self.tier = tier
         self.mu = self._model(tier, "unified")
-        self.mp = self._model(tier, "prefill")
-        self.md = self._model(tier, "decode")
+        if split:  # the lanes' models are only needed while disaggregated
+            self.mp = self._model(tier, "prefill")
+            self.md = self._model(tier, "decode")
         if depth != self.depth:
             self.depth = depth
             self._resync_decoding()
         now = max(self.tp, self.td) if self.split else self.t
-        candidates = self._victim_pool(unified=True)
-        while self.kv.used_fixed + self._decode_blocks_exact(0) > self.kv.total:
-            victim = self.sched.victim(candidates())
-            if victim is None:
-                break
-            self._preempt(victim, now)
+        decode_blocks = self._decode_blocks_exact(0)
+        if self.kv.used_fixed + decode_blocks > self.kv.total:
+            # A smaller pool: preempt in victim order until what is left fits. Counted down per victim
+            # rather than recounted per victim (that was quadratic in the running requests).
+            for victim in self.sched.victim_order([*self.decoding.values(), *self.prefilling]):
+                if self.kv.used_fixed + decode_blocks <= self.kv.total:
+                    break
+                if victim.state == DECODE:
+                    decode_blocks -= self._blocks_held(victim, self.it)
+                self._preempt(victim, now)  # a prefilling victim's blocks leave kv.used_fixed here
         self.pre_blocked = False
 
     def _model(self, tier: str, lane: str) -> StepTimeModel:
@@ -242,6 +245,14 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- KV accounting
 
+    @staticmethod
+    def _blocks_held(r: SimRequest, it: int) -> int:
+        """KV blocks a decoding request holds at decode iteration `it`."""
+        p = r.progress + (it - r.sync_iter) * r.e
+        if p > r.target:
+            p = r.target
+        return -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)
+
     def _decode_blocks_exact(self, k: int) -> int:
         it = self.it + k
         total = 0
@@ -249,12 +260,8 @@ class Engine:
             p = r.progress + (it - r.sync_iter) * r.e
             if p > r.target:
                 p = r.target
-            total += -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)
+            total += -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)  # _blocks_held, inlined: hot loop
         return total
-
-    def _decode_blocks_bound(self, k: int) -> float:
-        n = len(self.decoding)
-        return (self.S + k * self.E + n) / KV_BLOCK_TOKENS + n
 
     def _decode_kv_limit(self, kcap: int) -> int:
         """Most decode iterations (<= kcap) whose KV growth fits; 0 when even one does not."""
@@ -675,7 +682,7 @@ class Engine:
                 r.reported = cur
             pending.append(r.snapshot_tokens(cur))
         self.S, self.E = S, E
-        settle(list(self.sched.waiting()))
+        settle(self.sched.waiting())
         acc.output_tokens += new_tokens
         used = self.kv.used_fixed + self._decode_blocks_exact(0)
         mem = self.kv.memory_gib(used)

@@ -4,7 +4,7 @@
   when `priority_routing` is on). Preempted requests go back into it and keep their arrival time,
   so they resume ahead of later arrivals, as vLLM's recompute preemption does.
 - A request is admitted while fewer than `batch_cap` run and the KV blocks for its next chunk are
-  free (`AdmissionLimits`).
+  free; the engine checks both where it plans a prefill (sim/engine.py `_plan_prefill`).
 - The preemption victim is the running request with the largest `shared.admission.victim_key`
   (newest; lowest priority first when `priority_routing` is on).
 """
@@ -14,20 +14,18 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterable
 
-from llmserve_env.shared.admission import AdmissionLimits, victim_key, waiting_key
+from llmserve_env.shared.admission import victim_key, waiting_key
 from llmserve_env.sim.request import SimRequest
 
 
 class Scheduler:
-    __slots__ = ("heap", "priority_routing", "limits")
+    __slots__ = ("heap", "priority_routing")
 
     def __init__(self) -> None:
         self.heap: list[tuple[tuple, int, SimRequest]] = []
         self.priority_routing = False
-        self.limits = AdmissionLimits(max_running=1, token_budget=0)
 
-    def configure(self, batch_cap: int, kv_tokens: int, priority_routing: bool) -> None:
-        self.limits = AdmissionLimits(max_running=batch_cap, token_budget=kv_tokens)
+    def configure(self, priority_routing: bool) -> None:
         if priority_routing != self.priority_routing:
             self.priority_routing = priority_routing
             reqs = [entry[2] for entry in self.heap]
@@ -35,15 +33,9 @@ class Scheduler:
             for r in reqs:
                 self.push(r)
 
-    def __len__(self) -> int:
-        return len(self.heap)
-
     def push(self, r: SimRequest) -> None:
         r.wkey = waiting_key(r.priority, r.arrival, r.rid, self.priority_routing)
         heapq.heappush(self.heap, (r.wkey, r.rid, r))
-
-    def peek(self) -> SimRequest:
-        return self.heap[0][2]
 
     def pop(self) -> SimRequest:
         return heapq.heappop(self.heap)[2]
@@ -51,8 +43,10 @@ class Scheduler:
     def waiting(self) -> Iterable[SimRequest]:
         return (entry[2] for entry in self.heap)
 
-    def can_run_more(self, running: int) -> bool:
-        return running < self.limits.max_running
+    def victim_order(self, candidates: Iterable[SimRequest]) -> list[SimRequest]:
+        """`candidates` in preemption order: repeated `victim` calls would pick them in this order."""
+        pr = self.priority_routing
+        return sorted(candidates, key=lambda r: victim_key(r.priority, r.arrival, r.rid, pr), reverse=True)
 
     def victim(self, candidates: Iterable[SimRequest]) -> SimRequest | None:
         """The request to preempt among `candidates` (largest victim_key), or None."""

@@ -142,10 +142,7 @@ class StepTimeModel:
         h, kvh, hd = self.heads, self.kv_heads, self.head_dim
         nbytes = BF16_BYTES * (2.0 * q_elems * h * hd + 2.0 * kv_elems * kvh * hd)
         flops = 4.0 * h * hd * flop_units
-        f = self.pre_fit
-        mem = nbytes / (f.bw_gbs * 1e3)
-        comp = flops / (f.tflops * 1e6)
-        return self.pre_layers * (f.c0_us + (mem**f.p + comp**f.p) ** (1.0 / f.p))
+        return self.pre_layers * self.pre_fit.us(nbytes, flops)  # the fitted form itself, on floats
 
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
                     prefill_tokens: int, sampled_prefills: int) -> float:
