@@ -27,7 +27,7 @@ from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.server.baseline_inference import InProcessEnv
-from llmserve_env.shared.tasks import TASKS
+from llmserve_env.shared.tasks import UnknownTaskError, parse_task_ids
 
 AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
 
@@ -77,10 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     for a in agents:
         if a not in POLICIES:
             ap.error(f"unknown agent {a!r}; choose from {', '.join(POLICIES)}")
-    tasks = list(TASKS) if args.task == "all" else [t.strip() for t in args.task.split(",") if t.strip()]
-    for t in tasks:
-        if t not in TASKS:
-            ap.error(f"unknown task {t!r}; choose from {', '.join(TASKS)} (or 'all')")
+    try:
+        tasks = parse_task_ids(args.task)
+    except UnknownTaskError as exc:
+        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)} (or 'all')")
     env = InProcessEnv()
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}

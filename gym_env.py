@@ -16,7 +16,7 @@ Observation space: `Box(0, 4, (25,), float32)`: the observation's numeric fields
 ratio scales (roughly 0..1), the previous window's arrival rate and queue, the previous action,
 and the episode's progress (`agents.encoding.FEATURE_NAMES` names each).
 
-With `advice=True` (what train.py uses for the shipped PPO weights) the tuned heuristic runs
+With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
 4, 4, 3, 3])`, 0 = follow); see agents/advice.py.

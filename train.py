@@ -246,7 +246,7 @@ class Agent(nn.Module):
         logits = torch.split(self.actor(x), self.nvec, dim=1)
         return torch.stack([lg.argmax(1) for lg in logits], dim=1).numpy()
 
-    def export(self, rms: RunningMeanStd) -> dict[str, np.ndarray]:
+    def export(self) -> dict[str, np.ndarray]:
         """The actor as numpy arrays in agents/ppo_policy.py's layout (x @ w + b)."""
         linears = [m for m in self.actor if isinstance(m, nn.Linear)]
         out: dict[str, np.ndarray] = {"nvec": np.asarray(self.nvec, np.int64)}
@@ -284,8 +284,8 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args) -> dict[str, 
     """
     env = LLMServeGymEnv(args.task, grade_on_done=False)
     feats, acts, rets = [], [], []
+    policy = heuristic(args.task)
     for seed in train_seeds(args.bc_episodes, offset=TRAIN_SEED_LIMIT - args.bc_episodes):
-        policy = heuristic(args.task)
         policy.reset()
         x, info = env.reset(options={"episode_seed": seed})
         obs = env.last_observation
@@ -351,7 +351,7 @@ def initial_action(task: str, how: str) -> ServeAction:
 def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     npz = args.out_dir / f"{args.task}.npz"
-    np.savez(npz, **agent.export(rms))
+    np.savez(npz, **agent.export())
     meta = {
         "task": args.task,
         "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",

@@ -1,8 +1,10 @@
 """Residual control over the tuned heuristic: a learned policy that follows or nudges it.
 
-The PPO agent shipped in weights/ does not start from nothing, nor from a lossy imitation: every
-window the tuned heuristic (agents/heuristic.py) proposes an action, the agent sees that proposal
-beside the observation, and for each knob it either follows the proposal (choice 0) or nudges it:
+A residual PPO agent (`python train.py --advice true --init follow`) does not start from nothing,
+nor from a lossy imitation: every window the tuned heuristic (agents/heuristic.py) proposes an
+action, the agent sees that proposal beside the observation, and for each knob it either follows
+the proposal (choice 0) or nudges it. (The weights shipped in weights/ were trained without it;
+the README's "PPO against the rivals" gives what the residual agent found.)
 
 | knob                   | choices (0 = follow)                                       |
 |------------------------|------------------------------------------------------------|

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 from llmserve_env.agents.base import make_action
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS, TaskSpec, get_task
@@ -80,10 +80,10 @@ TUNING_GRID: dict[str, tuple[Any, ...]] = {
 class HeuristicPolicy:
     """Queue/latency feedback control of the six knobs (see the module docstring)."""
 
-    def __init__(self, task: TaskSpec, params: HeuristicParams | None = None, name: str = "heuristic"):
+    def __init__(self, task: TaskSpec, params: HeuristicParams | None = None):
         self.task = task
         self.p = params or HeuristicParams()
-        self.name = name
+        self.name = "heuristic"
         self.tpot_slo_ms = min(t.tpot_slo_ms for t in task.tenants)
         self.multi_priority = len({t.priority for t in task.tenants}) > 1
         self.reset()
@@ -115,10 +115,6 @@ class HeuristicPolicy:
             prefill_decode_split=obs.queue_depth >= p.split_queue,
             priority_routing=self.multi_priority and obs.queue_depth >= p.priority_queue,
         )
-
-
-def load_tuned(path: Path = TUNED_PATH) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {"tasks": {}}
 
 
 def tuned_params(task_id: str, path: Path = TUNED_PATH) -> HeuristicParams:

@@ -54,7 +54,7 @@ class LLMPolicyStats:
 
     def as_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "invalid": self.invalid, "api_errors": self.api_errors,
-                "last_error": self.last_error}
+                "last_error": self.last_error, "invalid_examples": list(self.invalid_examples)}
 
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)

@@ -9,7 +9,7 @@ Weights are written by train.py as `weights/<task>.npz` (the actor's layers) bes
 The action is the most likely choice of each head (deterministic), decoded through the same
 grid the Gymnasium wrapper trained on. Weights trained with advice (`"advice": "heuristic"` in
 the JSON, agents/advice.py) run the task's tuned heuristic beside the actor: its proposal is
-appended to the features and each head's last choice means "follow the proposal".
+appended to the features and each head's choice 0 means "follow the proposal".
 """
 
 from __future__ import annotations

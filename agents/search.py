@@ -5,9 +5,11 @@ Scores are means over training seeds (agents/seeds.py), never evaluation seeds.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 Point = tuple[int, ...]  # one index into each axis of the grid
 
@@ -31,6 +33,11 @@ def coordinate_descent(score: Callable[[Point], float], axes: Sequence[int], sta
         if log:
             log(f"descent pass: best {best} score {best_score:.4f}")
     return best, best_score
+
+
+def load_tuned(path: Path) -> dict[str, Any]:
+    """A tuned-settings file (agents/*_tuned.json, agents/tuned_static.json), or an empty one."""
+    return json.loads(path.read_text()) if path.exists() else {"tasks": {}}
 
 
 def git_commit() -> str:

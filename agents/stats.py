@@ -28,14 +28,6 @@ class MeanCI:
     half_width: float
     n: int
 
-    @property
-    def low(self) -> float:
-        return self.mean - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.mean + self.half_width
-
     def __str__(self) -> str:
         return f"{self.mean:.3f} ± {self.half_width:.3f}"
 

@@ -19,12 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
@@ -35,10 +34,6 @@ TUNED_PATH = Path(__file__).resolve().parent / "tuned_static.json"
 
 class NotTunedError(KeyError):
     """No tuned configuration stored for this task."""
-
-
-def load_tuned(path: Path = TUNED_PATH) -> dict[str, Any]:
-    return json.loads(path.read_text()) if path.exists() else {"tasks": {}}
 
 
 def tuned_action(task_id: str, path: Path = TUNED_PATH) -> ServeAction:

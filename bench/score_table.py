@@ -24,13 +24,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
-from llmserve_env.agents.registry import POLICIES, make_policy
-from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.registry import POLICIES
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci
 from llmserve_env.agents.tuned_static import NotTunedError
-from llmserve_env.server.baseline_inference import InProcessEnv
-from llmserve_env.shared.tasks import TASKS
+from llmserve_env.evaluate import evaluate_agent
+from llmserve_env.shared.tasks import UnknownTaskError, parse_task_ids
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}
@@ -50,16 +49,13 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     return agents, skipped
 
 
-def play_cell(agent: str, task_id: str, seeds: list[int]) -> tuple[str, str, list[float] | None, str, float]:
-    """(agent, task, scores or None, skip reason, wall seconds) for one table cell."""
-    t0 = time.perf_counter()
+def play_cell(agent: str, task_id: str, episodes: int) -> tuple[str, str, list[float] | None, str, float]:
+    """(agent, task, scores or None, skip reason, wall seconds) for one table cell (evaluate.py's run)."""
     try:
-        policy = make_policy(agent, task_id, seed=RANDOM_AGENT_SEED)
+        r = evaluate_agent(agent, task_id, episodes, seed=RANDOM_AGENT_SEED)
     except (WeightsNotFoundError, NotTunedError) as exc:
         return agent, task_id, None, str(exc), 0.0
-    env = InProcessEnv()
-    scores = [play_episode(env, policy, task_id, s).score for s in seeds]
-    return agent, task_id, scores, "", time.perf_counter() - t0
+    return agent, task_id, r.scores, "", r.wall_s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,17 +73,17 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             ap.error(f"unknown agent(s) {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
         agents = wanted
-    tasks = list(TASKS) if args.tasks == "all" else [t.strip() for t in args.tasks.split(",") if t.strip()]
-    for t in tasks:
-        if t not in TASKS:
-            ap.error(f"unknown task {t!r}; choose from {', '.join(TASKS)}")
+    try:
+        tasks = parse_task_ids(args.tasks)
+    except UnknownTaskError as exc:
+        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)} (or 'all')")
     seeds = eval_seeds(args.episodes)
 
     t_start = time.perf_counter()
     cells: dict[tuple[str, str], list[float]] = {}
     jobs = [(a, t) for a in agents for t in tasks]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(play_cell, a, t, seeds) for a, t in jobs]
+        futures = [pool.submit(play_cell, a, t, args.episodes) for a, t in jobs]
         for fut in futures:
             agent, task_id, scores, reason, wall = fut.result()
             if scores is None:

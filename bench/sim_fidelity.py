@@ -31,7 +31,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.shared.models import ServeAction
+from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.sim.calibrate import ANCHOR_CONTEXT, batch1_decode_s, heldout_errors_by_kernel
 from llmserve_env.sim.experiment import play
@@ -43,8 +43,6 @@ DATA = Path(__file__).resolve().parent.parent / "sim" / "data"
 SPLITWISE = DATA / "splitwise_llama2-70b_h100_tp4.csv"
 GPU_STEPS = {"h100-llama3.1-8b": DATA / "h100_llama3.1-8b_torch_steps.csv",
              "h100-llama3.1-70b-tp4": DATA / "h100_llama3.1-70b-tp4-shard_torch_steps.csv"}
-VLLM_DEFAULT = ServeAction(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
-                           prefill_decode_split=False, priority_routing=False)
 
 
 def moderate_load(trace_seconds: int) -> tuple[float, float]:

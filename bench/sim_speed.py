@@ -19,13 +19,13 @@ import json
 import random
 import time
 
+from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
 from llmserve_env.shared.tasks import TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 
-FIXED = ServeAction(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
-                    prefill_decode_split=False, priority_routing=False)
+FIXED = VLLM_DEFAULT
 
 
 def random_action(rng: random.Random) -> ServeAction:

@@ -27,7 +27,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 REEXEC_FLAG = "LLMSERVE_PRECHECK_REEXEC"
+# The tasks a deployed Space must list (the seed's three); local checks cover every built-in task.
 TASK_IDS = ("static_workload", "bursty_workload", "adversarial_multitenant")
 STEADY_ACTION = {
     "batch_cap": 64,
@@ -180,8 +180,9 @@ def check_weights() -> str:
     """Each shipped weights/<task>.npz loads with numpy alone and acts; every built-in task has one."""
     from llmserve_env.agents.ppo_policy import WEIGHTS_DIR, PPOPolicy
     from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.shared.tasks import TASKS
 
-    missing = [t for t in TASK_IDS if not (WEIGHTS_DIR / f"{t}.npz").exists()]
+    missing = [t for t in TASKS if not (WEIGHTS_DIR / f"{t}.npz").exists()]
     require(
         not missing, f"no trained weights for {', '.join(missing)} in {WEIGHTS_DIR} (train.py writes them)"
     )
@@ -454,21 +455,17 @@ def check_runtime_contract(base: str, found: dict[str, Any]) -> str:
 def check_reward_floor() -> str:
     """openenv.yaml's floor_margin holds: trivial policies' mean step reward stays that far below the top."""
     from llmserve_env.agents.registry import make_policy
+    from llmserve_env.agents.rollout import play_episode
     from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.shared.tasks import TASKS
     from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
 
     reward = OpenEnvYamlParser().parse(ROOT).reward
     floors = {}
-    for task_id in TASK_IDS:
+    for task_id in TASKS:
         for name in FLOOR_POLICIES:
-            policy = make_policy(name, task_id, seed=0)
-            policy.reset()
-            env = InProcessEnv()
-            obs, rewards = env.reset(task_id, seed=0), []
-            while not obs.done:
-                obs = env.step(policy.act(obs))
-                rewards.append(float(obs.reward))
-            floors[f"{name}/{task_id}"] = statistics.fmean(rewards)
+            r = play_episode(InProcessEnv(), make_policy(name, task_id, seed=0), task_id, 0)
+            floors[f"{name}/{task_id}"] = r.total_reward / r.steps
     worst = max(floors, key=floors.__getitem__)
     gap = reward.range[1] - floors[worst]
     require(

@@ -65,15 +65,15 @@ BODIES: dict[str, type[BaseModel]] = {"/reset": ServeResetRequest, "/step": Serv
 OPTIONAL_BODIES = {"/reset", "/web/reset"}  # an empty body means "all defaults"
 
 
-def validation_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ("body",)) -> list[dict[str, Any]]:
-    """Pydantic's errors in FastAPI's 422 shape, `loc` prefixed by where the value came from.
+def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
+    """Pydantic's errors in FastAPI's 422 shape (`loc` starting with "body").
 
     The input of a body that is not JSON (raw bytes, maybe not UTF-8) is not echoed back, and
     anything JSON cannot carry (an exception in `ctx`, a non-finite float) becomes text.
     """
     out = []
     for e in exc.errors(include_url=False):
-        item: dict[str, Any] = {"type": e["type"], "loc": [*prefix, *e["loc"]], "msg": e["msg"],
+        item: dict[str, Any] = {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"],
                                 "input": None if e["type"] == "json_invalid" else e.get("input")}
         if "ctx" in e:
             item["ctx"] = {k: v if isinstance(v, (str, int, bool)) else str(v) for k, v in e["ctx"].items()}
@@ -87,14 +87,13 @@ def validation_errors(exc: ValidationError, prefix: tuple[str | int, ...] = ("bo
 
 
 class StrictBodies:
-    """Check the JSON body of the POST routes in `bodies` (path -> model) before the app sees it."""
+    """Check the JSON body of the POST routes in BODIES (path -> model) before the app sees it."""
 
-    def __init__(self, app: Any, bodies: dict[str, type[BaseModel]] | None = None):
+    def __init__(self, app: Any):
         self.app = app
-        self.bodies = BODIES if bodies is None else bodies
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        model = self.bodies.get(scope.get("path", "")) if scope["type"] == "http" else None
+        model = BODIES.get(scope.get("path", "")) if scope["type"] == "http" else None
         if model is None or scope.get("method") != "POST":
             await self.app(scope, receive, send)
             return

@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from llmserve_env.server.errors import TraceForbiddenError
+
 TRACE_PREFIX = "trace:"
 
 MODES = ("sim", "real")
@@ -76,8 +78,6 @@ class ServerConfig:
         that folder (PATH relative to it; TraceForbiddenError, a 403, for anything outside)."""
         if self.trace_dir is None or not task_id.startswith(TRACE_PREFIX):
             return task_id
-        from llmserve_env.server.errors import TraceForbiddenError
-
         root = Path(self.trace_dir).resolve()
         path, sep, query = task_id[len(TRACE_PREFIX):].partition("?")
         target = (root / path).resolve()  # an absolute PATH replaces root; `..` and links resolve away

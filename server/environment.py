@@ -95,7 +95,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             window_s=ep.task.window_s,
             done=ep.done,
             cumulative_reward=ep.cumulative_reward,
-            action_history=list(ep.actions),
+            action_history=[s.action for s in ep.steps],
             last_observation=ep.last_observation.model_dump() if ep.last_observation else None,
         )
 

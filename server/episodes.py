@@ -91,7 +91,6 @@ class Episode:
     done: bool = False
     failed: str | None = None
     cumulative_reward: float = 0.0
-    actions: list[dict[str, Any]] = field(default_factory=list)
     steps: list[StepRecord] = field(default_factory=list)
     last_observation: ServeObservation | None = None
     last_used: float = field(default_factory=time.monotonic)
@@ -143,9 +142,7 @@ class Episode:
             m = self.tracker.observe(report, arrivals, final=self.done)
             reward, terms = compute_reward(m, self.task)
             self.cumulative_reward += reward
-            knobs = action.knobs()
-            self.actions.append(knobs)
-            self.steps.append(StepRecord(step_index=k, action=knobs, metrics=m.to_dict(), reward=reward,
+            self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
                                          reward_terms=terms))
             obs = observation_from(m, self, reward, terms, report.applied, report.notes)
             self.last_observation = obs

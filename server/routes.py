@@ -83,8 +83,7 @@ def build_router(env_factory: Any) -> APIRouter:
             if request.episode_log is None:
                 return env.grade(request.episode_id)
             log = request.episode_log
-            task_id = env.config.trace_task_id(log.task_id)
-            return grade_episode(log if task_id == log.task_id else log.model_copy(update={"task_id": task_id}))
+            return grade_episode(log.model_copy(update={"task_id": env.config.trace_task_id(log.task_id)}))
         finally:
             env.close()
 

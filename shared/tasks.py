@@ -265,6 +265,18 @@ AZURE_CONV_TRACE = TaskSpec(
 TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
 
 
+def parse_task_ids(spec: str) -> list[str]:
+    """Built-in task ids from a command-line value: comma-separated ids, or 'all' (every task).
+    UnknownTaskError names the first id that is not one."""
+    if spec == "all":
+        return list(TASKS)
+    ids = [t.strip() for t in spec.split(",") if t.strip()]
+    for t in ids:
+        if t not in TASKS:
+            raise UnknownTaskError(t)
+    return ids
+
+
 class UnknownTaskError(KeyError):
     """Raised for a task id that is neither built in nor a `trace:PATH` replay."""
 
