@@ -275,8 +275,7 @@ class Dispatcher:
                 continue
             limits = lanes.limits[lane]
             running, used = self._lane_running[lane], self._lane_tokens[lane]
-            alone = running == 0 and limits.max_running > 0
-            if limits.admits(running, used, e.tokens) or alone:
+            if limits.admits(running, used, e.tokens):
                 e.lane = lane
                 self._lane_running[lane] += 1
                 self._lane_tokens[lane] += e.tokens

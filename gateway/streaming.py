@@ -156,6 +156,12 @@ def _finish(outcome: AttemptOutcome, done: bool) -> AttemptOutcome:
     return outcome
 
 
+def _delta_text(delta: dict[str, Any]) -> str | None:
+    """The text a chunk's delta carries: content, or a reasoning model's reasoning (vLLM and SGLang
+    stream it as `reasoning_content`, others as `reasoning`): its tokens are generated tokens too."""
+    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+
+
 def _handle_payload(obj: dict[str, Any], outcome: AttemptOutcome, t: float, on_chunk: ChunkCallback | None) -> None:
     if "error" in obj and not obj.get("choices"):
         err = obj["error"]
@@ -165,8 +171,7 @@ def _handle_payload(obj: dict[str, Any], outcome: AttemptOutcome, t: float, on_c
     if outcome.completion_id is None:
         outcome.completion_id = obj.get("id")
     for choice in obj.get("choices") or ():
-        delta = choice.get("delta") or {}
-        text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+        text = _delta_text(choice.get("delta") or {})
         if text:
             outcome.add_chunk(t, text, on_chunk)
         if choice.get("finish_reason"):
@@ -286,7 +291,9 @@ class SdkStreamClient:
                 if outcome.completion_id is None:
                     outcome.completion_id = chunk.id
                 for choice in chunk.choices:
-                    text = choice.delta.content if choice.delta else None
+                    d = choice.delta
+                    # the same fields as the raw client reads (reasoning arrives as extra fields)
+                    text = _delta_text({"content": d.content, **(d.model_extra or {})}) if d else None
                     if text:
                         outcome.add_chunk(loop.time(), text, on_chunk)
                     if choice.finish_reason:

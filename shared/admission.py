@@ -3,7 +3,8 @@
 One definition of: the order in which waiting requests are considered, whether one more request
 fits under the policy's limits, and which running request is preempted when memory runs out.
 
-- `batch_cap` is the most requests running (in flight) at once.
+- `batch_cap` is the most requests running (in flight) at once; with nothing running, the next
+  request is admitted whatever its size.
 - The KV budget is a token budget: the simulator counts KV blocks of 16 tokens inside
   `kv_budget_fraction` of the memory the weights leave; the gateway counts prompt + max output
   tokens in flight against `kv_budget_fraction` of a configured in-flight token budget.
@@ -40,13 +41,18 @@ def victim_key(priority: int, arrival_s: float, request_id: int, priority_routin
 
 @dataclass(frozen=True, slots=True)
 class AdmissionLimits:
-    """The limits a policy puts on what may run at once."""
+    """The limits a policy puts on what may run at once, on tokens (the gateway's check; the
+    simulator's engine applies the same two limits on KV blocks as it plans each iteration)."""
 
     max_running: int
     token_budget: int
 
     def admits(self, running: int, tokens_in_use: int, tokens_needed: int) -> bool:
-        """True when one more request needing `tokens_needed` fits beside what runs."""
+        """True when one more request needing `tokens_needed` fits beside what runs. With nothing
+        running the request is admitted whatever its size: a request larger than the whole budget
+        would otherwise wait forever (it runs alone)."""
+        if running == 0:
+            return True
         return running < self.max_running and tokens_in_use + tokens_needed <= self.token_budget
 
 

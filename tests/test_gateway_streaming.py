@@ -329,6 +329,16 @@ def test_sdk_client_streams_and_sends_the_same_request():
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True} and body["max_tokens"] == 3
 
 
+def test_reasoning_tokens_count_alike_on_both_clients():
+    """A reasoning model streams `reasoning_content` before `content`: both clients time those
+    chunks as tokens, so TTFT and ITL do not depend on LLMSERVE_REAL_CLIENT."""
+    body = [sse({"id": "c1", "choices": [{"index": 0, "delta": {"reasoning_content": "think"}}]}),
+            tok(" a"), tok(None, "stop"), USAGE, b"data: [DONE]\n\n"]
+    out, _ = sdk_run(lambda req: httpx.Response(200, headers={"content-type": "text/event-stream"},
+                                                content=b"".join(body)))
+    assert out.text == "think a" and len(out.chunk_times) == 2
+
+
 def test_sdk_client_maps_faults():
     e429, _ = sdk_run(lambda r: httpx.Response(429, headers={"retry-after": "4"}, json={"error": {"message": "rl"}}))
     assert (e429.kind, e429.status, e429.retryable, e429.retry_after_s) == ("http", 429, True, 4.0)
