@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from llmserve_env.sim import fitting
 from llmserve_env.sim.profile_specs import SPECS, base_profile
-from llmserve_env.sim.profiles import PROFILE_DIR, load_profile, profile_from_dict
+from llmserve_env.sim.profiles import PROFILE_DIR, Profile, load_profile, profile_from_dict
 from llmserve_env.sim.record_fit import fit_records, read_records
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
@@ -176,20 +176,28 @@ def run_kernels(profile_ids: list[str], report_path: Path, out_dir: Path = PROFI
     return chosen
 
 
+def write_refit(base: Profile, out_id: str, t_fixed_s: float, gpu_time_scale: float, how: str, source: str,
+                fit: dict[str, Any], out_dir: Path) -> dict[str, Any]:
+    """`base` with re-fitted t_fixed and gpu_time_scale, saved as `out_id` with where they came from."""
+    prof = json.loads(json.dumps(base.raw))
+    prof["id"] = out_id
+    prof["engine"]["t_fixed_s"] = round(t_fixed_s, 7)
+    prof["engine"]["gpu_time_scale"] = round(gpu_time_scale, 5)
+    prof.setdefault("provenance", {})[f"{how}_fit"] = (
+        f"t_fixed_s and gpu_time_scale re-fitted to {source} by python -m llmserve_env.sim.calibrate {how}")
+    prof.setdefault("fit_error", {})[how] = fit
+    write_profile(prof, out_dir)
+    return prof
+
+
 def run_records(profile_id: str, records_path: Path, out_id: str | None, report_path: Path,
                 out_dir: Path = PROFILE_DIR) -> dict[str, Any]:
     base = load_profile(profile_id)
     records = read_records(records_path)
     result = fit_records(base, records)
-    prof = json.loads(json.dumps(base.raw))
-    prof["id"] = out_id or profile_id
-    prof["engine"]["t_fixed_s"] = round(result.t_fixed_s, 7)
-    prof["engine"]["gpu_time_scale"] = round(result.gpu_time_scale, 5)
-    prof.setdefault("provenance", {})["records_fit"] = (
-        f"t_fixed_s and gpu_time_scale re-fitted from {len(records)} measured request records "
-        f"({records_path.name}) by python -m llmserve_env.sim.calibrate records")
-    prof.setdefault("fit_error", {})["records"] = result.to_dict()
-    write_profile(prof, out_dir)
+    prof = write_refit(base, out_id or profile_id, result.t_fixed_s, result.gpu_time_scale, "records",
+                       f"{len(records)} measured request records ({records_path.name})", result.to_dict(),
+                       out_dir)
     report_path.write_text(result.report(prof["id"], records_path.name))
     return prof
 
@@ -204,15 +212,8 @@ def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path
                                                      f"torch {data.meta.get('torch', '?')})"))
     if out_id is None:
         return result.to_dict(), None
-    prof = json.loads(json.dumps(base.raw))
-    prof["id"] = out_id
-    prof["engine"]["t_fixed_s"] = round(result.t_fixed_s, 7)
-    prof["engine"]["gpu_time_scale"] = round(result.gpu_time_scale, 5)
-    prof.setdefault("provenance", {})["steps_fit"] = (
-        f"t_fixed_s and gpu_time_scale re-fitted to {result.n} iterations measured on a GPU "
-        f"({steps_path.name}) by python -m llmserve_env.sim.calibrate steps")
-    prof.setdefault("fit_error", {})["steps"] = result.to_dict()
-    write_profile(prof, out_dir)
+    prof = write_refit(base, out_id, result.t_fixed_s, result.gpu_time_scale, "steps",
+                       f"{result.n} iterations measured on a GPU ({steps_path.name})", result.to_dict(), out_dir)
     return result.to_dict(), prof
 
 
