@@ -76,26 +76,37 @@ def _poisson_times(rng: np.random.Generator, rate: float, t0: float, t1: float) 
     return rng.uniform(t0, t1, n)
 
 
-def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> np.ndarray:
+def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, seconds of each window spent in the highest-rate phase) of the MMPP."""
     rates = [float(r) for r in task.workload["rates_rps"]]
     dwell_s = [float(d) * task.window_s for d in task.workload["mean_dwell_windows"]]
     k = len(rates)
     if k < 1 or len(dwell_s) != k:
         raise ValueError(f"task {task.task_id!r}: rates_rps and mean_dwell_windows must have the same length")
+    top = int(np.argmax(rates))
+    high = np.zeros(task.horizon)
     # With uniform jumps to another phase, time in phase j is proportional to its mean dwell.
     phase = int(rng.choice(k, p=np.asarray(dwell_s) / sum(dwell_s)))
     chunks, t = [], 0.0
     while t < total_s:
         end = min(total_s, t + float(rng.exponential(dwell_s[phase])))
         chunks.append(_poisson_times(rng, rates[phase], t, end))
+        if phase == top:
+            _add_overlap(high, t, end, task.window_s)
         t = end
         if k > 1:
             phase = (phase + 1 + int(rng.integers(0, k - 1))) % k
-    return np.concatenate(chunks) if chunks else np.empty(0)
+    return (np.concatenate(chunks) if chunks else np.empty(0)), high
 
 
-def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
-    """(times, tenant index) of the spiky process, generated window by window."""
+def _add_overlap(per_window: np.ndarray, t0: float, t1: float, window_s: float) -> None:
+    """Add to each window the seconds of [t0, t1) that fall in it."""
+    for w in range(int(t0 // window_s), min(per_window.shape[0], int(math.ceil(t1 / window_s)))):
+        per_window[w] += max(0.0, min(t1, (w + 1) * window_s) - max(t0, w * window_s))
+
+
+def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(times, tenant index, 1.0 for each window in a spike) of the spiky process, window by window."""
     w = task.workload
     base = float(w["rate_rps"])
     spike_tenant = [t.name for t in task.tenants].index(w["spike_tenant"])
@@ -103,6 +114,7 @@ def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.nda
     prob = float(w["spike_prob"])
     lo, hi = (int(x) for x in w["spike_len_windows"])
     times, who = [], []
+    spikes = np.zeros(task.horizon)
     left = 0  # windows of the current spike still to come
     for k in range(task.horizon):
         if left == 0 and rng.random() < prob:
@@ -115,8 +127,9 @@ def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.nda
             times.append(ts)
             who.append(np.full(ts.shape[0], i, dtype=np.int64))
         if spiking:
+            spikes[k] = 1.0
             left -= 1
-    return np.concatenate(times), np.concatenate(who)
+    return np.concatenate(times), np.concatenate(who), spikes
 
 
 def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
@@ -161,10 +174,10 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         times = _poisson_times(t_rng, float(task.workload["rate_rps"]), 0.0, total_s)
         who = None
     elif kind == "mmpp":
-        times = _mmpp_times(t_rng, task, total_s)
+        times, _ = _mmpp_times(t_rng, task, total_s)
         who = None
     elif kind == "spiky":
-        times, who = _spiky(t_rng, task)
+        times, who, _ = _spiky(t_rng, task)
     else:
         raise ValueError(f"task {task.task_id!r}: unknown workload kind {kind!r}")
     order = np.argsort(times, kind="stable")
@@ -188,6 +201,23 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         for i, (t, p, o, k) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), who.tolist(),
                                              strict=True))
     ]
+
+
+def high_load_regime(task: TaskSpec, seed: int) -> np.ndarray:
+    """The hidden state of the arrival process, per window: the fraction of the window spent in the
+    highest-rate MMPP phase, or 1.0 for a window inside a spike; zeros for Poisson and traces.
+
+    Drawn from the same random stream as `generate_arrivals(task, seed)`, so it is the regime
+    those arrivals came from. No policy observes it: it is for measuring what knowing it is
+    worth (bench/adaptation_headroom.py).
+    """
+    kind = task.workload.get("kind")
+    t_rng, _, _ = _streams(seed)
+    if kind == "mmpp":
+        return _mmpp_times(t_rng, task, task.horizon * task.window_s)[1]
+    if kind == "spiky":
+        return _spiky(t_rng, task)[2]
+    return np.zeros(task.horizon)
 
 
 def windows(arrivals: list[Arrival], task: TaskSpec) -> list[list[Arrival]]:

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from llmserve_env.shared.tasks import TASKS, UnknownTaskError, get_task
-from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
+from llmserve_env.shared.workloads import generate_arrivals, high_load_regime, resolve_task, windows
 
 SYNTHETIC = [t for t in TASKS.values() if t.workload["kind"] != "trace"]
 
@@ -135,6 +135,34 @@ def test_adversarial_batch_tenant_rate_includes_its_spikes():
     assert len({t.name for t in task.tenants}) >= 3
     assert sum(t.priority == 0 for t in task.tenants) == 1
     assert max(t.prompt_tokens[0] for t in task.tenants) >= 2048  # long prompts in the mix
+
+
+def test_high_load_regime_is_the_regime_the_arrivals_came_from():
+    bursty, spiky = TASKS["bursty_workload"], TASKS["adversarial_multitenant"]
+    lo, hi = bursty.workload["rates_rps"]
+    high_counts, low_counts = [], []
+    for seed in range(6):
+        regime = high_load_regime(bursty, seed)
+        assert regime.shape == (bursty.horizon,) and ((regime >= 0) & (regime <= 1 + 1e-9)).all()
+        assert np.array_equal(regime, high_load_regime(bursty, seed))  # deterministic
+        counts = [len(w) for w in windows(generate_arrivals(bursty, seed), bursty)]
+        high_counts += [n for n, r in zip(counts, regime, strict=True) if r == 1.0]
+        low_counts += [n for n, r in zip(counts, regime, strict=True) if r == 0.0]
+        # A spike window holds spike_factor x the batch tenant's base rate.
+        flags = high_load_regime(spiky, seed)
+        assert set(np.unique(flags)) <= {0.0, 1.0}
+    assert np.mean(high_counts) == pytest.approx(hi * bursty.window_s, rel=0.1)
+    assert np.mean(low_counts) == pytest.approx(lo * bursty.window_s, rel=0.1)
+    w = spiky.workload
+    base = w["rate_rps"] * spiky.tenant("batch").share * spiky.window_s
+    in_spike, out_spike = [], []
+    for seed in range(10):
+        flags = high_load_regime(spiky, seed)
+        for f, win in zip(flags, windows(generate_arrivals(spiky, seed), spiky), strict=True):
+            (in_spike if f else out_spike).append(sum(a.tenant == "batch" for a in win))
+    assert np.mean(in_spike) == pytest.approx(base * w["spike_factor"], rel=0.2)
+    assert np.mean(out_spike) == pytest.approx(base, rel=0.2)
+    assert not high_load_regime(TASKS["static_workload"], 0).any()
 
 
 def test_resolve_task_knows_builtins_and_rejects_the_rest():
