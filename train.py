@@ -39,6 +39,7 @@ import torch.nn as nn
 from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_FEATURE_NAMES, ADVICE_NVEC, FOLLOW
 from llmserve_env.agents.encoding import ACTION_NVEC, FEATURE_NAMES, OBS_DIM, encode_action
 from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.ppo_policy import ActorWeights
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import git_commit
@@ -48,7 +49,6 @@ from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.server.baseline_inference import InProcessEnv
 from llmserve_env.shared.models import ServeAction
-from torch.distributions.categorical import Categorical
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -116,17 +116,82 @@ class Args:
 # ----------------------------------------------------------------------------------------------
 # Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
 # ----------------------------------------------------------------------------------------------
+def _greedy_scores(env: LLMServeGymEnv, actor: ActorWeights, seeds: list[int]) -> list[float]:
+    """Whole episodes of the greedy numpy actor (the code that serves the exported weights)."""
+    scores = []
+    for seed in seeds:
+        obs, _ = env.reset(options={"episode_seed": seed})
+        while True:
+            idx = [int(np.argmax(h)) for h in actor.logits(obs.astype(np.float64))]
+            obs, _, terminated, truncated, info = env.step(np.asarray(idx))
+            if terminated or truncated:
+                scores.append(float(info["score"]))
+                break
+    return scores
+
+
+def _heuristic_demos(task: str, advice: bool, seeds: list[int], gamma: float) -> list[tuple]:
+    """(features, action indices, discounted returns) of the tuned heuristic's episodes, one per seed."""
+    env = LLMServeGymEnv(task, grade_on_done=False, advice=advice)
+    policy = heuristic(task)
+    demos = []
+    for seed in seeds:
+        policy.reset()
+        x, _ = env.reset(options={"episode_seed": seed})
+        feats, acts, rewards = [], [], []
+        while True:
+            idx = encode_action(policy.act(env.last_observation))
+            feats.append(x)
+            acts.append(idx)
+            x, r, terminated, truncated, _ = env.step(idx)
+            rewards.append(r)
+            if terminated or truncated:
+                break
+        g, rets = 0.0, []
+        for r in reversed(rewards):
+            g = r + gamma * g
+            rets.append(g)
+        demos.append((np.stack(feats), np.stack(acts), np.asarray(rets[::-1], np.float32)))
+    return demos
+
+
+def _rival_scores(task: str, seeds: list[int]) -> dict[str, list[float]]:
+    env, out = InProcessEnv(), {}
+    for name in ("tuned_static", "heuristic"):
+        try:
+            policy = make_policy(name, task)
+        except NotTunedError:
+            continue
+        out[name] = [play_episode(env, policy, task, s).score for s in seeds]
+    return out
+
+
 def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
     torch.set_num_threads(1)
     envs = [LLMServeGymEnv(task, advice=advice) for _ in seeds]
+    val_env: LLMServeGymEnv | None = None
     remote.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]))
     while True:
-        cmd, actions = remote.recv()
+        cmd, payload = remote.recv()
         if cmd == "close":
             remote.close()
             return
+        # Whole episodes on given seeds (validation, rivals, demonstrations): each worker plays its
+        # share, so both cores work while the learner waits for the results.
+        if cmd == "validate":
+            val_env = val_env or LLMServeGymEnv(task, advice=advice)
+            ep_seeds, actor = payload
+            remote.send(_greedy_scores(val_env, actor, ep_seeds))
+            continue
+        if cmd == "rivals":
+            remote.send(_rival_scores(task, payload[0]))
+            continue
+        if cmd == "demos":
+            ep_seeds, gamma = payload
+            remote.send(_heuristic_demos(task, advice, ep_seeds, gamma))
+            continue
         obs, rew, done, score = [], [], [], []
-        for env, a in zip(envs, actions, strict=True):
+        for env, a in zip(envs, payload, strict=True):
             o, r, terminated, truncated, info = env.step(a)
             finished = terminated or truncated
             if finished:
@@ -163,6 +228,17 @@ class ShardedVecEnv:
             r.send(("step", actions[shard]))
         parts = [r.recv() for r in self.remotes]
         return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+
+    def play(self, cmd: str, seeds: list[int], extra: object = None) -> list:
+        """Send (cmd, (share of `seeds`, extra)) to every worker with a share; their results in
+        worker order (so concatenating them follows `seeds`)."""
+        shares = [[int(s) for s in part] for part in np.array_split(np.asarray(seeds), len(self.remotes))]
+        busy = []
+        for r, share in zip(self.remotes, shares, strict=True):
+            if share:
+                r.send((cmd, (share, extra)))
+                busy.append(r)
+        return [r.recv() for r in busy]
 
     def close(self) -> None:
         for r in self.remotes:
@@ -203,6 +279,13 @@ class Agent(nn.Module):
     def __init__(self, obs_dim: int, nvec: tuple[int, ...], hidden: int):
         super().__init__()
         self.nvec = nvec
+        # The heads' logits are laid into one (batch, heads, widest) tensor, -inf where a head is
+        # narrower, so sampling, log-probabilities and entropies run as single tensor ops (six
+        # torch Categorical objects per call cost more than the MLP itself, on the learner's
+        # critical path while the workers wait for actions).
+        self.width = max(nvec)
+        self.register_buffer("slots", torch.tensor([k * self.width + j for k, n in enumerate(nvec) for j in range(n)]),
+                             persistent=False)
         self.critic = nn.Sequential(
             layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
             layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
@@ -233,18 +316,24 @@ class Agent(nn.Module):
     def get_value(self, x: torch.Tensor) -> torch.Tensor:
         return self.critic(x)
 
+    def _log_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """(batch, heads, widest) log-probabilities of each head's choices (-inf past a head's width)."""
+        logits = self.actor(x)
+        padded = logits.new_full((logits.shape[0], len(self.nvec) * self.width), float("-inf"))
+        padded[:, self.slots] = logits
+        return torch.log_softmax(padded.view(-1, len(self.nvec), self.width), dim=2)
+
     def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
-        logits = torch.split(self.actor(x), self.nvec, dim=1)  # one (B, n_k) tensor per knob
-        dists = [Categorical(logits=lg) for lg in logits]
+        logp = self._log_probs(x)
         if action is None:
-            action = torch.stack([d.sample() for d in dists], dim=1)  # (B, 6)
-        logprob = torch.stack([d.log_prob(a) for d, a in zip(dists, action.T, strict=True)]).sum(0)
-        entropy = torch.stack([d.entropy() for d in dists]).sum(0)
+            probs = logp.exp().view(-1, self.width)
+            action = torch.multinomial(probs, 1).view(-1, len(self.nvec))  # (B, heads)
+        logprob = logp.gather(2, action.unsqueeze(2)).squeeze(2).sum(1)
+        entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum((1, 2))
         return action, logprob, entropy, self.critic(x)
 
     def greedy(self, x: torch.Tensor) -> np.ndarray:
-        logits = torch.split(self.actor(x), self.nvec, dim=1)
-        return torch.stack([lg.argmax(1) for lg in logits], dim=1).numpy()
+        return self._log_probs(x).argmax(2).numpy()
 
     def export(self) -> dict[str, np.ndarray]:
         """The actor as numpy arrays in agents/ppo_policy.py's layout (x @ w + b)."""
@@ -257,59 +346,42 @@ class Agent(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation: greedy actor, whole episodes on validation seeds, in this process.
+# Validation and demonstrations: whole episodes on given seeds, played in the workers.
 # ----------------------------------------------------------------------------------------------
-def validate(agent: Agent, rms: RunningMeanStd, args: Args, env: LLMServeGymEnv) -> float:
-    scores = []
-    for seed in validation_seeds(args.val_episodes):
-        obs, _ = env.reset(options={"episode_seed": seed})
-        while True:
-            x = torch.as_tensor(rms.normalize(obs[None], args.obs_clip, args.obs_epsilon))
-            with torch.no_grad():
-                a = agent.greedy(x)[0]
-            obs, _, terminated, truncated, info = env.step(a)
-            if terminated or truncated:
-                scores.append(info["score"])
-                break
-    return float(np.mean(scores))
+def actor_weights(agent: Agent, rms: RunningMeanStd, args: Args) -> ActorWeights:
+    """The numpy actor `save` would export now (what agents/ppo_policy.py serves)."""
+    arrays = agent.export()
+    n = sum(1 for k in arrays if k.startswith("actor_w"))
+    return ActorWeights(
+        layers=tuple((arrays[f"actor_w{i}"].astype(np.float64), arrays[f"actor_b{i}"].astype(np.float64))
+                     for i in range(n)),
+        nvec=tuple(int(v) for v in arrays["nvec"]), obs_mean=rms.mean.copy(), obs_var=rms.var.copy(),
+        obs_clip=args.obs_clip, obs_epsilon=args.obs_epsilon, meta={"advice": "heuristic" if args.advice else None},
+    )
 
 
-def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args) -> dict[str, float]:
+def validate(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> float:
+    """Mean score of the greedy exported actor on the validation seeds, played in the workers."""
+    parts = envs.play("validate", validation_seeds(args.val_episodes), actor_weights(agent, rms, args))
+    return float(np.mean([x for part in parts for x in part]))
+
+
+def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> dict[str, float]:
     """Start from the tuned heuristic: imitate its actions, fit the critic to its returns.
 
     The heuristic (agents/heuristic.py, thresholds tuned on training seeds) plays `bc_episodes`
-    episodes on training seeds; the actor learns its action per window by cross-entropy and the
-    critic its discounted return, so PPO starts where the best hand-made policy is and has only
-    to find what the rules miss. The observation statistics start from these episodes too.
+    episodes on training seeds (in the workers); the actor learns its action per window by
+    cross-entropy and the critic its discounted return, so PPO starts where the best hand-made
+    policy is and has only to find what the rules miss. The observation statistics start from
+    these episodes too.
     """
-    env = LLMServeGymEnv(args.task, grade_on_done=False)
-    feats, acts, rets = [], [], []
-    policy = heuristic(args.task)
-    for seed in train_seeds(args.bc_episodes, offset=TRAIN_SEED_LIMIT - args.bc_episodes):
-        policy.reset()
-        x, info = env.reset(options={"episode_seed": seed})
-        obs = env.last_observation
-        rewards = []
-        while True:
-            action = policy.act(obs)
-            idx = encode_action(action)
-            feats.append(x)
-            acts.append(idx)
-            x, r, terminated, truncated, _ = env.step(idx)
-            obs = env.last_observation
-            rewards.append(r)
-            if terminated or truncated:
-                break
-        g, ep_rets = 0.0, []
-        for r in reversed(rewards):
-            g = r + args.gamma * g
-            ep_rets.append(g)
-        rets.extend(reversed(ep_rets))
-    X = np.stack(feats)
+    seeds = train_seeds(args.bc_episodes, offset=TRAIN_SEED_LIMIT - args.bc_episodes)
+    demos = [d for part in envs.play("demos", seeds, args.gamma) for d in part]
+    X = np.concatenate([d[0] for d in demos])
     rms.update(X)
     xb = torch.as_tensor(rms.normalize(X, args.obs_clip, args.obs_epsilon))
-    yb = torch.as_tensor(np.stack(acts), dtype=torch.long)
-    gb = torch.as_tensor(np.asarray(rets, np.float32))
+    yb = torch.as_tensor(np.concatenate([d[1] for d in demos]), dtype=torch.long)
+    gb = torch.as_tensor(np.concatenate([d[2] for d in demos]))
     opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
     for _ in range(args.bc_epochs):
         for mb in torch.randperm(len(xb)).split(256):
@@ -323,17 +395,10 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args) -> dict[str, 
     return {"accuracy": accuracy, "samples": float(len(xb))}
 
 
-def validate_rivals(args: Args) -> dict[str, float]:
+def validate_rivals(args: Args, envs: ShardedVecEnv) -> dict[str, float]:
     """The tuned static configuration's and the heuristic's scores on the validation seeds."""
-    env, out = InProcessEnv(), {}
-    for name in ("tuned_static", "heuristic"):
-        try:
-            policy = make_policy(name, args.task)
-        except NotTunedError:
-            continue
-        out[name] = float(np.mean([play_episode(env, policy, args.task, s).score
-                                   for s in validation_seeds(args.val_episodes)]))
-    return out
+    parts = envs.play("rivals", validation_seeds(args.val_episodes))
+    return {name: float(np.mean([x for part in parts for x in part[name]])) for name in parts[0]}
 
 
 def initial_action(task: str, how: str) -> ServeAction:
@@ -410,12 +475,11 @@ def train(args: Args) -> dict:
     if args.init == "heuristic" and args.advice:
         raise ValueError("--init heuristic (behaviour cloning) is for --advice false; with advice use follow")
     envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice)
-    val_env = LLMServeGymEnv(args.task, advice=args.advice)
     agent = Agent(obs_dim, nvec, args.hidden)
     rms = RunningMeanStd((obs_dim,))
     bc: dict[str, float] = {}
     if args.init == "heuristic":
-        bc = behaviour_clone(agent, rms, args)
+        bc = behaviour_clone(agent, rms, args, envs)
         writer.add_scalar("init/bc_accuracy", bc["accuracy"], 0)
     elif args.init == "follow":
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
@@ -440,8 +504,8 @@ def train(args: Args) -> dict:
     recent_scores: list[float] = []
     recent_returns: list[float] = []
     # Where learning starts, and the rivals, on the same validation seeds.
-    rivals = validate_rivals(args)
-    best = {"val_score": validate(agent, rms, args, val_env), "update": 0, "global_step": 0}
+    rivals = validate_rivals(args, envs)
+    best = {"val_score": validate(agent, rms, args, envs), "update": 0, "global_step": 0}
     save(agent, rms, args, {"status": "in training", "best": best})
     tqdm.write(f"validation: start {best['val_score']:.4f}, rivals {rivals}, bc {bc}")
     global_step, episodes = 0, 0
@@ -518,7 +582,7 @@ def train(args: Args) -> dict:
 
         val_score = float("nan")
         if update % args.val_every == 0 or update == args.num_updates:
-            val_score = validate(agent, rms, args, val_env)
+            val_score = validate(agent, rms, args, envs)
             writer.add_scalar("charts/val_score", val_score, global_step)
             if val_score > best["val_score"]:
                 best = {"val_score": val_score, "update": update, "global_step": global_step}
