@@ -28,6 +28,7 @@ import csv
 import dataclasses
 import json
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import sys
 import time
 from dataclasses import dataclass, field
@@ -204,11 +205,18 @@ def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
 
 
 class ShardedVecEnv:
-    """num_envs environments in num_workers processes; step() takes and returns batches."""
+    """num_envs environments in num_workers processes; worker w steps envs `shards[w]` (a slice).
+
+    Each worker is stepped on its own (send_step / ready / recv_step), so the learner chooses one
+    worker's next actions while the other worker simulates, and a slow window in one shard does
+    not hold the other back.
+    """
 
     def __init__(self, task: str, num_envs: int, num_workers: int, seed: int, advice: bool):
         # fork: the children inherit the imported modules (openenv pulls in gradio: seconds per
         # spawn); it happens before the learner runs any torch op, so no thread pool is copied.
+        if not 1 <= num_workers <= num_envs:
+            raise ValueError(f"num_workers must be in 1..num_envs ({num_envs}), got {num_workers}")
         ctx = mp.get_context("fork")
         shards = np.array_split(np.arange(num_envs), num_workers)
         self.remotes, self.procs = [], []
@@ -220,14 +228,21 @@ class ShardedVecEnv:
             child.close()
             self.remotes.append(parent)
             self.procs.append(p)
-        self.shards = shards
+        self.shards = [slice(int(sh[0]), int(sh[-1]) + 1) for sh in shards]
         self.first_obs = np.concatenate([r.recv() for r in self.remotes])
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        for r, shard in zip(self.remotes, self.shards, strict=True):
-            r.send(("step", actions[shard]))
-        parts = [r.recv() for r in self.remotes]
-        return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))  # type: ignore[return-value]
+    def send_step(self, w: int, actions: np.ndarray) -> None:
+        """Worker w steps its envs (`self.shards[w]`) with `actions`; collect with `recv_step`."""
+        self.remotes[w].send(("step", actions))
+
+    def recv_step(self, w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(observations, rewards, dones, scores) of worker w's last step."""
+        return self.remotes[w].recv()
+
+    def ready(self, workers: list[int]) -> list[int]:
+        """Those of `workers` whose step result has arrived, in worker order (blocks for one)."""
+        done = set(mp_connection.wait([self.remotes[w] for w in workers]))
+        return [w for w in workers if self.remotes[w] in done]
 
     def play(self, cmd: str, seeds: list[int], extra: object = None) -> list:
         """Send (cmd, (share of `seeds`, extra)) to every worker with a share; their results in
@@ -323,11 +338,12 @@ class Agent(nn.Module):
         padded[:, self.slots] = logits
         return torch.log_softmax(padded.view(-1, len(self.nvec), self.width), dim=2)
 
-    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None):
+    def get_action_and_value(self, x: torch.Tensor, action: torch.Tensor | None = None,
+                             generator: torch.Generator | None = None):
         logp = self._log_probs(x)
         if action is None:
             probs = logp.exp().view(-1, self.width)
-            action = torch.multinomial(probs, 1).view(-1, len(self.nvec))  # (B, heads)
+            action = torch.multinomial(probs, 1, generator=generator).view(-1, len(self.nvec))  # (B, heads)
         logprob = logp.gather(2, action.unsqueeze(2)).squeeze(2).sum(1)
         entropy = -(logp.exp() * logp.clamp(min=torch.finfo(logp.dtype).min)).sum((1, 2))
         return action, logprob, entropy, self.critic(x)
@@ -496,13 +512,15 @@ def train(args: Args) -> dict:
     done_buf = torch.zeros((T, N))
     val_buf = torch.zeros((T, N))
 
-    raw_obs = envs.first_obs
-    rms.update(raw_obs)
-    next_obs = torch.as_tensor(rms.normalize(raw_obs, args.obs_clip, args.obs_epsilon))
+    next_raw = envs.first_obs
+    rms.update(next_raw)
     next_done = torch.zeros(N)
     ep_return = np.zeros(N)
     recent_scores: list[float] = []
     recent_returns: list[float] = []
+    # One sampling stream per worker: shards are served in whatever order their steps finish, and
+    # a stream of each shard's own keeps its actions, and so the whole run, reproducible.
+    gens = [torch.Generator().manual_seed(args.seed * 1_000 + w) for w in range(len(envs.shards))]
     # Where learning starts, and the rivals, on the same validation seeds.
     rivals = validate_rivals(args, envs)
     best = {"val_score": validate(agent, rms, args, envs), "update": 0, "global_step": 0}
@@ -510,31 +528,58 @@ def train(args: Args) -> dict:
     tqdm.write(f"validation: start {best['val_score']:.4f}, rivals {rivals}, bc {bc}")
     global_step, episodes = 0, 0
     env_time = 0.0
+    raw_buf = np.zeros((T, N, obs_dim), np.float32)
+
+    def act(w: int, t: int, obs: torch.Tensor) -> None:
+        """Choose worker w's actions for rollout step t from its normalised observations, and send them."""
+        sl = envs.shards[w]
+        obs_buf[t, sl], done_buf[t, sl] = obs[sl], next_done[sl]
+        with torch.no_grad():
+            action, logp, _, value = agent.get_action_and_value(obs[sl], generator=gens[w])
+        val_buf[t, sl], act_buf[t, sl], logp_buf[t, sl] = value.flatten(), action, logp
+        envs.send_step(w, action.numpy())
 
     bar = tqdm(range(1, args.num_updates + 1), desc=f"PPO {args.task}", unit="upd")
     for update in bar:
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (update - 1.0) / args.num_updates)
-        for t in range(T):
-            global_step += N
-            obs_buf[t], done_buf[t] = next_obs, next_done
-            with torch.no_grad():
-                action, logp, _, value = agent.get_action_and_value(next_obs)
-            val_buf[t], act_buf[t], logp_buf[t] = value.flatten(), action, logp
+        # Observations are normalised with the statistics as they stood when the rollout began;
+        # they take in the rollout's observations once it is complete (in (t, env) order).
+        next_obs = torch.as_tensor(rms.normalize(next_raw, args.obs_clip, args.obs_epsilon))
+        t_of = [0] * len(envs.shards)
+        finished: list[tuple[int, int, float, float]] = []  # (t, env, score, return)
+
+        running = list(range(len(envs.shards)))
+        for w in running:
+            act(w, 0, next_obs)
+        while running:
             t_env = time.perf_counter()
-            raw_obs, reward, done, score = envs.step(action.numpy())
+            arrived = envs.ready(running)
             env_time += time.perf_counter() - t_env
-            rms.update(raw_obs)
-            shaped = reward + args.score_coef * np.where(done, np.nan_to_num(score), 0.0)
-            rew_buf[t] = torch.as_tensor(shaped * args.reward_scale, dtype=torch.float32)
-            next_obs = torch.as_tensor(rms.normalize(raw_obs, args.obs_clip, args.obs_epsilon))
-            next_done = torch.as_tensor(done, dtype=torch.float32)
-            ep_return += reward
-            for i in np.flatnonzero(done):
-                episodes += 1
-                recent_scores.append(float(score[i]))
-                recent_returns.append(float(ep_return[i]))
-                ep_return[i] = 0.0
+            for w in arrived:
+                raw, reward, done, score = envs.recv_step(w)
+                sl, t = envs.shards[w], t_of[w]
+                raw_buf[t, sl] = next_raw[sl] = raw
+                shaped = reward + args.score_coef * np.where(done, np.nan_to_num(score), 0.0)
+                rew_buf[t, sl] = torch.as_tensor(shaped * args.reward_scale, dtype=torch.float32)
+                next_obs[sl] = torch.as_tensor(rms.normalize(raw, args.obs_clip, args.obs_epsilon))
+                next_done[sl] = torch.as_tensor(done, dtype=torch.float32)
+                ep_return[sl] += reward
+                for i in np.flatnonzero(done):
+                    env = sl.start + int(i)
+                    finished.append((t, env, float(score[i]), float(ep_return[env])))
+                    ep_return[env] = 0.0
+                t_of[w] += 1
+                if t_of[w] < T:
+                    act(w, t_of[w], next_obs)
+                else:
+                    running.remove(w)
+        global_step += N * T
+        rms.update(raw_buf.reshape(-1, obs_dim))
+        for _, _, score_i, return_i in sorted(finished):
+            episodes += 1
+            recent_scores.append(score_i)
+            recent_returns.append(return_i)
 
         # GAE over the rollout, bootstrapping from the value of the observation after it.
         with torch.no_grad():
