@@ -3,13 +3,16 @@
     python train.py --task adversarial_multitenant --steps 120000 --seed 0
 
 Environments: `Args.num_envs` copies of the Gymnasium wrapper (gym_env.py, the simulator in
-process), spread over `Args.num_workers` worker processes so both cores step the simulator
-while the learner waits; each worker steps its share in turn and resets finished episodes at
-once (the observation returned with done=True is the next episode's first).
+process), spread over `Args.num_workers` worker processes so both cores step the simulator.
+Each worker steps its share and resets finished episodes at once (the observation returned with
+done=True is the next episode's first); the learner sends a worker its next actions as soon as
+that worker's step returns, so no shard waits for the other. Validation, rival and
+behaviour-cloning episodes are played in the workers as well.
 
 Policy: an MLP (tanh) with one categorical head per knob of the MultiDiscrete action; a
-separate MLP critic. Observations are normalised by running mean/variance, frozen for the
-final export.
+separate MLP critic. Observations are normalised by running mean/variance, updated once per
+rollout and frozen for the final export. One sampling generator per worker keeps runs
+reproducible whatever order the workers answer in.
 
 Outputs:
     runs/<task>__s<seed>/progress.csv and TensorBoard events   (training curves)

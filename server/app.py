@@ -34,6 +34,12 @@ from starlette.routing import Mount
 
 log = logging.getLogger("llmserve_env.app")
 
+# Gradio starts a thread that asks api.gradio.app for its latest version, and sends usage
+# telemetry, every time a Blocks is built (read at build time, so setting it here is in time).
+# A serving environment should not phone home unless asked to: off unless the variable is set
+# (the Docker image sets it too).
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+
 # Gradio's queue polls for work every 1 ms on the server's event loop (`sleep_when_free`), which
 # costs an idle server ~7 % of a core and wakes the loop between every two steps. The dashboard
 # does not need millisecond pick-up: 20 ms (progress: 50 ms) is invisible to a person.

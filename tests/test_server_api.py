@@ -286,3 +286,29 @@ def test_openapi_documents_the_real_bodies_and_errors(client):
     # OpenEnv's routes are still the ones serving /reset and /step: nothing registered twice.
     routes = [(r.path, tuple(sorted(r.methods))) for r in client.app.routes if getattr(r, "methods", None)]
     assert routes.count(("/reset", ("POST",))) == 1 and routes.count(("/step", ("POST",))) == 1
+
+
+def test_dashboard_does_not_phone_home_unless_asked():
+    """Building the app (and its Gradio dashboard) starts no version check against api.gradio.app."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import gradio.analytics as ga\n"
+        "calls = []\n"
+        "ga.version_check = lambda: calls.append(1)\n"
+        "import llmserve_env.server.app  # builds the app and its Blocks\n"
+        "import os, time\n"
+        "time.sleep(0.2)\n"
+        "print(os.environ['GRADIO_ANALYTICS_ENABLED'], len(calls))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "GRADIO_ANALYTICS_ENABLED"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "0"]
+    # An operator who wants Gradio's analytics keeps them.
+    env["GRADIO_ANALYTICS_ENABLED"] = "True"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[0] == "True" and int(out.stdout.split()[1]) >= 1
