@@ -41,9 +41,10 @@ import numpy as np
 import torch
 import torch.nn as nn
 from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_FEATURE_NAMES, ADVICE_NVEC, FOLLOW
+from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import ACTION_NVEC, FEATURE_NAMES, OBS_DIM, encode_action
 from llmserve_env.agents.heuristic import heuristic
-from llmserve_env.agents.ppo_policy import ActorWeights
+from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import git_commit
@@ -120,23 +121,10 @@ class Args:
 # ----------------------------------------------------------------------------------------------
 # Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
 # ----------------------------------------------------------------------------------------------
-def _greedy_scores(env: LLMServeGymEnv, actor: ActorWeights, seeds: list[int]) -> list[float]:
-    """Whole episodes of the greedy numpy actor (the code that serves the exported weights)."""
-    scores = []
-    for seed in seeds:
-        obs, _ = env.reset(options={"episode_seed": seed})
-        while True:
-            idx = [int(np.argmax(h)) for h in actor.logits(obs.astype(np.float64))]
-            obs, _, terminated, truncated, info = env.step(np.asarray(idx))
-            if terminated or truncated:
-                scores.append(float(info["score"]))
-                break
-    return scores
-
-
-def _heuristic_demos(task: str, advice: bool, seeds: list[int], gamma: float) -> list[tuple]:
-    """(features, action indices, discounted returns) of the tuned heuristic's episodes, one per seed."""
-    env = LLMServeGymEnv(task, grade_on_done=False, advice=advice)
+def _heuristic_demos(task: str, seeds: list[int], gamma: float) -> list[tuple]:
+    """(features, action indices, discounted returns) of the tuned heuristic's episodes, one per seed
+    (on the plain action grid: behaviour cloning is for --advice false)."""
+    env = LLMServeGymEnv(task, grade_on_done=False)
     policy = heuristic(task)
     demos = []
     for seed in seeds:
@@ -159,21 +147,10 @@ def _heuristic_demos(task: str, advice: bool, seeds: list[int], gamma: float) ->
     return demos
 
 
-def _rival_scores(task: str, seeds: list[int]) -> dict[str, list[float]]:
-    env, out = InProcessEnv(), {}
-    for name in ("tuned_static", "heuristic"):
-        try:
-            policy = make_policy(name, task)
-        except NotTunedError:
-            continue
-        out[name] = [play_episode(env, policy, task, s).score for s in seeds]
-    return out
-
-
 def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
     torch.set_num_threads(1)
     envs = [LLMServeGymEnv(task, advice=advice) for _ in seeds]
-    val_env: LLMServeGymEnv | None = None
+    episode_env: InProcessEnv | None = None  # for whole episodes on given seeds
     remote.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]))
     while True:
         cmd, payload = remote.recv()
@@ -182,24 +159,21 @@ def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
             return
         # Whole episodes on given seeds (validation, rivals, demonstrations): each worker plays its
         # share, so both cores work while the learner waits for the results.
-        if cmd == "validate":
-            val_env = val_env or LLMServeGymEnv(task, advice=advice)
-            ep_seeds, actor = payload
-            remote.send(_greedy_scores(val_env, actor, ep_seeds))
-            continue
-        if cmd == "rivals":
-            remote.send(_rival_scores(task, payload[0]))
+        if cmd == "scores":
+            ep_seeds, policy = payload
+            episode_env = episode_env or InProcessEnv()
+            remote.send([play_episode(episode_env, policy, task, s).score for s in ep_seeds])
             continue
         if cmd == "demos":
             ep_seeds, gamma = payload
-            remote.send(_heuristic_demos(task, advice, ep_seeds, gamma))
+            remote.send(_heuristic_demos(task, ep_seeds, gamma))
             continue
         obs, rew, done, score = [], [], [], []
-        for env, a in zip(envs, payload, strict=True):
-            o, r, terminated, truncated, info = env.step(a)
+        for genv, a in zip(envs, payload, strict=True):
+            o, r, terminated, truncated, info = genv.step(a)
             finished = terminated or truncated
             if finished:
-                o, _ = env.reset()
+                o, _ = genv.reset()
             obs.append(o)
             rew.append(r)
             done.append(finished)
@@ -365,24 +339,31 @@ class Agent(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Validation and demonstrations: whole episodes on given seeds, played in the workers.
+# Validation, rivals and demonstrations: whole episodes on given seeds, played in the workers.
 # ----------------------------------------------------------------------------------------------
-def actor_weights(agent: Agent, rms: RunningMeanStd, args: Args) -> ActorWeights:
-    """The numpy actor `save` would export now (what agents/ppo_policy.py serves)."""
-    arrays = agent.export()
-    n = sum(1 for k in arrays if k.startswith("actor_w"))
-    return ActorWeights(
-        layers=tuple((arrays[f"actor_w{i}"].astype(np.float64), arrays[f"actor_b{i}"].astype(np.float64))
-                     for i in range(n)),
-        nvec=tuple(int(v) for v in arrays["nvec"]), obs_mean=rms.mean.copy(), obs_var=rms.var.copy(),
-        obs_clip=args.obs_clip, obs_epsilon=args.obs_epsilon, meta={"advice": "heuristic" if args.advice else None},
-    )
+def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
+    """What the weights' JSON says about the actor: its inputs, normalisation and action grid."""
+    return {
+        "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",
+        "activation": "tanh",
+        "obs_norm": {"mean": rms.mean.tolist(), "var": rms.var.tolist(), "clip": args.obs_clip,
+                     "epsilon": args.obs_epsilon},
+        "feature_names": list(FEATURE_NAMES) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
+        "action_nvec": list(agent.nvec),
+        "advice": "heuristic" if args.advice else None,
+    }
+
+
+def mean_score(envs: ShardedVecEnv, policy: Policy, args: Args) -> float:
+    """`policy`'s mean score on the validation seeds, played in the workers."""
+    parts = envs.play("scores", validation_seeds(args.val_episodes), policy)
+    return float(np.mean([x for part in parts for x in part]))
 
 
 def validate(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> float:
-    """Mean score of the greedy exported actor on the validation seeds, played in the workers."""
-    parts = envs.play("validate", validation_seeds(args.val_episodes), actor_weights(agent, rms, args))
-    return float(np.mean([x for part in parts for x in part]))
+    """The greedy actor as `ppo` would serve it once exported, on the validation seeds."""
+    actor = ActorWeights.from_arrays(agent.export(), weights_meta(agent, rms, args))
+    return mean_score(envs, PPOPolicy(args.task, weights=actor), args)
 
 
 def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> dict[str, float]:
@@ -416,8 +397,13 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: Sharded
 
 def validate_rivals(args: Args, envs: ShardedVecEnv) -> dict[str, float]:
     """The tuned static configuration's and the heuristic's scores on the validation seeds."""
-    parts = envs.play("rivals", validation_seeds(args.val_episodes))
-    return {name: float(np.mean([x for part in parts for x in part[name]])) for name in parts[0]}
+    out = {}
+    for name in ("tuned_static", "heuristic"):
+        try:
+            out[name] = mean_score(envs, make_policy(name, args.task), args)
+        except NotTunedError:
+            continue
+    return out
 
 
 def initial_action(task: str, how: str) -> ServeAction:
@@ -438,13 +424,7 @@ def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
     np.savez(npz, **agent.export())
     meta = {
         "task": args.task,
-        "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",
-        "activation": "tanh",
-        "obs_norm": {"mean": rms.mean.tolist(), "var": rms.var.tolist(), "clip": args.obs_clip,
-                     "epsilon": args.obs_epsilon},
-        "feature_names": list(FEATURE_NAMES) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
-        "action_nvec": list(agent.nvec),
-        "advice": "heuristic" if args.advice else None,
+        **weights_meta(agent, rms, args),
         "command": args.command,
         "git_commit": git_commit(),
         "hyperparameters": {k: (str(v) if isinstance(v, Path) else v)

@@ -15,6 +15,7 @@ appended to the features and each head's choice 0 means "follow the proposal".
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,15 +51,18 @@ class ActorWeights:
             raise WeightsNotFoundError(f"no trained weights at {npz_path} (+ .json); run train.py first")
         meta = json.loads(json_path.read_text())
         with np.load(npz_path) as z:
-            n = sum(1 for k in z.files if k.startswith("actor_w"))
-            layers = tuple(
-                (z[f"actor_w{i}"].astype(np.float64), z[f"actor_b{i}"].astype(np.float64)) for i in range(n)
-            )
-            nvec = tuple(int(v) for v in z["nvec"])
+            return cls.from_arrays({k: z[k] for k in z.files}, meta)
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], meta: dict) -> ActorWeights:
+        """The actor from the npz layout's arrays and the JSON's metadata (`obs_norm`, `advice`, ...);
+        train.py builds its validation actor this way without a round trip through files."""
+        n = sum(1 for k in arrays if k.startswith("actor_w"))
         norm = meta["obs_norm"]
         w = cls(
-            layers=layers,
-            nvec=nvec,
+            layers=tuple((np.asarray(arrays[f"actor_w{i}"], np.float64), np.asarray(arrays[f"actor_b{i}"], np.float64))
+                         for i in range(n)),
+            nvec=tuple(int(v) for v in arrays["nvec"]),
             obs_mean=np.asarray(norm["mean"], dtype=np.float64),
             obs_var=np.asarray(norm["var"], dtype=np.float64),
             obs_clip=float(norm["clip"]),
@@ -94,9 +98,11 @@ class ActorWeights:
 class PPOPolicy:
     """Greedy PPO actor for one task, from `weights/<task>.npz`."""
 
-    def __init__(self, task_id: str, weights_path: str | Path | None = None):
-        path = Path(weights_path) if weights_path else WEIGHTS_DIR / f"{task_id}.npz"
-        self.weights = ActorWeights.load(path)
+    def __init__(self, task_id: str, weights_path: str | Path | None = None, weights: ActorWeights | None = None):
+        """Weights from `weights_path` (default weights/<task>.npz), or `weights` already in memory."""
+        if weights is None:
+            weights = ActorWeights.load(Path(weights_path) if weights_path else WEIGHTS_DIR / f"{task_id}.npz")
+        self.weights = weights
         self.name = "ppo"
         self._encoder = ObservationEncoder(get_task(task_id).horizon)
         self._advisor = Advisor(task_id) if self.weights.advice else None

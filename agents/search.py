@@ -14,25 +14,38 @@ from typing import Any
 Point = tuple[int, ...]  # one index into each axis of the grid
 
 
-def coordinate_descent(score: Callable[[Point], float], axes: Sequence[int], start: Point,
-                       log: Callable[[str], None] | None = None) -> tuple[Point, float]:
-    """From `start`, try every value of one axis at a time, keep any improvement, repeat until none.
-
-    `axes[k]` is the number of values on axis k; `score` should cache (points recur).
+def coordinate_descent(score: Callable[[Point], float], axes: Sequence[int], starts: Sequence[Point],
+                       log: Callable[[str], None] | None = None) -> tuple[Point, float, int]:
+    """From each of `starts`, try every value of one axis at a time, keep any improvement, repeat
+    until none; return the best point over all starts, its score, and how many distinct points were
+    scored. `axes[k]` is the number of values on axis k; each point is scored once (points recur).
     """
-    best, best_score = start, score(start)
-    improved = True
-    while improved:
-        improved = False
-        for k, n in enumerate(axes):
-            for v in range(n):
-                cand = best[:k] + (v,) + best[k + 1:]
-                s = score(cand)
-                if s > best_score + 1e-9:
-                    best, best_score, improved = cand, s, True
-        if log:
-            log(f"descent pass: best {best} score {best_score:.4f}")
-    return best, best_score
+    cache: dict[Point, float] = {}
+
+    def cached(point: Point) -> float:
+        if point not in cache:
+            cache[point] = score(point)
+        return cache[point]
+
+    overall: tuple[Point, float] | None = None
+    for start in starts:
+        best, best_score = start, cached(start)
+        improved = True
+        while improved:
+            improved = False
+            for k, n in enumerate(axes):
+                for v in range(n):
+                    cand = best[:k] + (v,) + best[k + 1:]
+                    s = cached(cand)
+                    if s > best_score + 1e-9:
+                        best, best_score, improved = cand, s, True
+            if log:
+                log(f"descent pass: best {best} score {best_score:.4f}")
+        if overall is None or best_score > overall[1]:
+            overall = (best, best_score)
+    if overall is None:
+        raise ValueError("coordinate_descent needs at least one start")
+    return overall[0], overall[1], len(cache)
 
 
 def load_tuned(path: Path) -> dict[str, Any]:

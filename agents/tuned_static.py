@@ -83,8 +83,8 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
 
     # Descend from the best of the top three (re-scored on all seeds).
     start = max(ranked[:3], key=lambda c: score(c, seeds))
-    best, best_score = coordinate_descent(lambda c: score(c, seeds), ACTION_NVEC, start,
-                                          log=lambda m: log(f"[{task_id}] {m}"))
+    best, best_score, _ = coordinate_descent(lambda c: score(c, seeds), ACTION_NVEC, [start],
+                                             log=lambda m: log(f"[{task_id}] {m}"))
     return SearchResult(action=decode_action(best), score=best_score, seeds=list(seeds),
                         evaluated=len(cache), wall_s=time.perf_counter() - t0)
 

@@ -31,15 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
-from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import coordinate_descent
 from llmserve_env.agents.seeds import eval_seeds, train_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
-from llmserve_env.agents.tuned_static import tuned_action, tuned_static
+from llmserve_env.agents.tuned_static import tuned_action
+from llmserve_env.evaluate import evaluate_agent
 from llmserve_env.server.baseline_inference import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
-from llmserve_env.shared.tasks import get_task
+from llmserve_env.shared.tasks import get_task, parse_task_ids
 from llmserve_env.shared.workloads import high_load_regime
 
 TASKS = ("bursty_workload", "adversarial_multitenant")
@@ -64,39 +64,26 @@ class RegimeOracle:
 _ENV: InProcessEnv | None = None
 
 
-def _episode(job: tuple[str, str, int, tuple[int, ...] | None]) -> float:
-    """One episode's score in a worker: agent 'oracle' (with its 12-index point), 'heuristic' or 'tuned_static'."""
+def _oracle_episode(job: tuple[str, int, tuple[int, ...]]) -> float:
+    """One episode of the oracle playing `point` (6 grid indices per regime), in a worker."""
     global _ENV
     if _ENV is None:
         _ENV = InProcessEnv()
-    agent, task_id, seed, point = job
-    if agent == "oracle":
-        low, high = decode_action(point[:6]), decode_action(point[6:])
-        policy = RegimeOracle(low, high, high_load_regime(get_task(task_id), seed))
-    elif agent == "heuristic":
-        policy = heuristic(task_id)
-    else:
-        policy = tuned_static(task_id)
+    task_id, seed, point = job
+    policy = RegimeOracle(decode_action(point[:6]), decode_action(point[6:]), high_load_regime(get_task(task_id), seed))
     return play_episode(_ENV, policy, task_id, seed).score
 
 
 def search_oracle(pool: ProcessPoolExecutor, task_id: str, seeds: list[int]) -> tuple[tuple[int, ...], float, int]:
-    cache: dict[tuple[int, ...], float] = {}
-
     def score(point: tuple[int, ...]) -> float:
-        if point not in cache:
-            cache[point] = float(np.mean(list(pool.map(_episode, [("oracle", task_id, s, point) for s in seeds]))))
-        return cache[point]
+        return float(np.mean(list(pool.map(_oracle_episode, [(task_id, s, point) for s in seeds]))))
 
     # Two starts: the tuned static configuration in both regimes, and the same with INT8 in the
     # high regime (the heuristic's burst move), since one knob at a time cannot reach it alone.
     tuned = tuple(int(i) for i in encode_action(tuned_action(task_id)))
     int8 = tuned[:3] + (QUANTIZATION_TIERS.index("INT8"),) + tuned[4:]
-    results = [coordinate_descent(score, list(ACTION_NVEC) * 2, start,
-                                  log=lambda m: print(f"[{task_id}] {m}", file=sys.stderr))
-               for start in (tuned + tuned, tuned + int8)]
-    best, best_score = max(results, key=lambda r: r[1])
-    return best, best_score, len(cache)
+    return coordinate_descent(score, list(ACTION_NVEC) * 2, [tuned + tuned, tuned + int8],
+                              log=lambda m: print(f"[{task_id}] {m}", file=sys.stderr))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, float] = {}
     rows = []
     with ProcessPoolExecutor(args.workers) as pool:
-        for task_id in args.task.split(","):
+        for task_id in parse_task_ids(args.task):
             t0 = time.perf_counter()
             point, train_score, evaluated = search_oracle(pool, task_id, train_seeds(args.train_seeds))
-            seeds = eval_seeds(args.episodes)
-            scores = {agent: list(pool.map(_episode, [(agent, task_id, s, point) for s in seeds]))
-                      for agent in ("tuned_static", "heuristic", "oracle")}
+            rivals = {agent: pool.submit(evaluate_agent, agent, task_id, args.episodes)
+                      for agent in ("tuned_static", "heuristic")}
+            oracle = pool.map(_oracle_episode, [(task_id, s, point) for s in eval_seeds(args.episodes)])
+            scores = {**{agent: f.result().scores for agent, f in rivals.items()}, "oracle": list(oracle)}
             diff_h = paired_diff_ci(scores["oracle"], scores["heuristic"])
             diff_s = paired_diff_ci(scores["oracle"], scores["tuned_static"])
             low, high = decode_action(point[:6]).knobs(), decode_action(point[6:]).knobs()
