@@ -292,8 +292,9 @@ class SdkStreamClient:
                     outcome.completion_id = chunk.id
                 for choice in chunk.choices:
                     d = choice.delta
-                    # the same fields as the raw client reads (reasoning arrives as extra fields)
-                    text = _delta_text({"content": d.content, **(d.model_extra or {})}) if d else None
+                    # the same fields as the raw client reads (reasoning arrives as extra fields;
+                    # content is a declared field, never among them)
+                    text = (d.content or _delta_text(d.model_extra or {})) if d else None
                     if text:
                         outcome.add_chunk(loop.time(), text, on_chunk)
                     if choice.finish_reason:

@@ -3,8 +3,9 @@
 One definition of: the order in which waiting requests are considered, whether one more request
 fits under the policy's limits, and which running request is preempted when memory runs out.
 
-- `batch_cap` is the most requests running (in flight) at once; with nothing running, the next
-  request is admitted whatever its size.
+- `batch_cap` is the most requests running (in flight) at once. A request larger than the whole
+  budget: the gateway runs it alone when nothing else runs (`AdmissionLimits.admits`, a remote
+  server may still take it); the simulator rejects one that needs more KV blocks than the pool holds.
 - The KV budget is a token budget: the simulator counts KV blocks of 16 tokens inside
   `kv_budget_fraction` of the memory the weights leave; the gateway counts prompt + max output
   tokens in flight against `kv_budget_fraction` of a configured in-flight token budget.

@@ -76,15 +76,15 @@ def _poisson_times(rng: np.random.Generator, rate: float, t0: float, t1: float) 
     return rng.uniform(t0, t1, n)
 
 
-def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """(arrival times, seconds of each window spent in the highest-rate phase) of the MMPP."""
+def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> tuple[np.ndarray, list[tuple[float, float]]]:
+    """(arrival times, the [start, end) spans spent in the highest-rate phase) of the MMPP."""
     rates = [float(r) for r in task.workload["rates_rps"]]
     dwell_s = [float(d) * task.window_s for d in task.workload["mean_dwell_windows"]]
     k = len(rates)
     if k < 1 or len(dwell_s) != k:
         raise ValueError(f"task {task.task_id!r}: rates_rps and mean_dwell_windows must have the same length")
-    top = int(np.argmax(rates))
-    high = np.zeros(task.horizon)
+    top = rates.index(max(rates))
+    high: list[tuple[float, float]] = []
     # With uniform jumps to another phase, time in phase j is proportional to its mean dwell.
     phase = int(rng.choice(k, p=np.asarray(dwell_s) / sum(dwell_s)))
     chunks, t = [], 0.0
@@ -92,7 +92,7 @@ def _mmpp_times(rng: np.random.Generator, task: TaskSpec, total_s: float) -> tup
         end = min(total_s, t + float(rng.exponential(dwell_s[phase])))
         chunks.append(_poisson_times(rng, rates[phase], t, end))
         if phase == top:
-            _add_overlap(high, t, end, task.window_s)
+            high.append((t, end))
         t = end
         if k > 1:
             phase = (phase + 1 + int(rng.integers(0, k - 1))) % k
@@ -214,7 +214,10 @@ def high_load_regime(task: TaskSpec, seed: int) -> np.ndarray:
     kind = task.workload.get("kind")
     t_rng, _, _ = _streams(seed)
     if kind == "mmpp":
-        return _mmpp_times(t_rng, task, task.horizon * task.window_s)[1]
+        high = np.zeros(task.horizon)
+        for t0, t1 in _mmpp_times(t_rng, task, task.horizon * task.window_s)[1]:
+            _add_overlap(high, t0, t1, task.window_s)
+        return high
     if kind == "spiky":
         return _spiky(t_rng, task)[2]
     return np.zeros(task.horizon)

@@ -158,7 +158,7 @@ class Engine:
         if self.kv.used_fixed + decode_blocks > self.kv.total:
             # A smaller pool: preempt in victim order until what is left fits. Counted down per victim
             # rather than recounted per victim (that was quadratic in the running requests).
-            for victim in self.sched.victim_order([*self.decoding.values(), *self.prefilling]):
+            for victim in self.sched.victim_order(self._victim_pool(True)):
                 if self.kv.used_fixed + decode_blocks <= self.kv.total:
                     break
                 if victim.state == DECODE:
@@ -283,10 +283,9 @@ class Engine:
     def _running(self) -> int:
         return len(self.decoding) + len(self.prefilling) + len(self.transfers)
 
-    def _victim_pool(self, unified: bool):
-        if unified:
-            return lambda: list(self.decoding.values()) + self.prefilling
-        return lambda: list(self.decoding.values())
+    def _victim_pool(self, unified: bool) -> list[SimRequest]:
+        """The requests a preemption may pick from: decoding ones, and prefilling ones too when unified."""
+        return [*self.decoding.values(), *self.prefilling] if unified else list(self.decoding.values())
 
     # ----------------------------------------------------------------------------------- state changes
 
@@ -541,7 +540,7 @@ class Engine:
             kcap = min(kcap, steps_to_cover(a, b, stop - t))
         k = self._decode_kv_limit(kcap)
         if k == 0:
-            victim = self.sched.victim(self._victim_pool(unified)())
+            victim = self.sched.victim(self._victim_pool(unified))
             if victim is not None:
                 self._preempt(victim, t)
             return None
@@ -575,7 +574,7 @@ class Engine:
                 self._process_joins(t)
             n = len(decoding)
             if n and self._decode_kv_limit(1) == 0:
-                victim = sched.victim(self._victim_pool(True)())
+                victim = sched.victim(self._victim_pool(True))
                 if victim is not None:
                     self._preempt(victim, t)
                 continue
@@ -665,17 +664,21 @@ class Engine:
                 if cur != r.reported:
                     new_tokens += cur - r.reported
                     r.reported = cur
-                pending.append(r.snapshot(it))
+                pending.append(r.snapshot_tokens(cur))
 
         settle(self.prefilling)
         settle([e[2] for e in self.transfers])
         # Decoding requests, inlined (most pending requests decode): the exact re-sums of context S
-        # and emission rate E, output tokens since the last report, and the snapshot.
+        # and emission rate E, the KV blocks they hold, output tokens since the last report, and the
+        # snapshot, in one pass.
         S = E = 0.0
+        decode_blocks = 0
         for r in self.decoding.values():
             p = r.progress + (it - r.sync_iter) * r.e
             S += r.prompt + p
             E += r.e
+            pc = p if p < r.target else r.target
+            decode_blocks += -(-math.ceil(r.prompt + pc) // KV_BLOCK_TOKENS)  # _blocks_held, inlined
             cur = int(p) if p < r.target else r.target
             if cur != r.reported:
                 new_tokens += cur - r.reported
@@ -684,7 +687,7 @@ class Engine:
         self.S, self.E = S, E
         settle(self.sched.waiting())
         acc.output_tokens += new_tokens
-        used = self.kv.used_fixed + self._decode_blocks_exact(0)
+        used = self.kv.used_fixed + decode_blocks
         mem = self.kv.memory_gib(used)
         end = self.t0 + self.dt
         acc.samples.append(ResourceSample(end, self._running(), len(self.sched.heap), used, self.kv.total, mem))

@@ -47,12 +47,9 @@ class SimRequest:
             return p if p < self.target else float(self.target)
         return self.progress
 
-    def snapshot(self, it: int) -> RequestRecord:
-        """A copy of the record as it stands (read-only; reused across windows while unchanged)."""
-        return self.snapshot_tokens(int(self.progress_at(it)))
-
     def snapshot_tokens(self, tokens: int) -> RequestRecord:
-        """`snapshot` when the caller already knows the output tokens emitted so far."""
+        """A copy of the record as it stands with `tokens` output tokens emitted so far (read-only;
+        reused across windows while unchanged)."""
         r = self.rec
         key = (self.state == WAITING, tokens, r.preemptions, r.dispatch_s, r.first_token_s)
         if key == self.snap_key:
