@@ -43,8 +43,6 @@ from llmserve_env.shared.models import (
 ADVICE_NVEC: tuple[int, ...] = (3, 3, 4, 4, 3, 3)
 FOLLOW: tuple[int, ...] = (0, 0, 0, 0, 0, 0)  # per knob, the index that means "follow the heuristic"
 KV_NUDGE = 0.15
-KNOBS: tuple[str, ...] = ("batch_cap", "kv_budget_fraction", "speculation_depth", "quantization_tier",
-                          "prefill_decode_split", "priority_routing")
 ADVICE_FEATURE_NAMES: tuple[str, ...] = (
     "advice_batch_cap",
     "advice_kv_budget_fraction",

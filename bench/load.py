@@ -39,9 +39,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from llmserve_env.server.config import ServerConfig
-from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.server.baseline_inference import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 from local_server import own_server
@@ -103,8 +101,8 @@ def wire(obs: ServeObservation) -> dict[str, Any]:
 
 def reference(task_id: str, seed: int, actions: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The episode played alone, in process."""
-    env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
-    env.reset(seed=seed, task_id=task_id)
+    env = InProcessEnv()
+    env.reset(task_id=task_id, seed=seed)
     out = []
     for a in actions:
         obs = env.step(ServeAction(**a))

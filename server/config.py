@@ -28,8 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from llmserve_env.server.errors import TraceForbiddenError
-
-TRACE_PREFIX = "trace:"
+from llmserve_env.shared.workloads import TRACE_PREFIX
 
 MODES = ("sim", "real")
 

@@ -106,8 +106,6 @@ def step_row(obs: ServeObservation, action: ServeAction, previous: list[dict[str
         "per_tenant": dict(meta.get("per_tenant", {})),
         **action.knobs(),
         "weight_bits": weight_bits(action.quantization_tier),
-        "split_on": float(bool(action.prefill_decode_split)),
-        "priority_on": float(bool(action.priority_routing)),
     }
 
 
@@ -270,8 +268,8 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
                 rows,
                 {
                     "kv_budget_fraction": "KV budget",
-                    "split_on": "prefill/decode split",
-                    "priority_on": "priority routing",
+                    "prefill_decode_split": "prefill/decode split",  # plotted as 0/1
+                    "priority_routing": "priority routing",
                 },
             ),
             from_zero=False,

@@ -51,6 +51,10 @@ class ServeAction(Action):
         return self.model_dump(exclude={"metadata"})
 
 
+# The six knobs' names, in the action's field order.
+KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name != "metadata")
+
+
 class ServeObservation(Observation):
     """What the agent sees after a window (or after reset).
 

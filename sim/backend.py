@@ -12,14 +12,10 @@ from the workload's, and is drawn for every arrival whatever the action.
 from __future__ import annotations
 
 from llmserve_env.shared.backend import Arrival, WindowReport
-from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.step_time import StepTimeModel
-
-KNOBS = ("batch_cap", "kv_budget_fraction", "speculation_depth", "quantization_tier", "prefill_decode_split",
-         "priority_routing")
-
 
 # Step-time models are pure functions of (profile, tier, lane) and take ~2 ms each to tabulate; the
 # server builds one backend per episode, so they are kept per profile object across backends.

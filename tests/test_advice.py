@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
-from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, FOLLOW, KNOBS, decode_advised
+from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, FOLLOW, decode_advised
 from llmserve_env.agents.encoding import OBS_DIM
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.ppo_policy import PPOPolicy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.server.baseline_inference import InProcessEnv
-from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.models import KNOBS, ServeAction
 
 PROPOSAL = ServeAction(batch_cap=96, kv_budget_fraction=0.9, speculation_depth=2, quantization_tier="INT8",
                        prefill_decode_split=False, priority_routing=True)
