@@ -40,8 +40,8 @@ from typing import Any
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, Advisor
-from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, OBS_HIGH, ObservationEncoder, decode_action
+from llmserve_env.agents.advice import FeatureView
+from llmserve_env.agents.encoding import OBS_HIGH
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.environment import LLMServeEnvironment
@@ -61,15 +61,12 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.advisor = Advisor(task) if advice else None
-        nvec = ADVICE_NVEC if advice else ACTION_NVEC
-        self.action_space = spaces.MultiDiscrete(np.array(nvec, dtype=np.int64))
-        dim = OBS_DIM + (ADVICE_DIM if advice else 0)
-        self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(dim,), dtype=np.float32)
+        self.view = FeatureView(task, self.task.horizon, advice)
+        self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
+        self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         # A one-slot store: the wrapper only ever plays one episode at a time, so finished
         # episodes need not be kept around for HTTP look-ups.
         self._env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
-        self._encoder = ObservationEncoder(self.task.horizon)
         self.episode_seed: int | None = None
         self.last_observation: ServeObservation | None = None  # the raw observation behind the features
 
@@ -81,26 +78,16 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self.episode_seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
         obs = self._env.reset(seed=self.episode_seed, task_id=self.task_id)
         self.last_observation = obs
-        self._encoder.reset()
-        if self.advisor is not None:
-            self.advisor.reset()
-        return self._features(obs), {"episode_seed": self.episode_seed}
+        self.view.reset()
+        return self.view.features(obs), {"episode_seed": self.episode_seed}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        serve_action = self.advisor.decode(action) if self.advisor is not None else decode_action(action)
-        obs = self._env.step(serve_action)
+        obs = self._env.step(self.view.decode(action))
         self.last_observation = obs
-        self._encoder.record_action(serve_action)
         info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
             info["score"] = self._env.grade().score
-        return self._features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
-
-    def _features(self, obs: ServeObservation) -> np.ndarray:
-        x = self._encoder.encode(obs)
-        if self.advisor is None:
-            return x
-        return np.concatenate([x, self.advisor.observe(obs)])
+        return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
 
     def close(self) -> None:
         self._env.close()

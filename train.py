@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn as nn
-from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_FEATURE_NAMES, ADVICE_NVEC, FOLLOW
+from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.encoding import ACTION_NVEC, FEATURE_NAMES, OBS_DIM, encode_action
+from llmserve_env.agents.encoding import FEATURE_NAMES, encode_action
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
@@ -467,8 +467,7 @@ def train(args: Args) -> dict:
                   "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
 
     started = time.perf_counter()
-    obs_dim = OBS_DIM + (ADVICE_DIM if args.advice else 0)
-    nvec = ADVICE_NVEC if args.advice else ACTION_NVEC
+    nvec, obs_dim = view_shape(args.advice)
     if args.init == "follow" and not args.advice:
         raise ValueError("--init follow needs --advice true")
     if args.init == "heuristic" and args.advice:

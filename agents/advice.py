@@ -29,7 +29,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from llmserve_env.agents.encoding import action_features
+from llmserve_env.agents.encoding import (
+    ACTION_NVEC,
+    OBS_DIM,
+    ObservationEncoder,
+    action_features,
+    decode_action,
+)
 from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
 from llmserve_env.shared.models import (
     BATCH_CAP_RANGE,
@@ -96,3 +102,34 @@ class Advisor:
         if self.proposal is None:
             raise RuntimeError("observe() an observation before decoding an advised action")
         return decode_advised(idx, self.proposal)
+
+
+def view_shape(advice: bool) -> tuple[tuple[int, ...], int]:
+    """(action grid, feature count) of a learned policy with or without the heuristic's advice."""
+    return (ADVICE_NVEC, OBS_DIM + ADVICE_DIM) if advice else (ACTION_NVEC, OBS_DIM)
+
+
+class FeatureView:
+    """What a learned policy sees and how its choices become actions, in one place for the
+    Gymnasium wrapper (training) and PPOPolicy (serving): the observation encoder, plus the
+    heuristic's proposal when trained with advice. `decode` also records the action, so the next
+    features carry it as the previous action."""
+
+    def __init__(self, task_id: str, horizon: int, advice: bool):
+        self.encoder = ObservationEncoder(horizon)
+        self.advisor = Advisor(task_id) if advice else None
+        self.nvec, self.dim = view_shape(advice)
+
+    def reset(self) -> None:
+        self.encoder.reset()
+        if self.advisor is not None:
+            self.advisor.reset()
+
+    def features(self, obs: ServeObservation) -> np.ndarray:
+        x = self.encoder.encode(obs)
+        return x if self.advisor is None else np.concatenate([x, self.advisor.observe(obs)])
+
+    def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
+        action = self.advisor.decode(idx) if self.advisor is not None else decode_action(idx)
+        self.encoder.record_action(action)
+        return action

@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.agents.advice import ADVICE_DIM, ADVICE_NVEC, Advisor
-from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM, ObservationEncoder, decode_action
+from llmserve_env.agents.advice import FeatureView, view_shape
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
 
@@ -78,7 +77,7 @@ class ActorWeights:
 
     def check(self) -> None:
         """Shapes must match the encoder and action grid this code was built with."""
-        nvec, dim = (ADVICE_NVEC, OBS_DIM + ADVICE_DIM) if self.advice else (ACTION_NVEC, OBS_DIM)
+        nvec, dim = view_shape(self.advice)
         if self.nvec != nvec:
             raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {nvec}")
         if self.layers[0][0].shape[0] != dim or self.obs_mean.shape != (dim,):
@@ -104,19 +103,11 @@ class PPOPolicy:
             weights = ActorWeights.load(Path(weights_path) if weights_path else WEIGHTS_DIR / f"{task_id}.npz")
         self.weights = weights
         self.name = "ppo"
-        self._encoder = ObservationEncoder(get_task(task_id).horizon)
-        self._advisor = Advisor(task_id) if self.weights.advice else None
+        self._view = FeatureView(task_id, get_task(task_id).horizon, self.weights.advice)
 
     def reset(self) -> None:
-        self._encoder.reset()
-        if self._advisor is not None:
-            self._advisor.reset()
+        self._view.reset()
 
     def act(self, obs: ServeObservation) -> ServeAction:
-        x = self._encoder.encode(obs)
-        if self._advisor is not None:
-            x = np.concatenate([x, self._advisor.observe(obs)])
-        idx = [int(np.argmax(h)) for h in self.weights.logits(x.astype(np.float64))]
-        action = self._advisor.decode(idx) if self._advisor is not None else decode_action(idx)
-        self._encoder.record_action(action)
-        return action
+        x = self._view.features(obs)
+        return self._view.decode([int(np.argmax(h)) for h in self.weights.logits(x.astype(np.float64))])

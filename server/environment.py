@@ -136,7 +136,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
     @staticmethod
     def _split(split: str) -> list[TaskSpec]:
         if split != TASK_SPLIT:
-            raise UnknownSplitError(split)
+            raise UnknownSplitError(split, TASK_SPLIT)
         return list(TASKS.values())
 
     # -- beyond OpenEnv ------------------------------------------------------------------------

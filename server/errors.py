@@ -60,8 +60,8 @@ class EpisodeNotDoneError(EnvError):
 class UnknownSplitError(EnvError):
     status = 404
 
-    def __init__(self, split: str):
-        super().__init__(f"unknown split {split!r}; this environment has one split, 'test', holding every task")
+    def __init__(self, split: str, valid: str):
+        super().__init__(f"unknown split {split!r}; this environment has one split, {valid!r}, holding every task")
 
 
 class BackendFailure(EnvError):
