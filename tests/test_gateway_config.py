@@ -12,8 +12,8 @@ from llmserve_env.gateway.budget import BudgetExceededError, SpendGuard
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, redact
 from llmserve_env.gateway.pricing import DEFAULT_TIERS, load_tier_table
 from llmserve_env.gateway.tokens import (
+    O200K_CACHE_NAME,
     O200K_SHA256,
-    O200K_URL,
     PromptBuilder,
     count_tokens,
     seed_tiktoken_cache,
@@ -21,6 +21,14 @@ from llmserve_env.gateway.tokens import (
 
 CANARY = "sk-canary-config-5f2b9c0e7d4a1"
 
+
+# The address tiktoken would fetch o200k_base from: only a cache key here (never fetched), and
+# gateway.tokens.O200K_CACHE_NAME must be its sha1.
+O200K_URL = "https://openaipublic.blob.core.windows.net/encodings/o200k_base.tiktoken"
+
+
+def test_the_cache_name_is_the_sha1_of_tiktokens_address():
+    assert O200K_CACHE_NAME == hashlib.sha1(O200K_URL.encode()).hexdigest()
 
 def test_real_mode_needs_a_key_or_a_base_url():
     with pytest.raises(GatewayConfigError, match="OPENAI_API_KEY") as ei:
@@ -118,7 +126,6 @@ def test_the_seeded_cache_file_is_the_one_tiktoken_looks_for():
     import inspect
 
     import tiktoken_ext.openai_public as openai_public
-    from llmserve_env.gateway.tokens import O200K_URL
 
     assert O200K_URL in inspect.getsource(openai_public.o200k_base)
 
