@@ -1,6 +1,6 @@
 """How accurately does real mode measure TTFT and ITL when it drives N concurrent streams?
 
-A loopback stand-in (sim/openai_server.py in fixed-timing mode, its own process) sends the first
+A loopback stand-in (sim/standin/ in fixed-timing mode, its own process) sends the first
 token TTFT ms after it reads a request and one token every ITL ms after that, and records when it
 actually wrote each chunk. The whole gateway (GatewayBackend: dispatcher, streaming client,
 background event loop) serves a steady stream of arrivals whose concurrency is N (arrival rate =
@@ -26,8 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,17 +37,12 @@ from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
+from llmserve_env.launch import ServerProcess
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 
 WINDOW_S = 1.0
 BENCH_NICE = -10
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _raise_priority() -> None:
@@ -62,20 +55,10 @@ def _raise_priority() -> None:
         pass
 
 
-def start_standin(port: int, ttft_ms: float, itl_ms: float) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llmserve_env.sim.openai_server", "--port", str(port),
-         "--fixed-ttft-ms", str(ttft_ms), "--fixed-itl-ms", str(itl_ms), "--log-level", "error"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1.0)
-            return proc
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the stand-in did not start: " + (proc.stderr.read().decode() if proc.stderr else ""))
+def start_standin(ttft_ms: float, itl_ms: float) -> ServerProcess:
+    argv = [sys.executable, "-m", "llmserve_env.sim.standin", "--port", "{port}", "--fixed-ttft-ms", str(ttft_ms),
+            "--fixed-itl-ms", str(itl_ms), "--log-level", "error"]
+    return ServerProcess(argv, health_path="/v1/models", start_timeout_s=30).start()
 
 
 def run_level(base_url: str, client: str, n: int, ttft_s: float, itl_s: float, tokens: int,
@@ -165,16 +148,14 @@ def main() -> None:
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
     _raise_priority()  # the stand-in inherits it
-    port = free_port()
-    proc = start_standin(port, a.ttft_ms, a.itl_ms)
-    base_url = f"http://127.0.0.1:{port}/v1"
+    standin = start_standin(a.ttft_ms, a.itl_ms)
+    base_url = standin.url + "/v1"
     rows = []
     try:
         for n in levels:
             rows.append(run_level(base_url, a.client, n, a.ttft_ms / 1e3, a.itl_ms / 1e3, a.tokens, a.measure_s))
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        standin.stop()
     print(f"gateway accuracy: client={a.client}, true TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, "
           f"{a.tokens} tokens/stream, {os.cpu_count()} CPUs shared by client, server and whatever else runs "
           f"(load = 1-minute load average during the level; cpu% = the client process's CPU share)")

@@ -1,40 +1,16 @@
-"""A throwaway server for the benches: `uvicorn server.app:app` on a free loopback port."""
+"""A throwaway server for the benches: this project's server on a free loopback port
+(llmserve_env.launch.ServerProcess, the helper tests and scripts use too)."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import httpx
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from llmserve_env.launch import ServerProcess
 
 
 @contextmanager
 def own_server(start_timeout_s: float = 90.0) -> Iterator[tuple[str, int]]:
     """Start the server, wait for /health, yield (url, pid); stop it afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
-                             "--port", str(port), "--log-level", "warning"], cwd=ROOT)
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
-        else:
-            raise RuntimeError("server did not start")
-        yield url, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+    with ServerProcess(start_timeout_s=start_timeout_s) as server:
+        yield server.url, server.pid

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import importlib
 import os
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
+from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerConfig
 
@@ -34,12 +30,6 @@ def train_extra(module: str):
     return pytest.importorskip(module, reason=f"{module} is in the train/sb3 extras (pip install -e '.[train,sb3]')")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def app():
     return build_app(ServerConfig(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=32,
@@ -52,31 +42,7 @@ def client(app) -> Iterator[TestClient]:
         yield c
 
 
-class LiveServer:
-    def __init__(self, app, port: int):
-        self.url = f"http://127.0.0.1:{port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.05)
-        raise RuntimeError("live server did not start")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture(scope="session")
-def live_server(app) -> Iterator[LiveServer]:
-    server = LiveServer(app, free_port())
-    server.start()
-    yield server
-    server.stop()
+def live_server(app) -> Iterator[ThreadServer]:
+    with ThreadServer(app) as server:
+        yield server

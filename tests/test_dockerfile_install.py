@@ -15,7 +15,6 @@ import os
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import STEADY_ACTION, free_port
+from conftest import STEADY_ACTION
+from llmserve_env.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -155,7 +155,7 @@ def stage_context(dest: Path) -> None:
                 shutil.copy2(Path(dirpath) / name, target, follow_symlinks=False)
 
 
-def with_port(argv: list[str], port: int) -> list[str]:
+def with_port(argv: list[str], port: int | str) -> list[str]:
     """The same command on a free port (7860 may be taken on a developer's machine)."""
     return [a.replace(SPACE_PORT, str(port)) if SPACE_PORT in a else a for a in argv]
 
@@ -308,31 +308,14 @@ def test_installed_package_holds_every_file_of_the_source_packages(installed_ima
 @pytest.mark.slow
 def test_image_cmd_serves_health_web_and_a_simulated_step(installed_image):
     df, context, venv, home = installed_image
-    port = free_port()
     env = _clean_env(df.env, venv, home)
-    cmd = with_port(df.cmd, port)
+    cmd = with_port(df.cmd, "{port}")
     cmd[0] = shutil.which(cmd[0], path=env["PATH"]) or cmd[0]
     log = home / "server.log"
-    with log.open("w") as sink:
-        server = subprocess.Popen(
-            [*_demote(IMAGE_UID), *cmd],
-            cwd=context,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    base = f"http://127.0.0.1:{port}"
+    server = ServerProcess([*_demote(IMAGE_UID), *cmd], env=env, log=log, cwd=context).start()
+    base, port = server.url, server.port
     try:
-        deadline = time.monotonic() + 120
-        health = None
-        while time.monotonic() < deadline and server.poll() is None:
-            try:
-                health = httpx.get(base + "/health", timeout=2)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        assert health is not None, f"server never answered:\n{log.read_text()[-4000:]}"
+        health = httpx.get(base + "/health", timeout=2)
         assert health.status_code == 200 and health.json().get("status") == "healthy"
 
         web = httpx.get(base + "/web", timeout=30, follow_redirects=True)
@@ -353,9 +336,4 @@ def test_image_cmd_serves_health_web_and_a_simulated_step(installed_image):
         ]
         assert subprocess.run(healthcheck, env=env, timeout=30).returncode == 0
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        server.stop()

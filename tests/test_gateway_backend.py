@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -16,9 +14,11 @@ from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
+from llmserve_env.launch import ServerProcess
 from llmserve_env.shared.backend import TERMINAL_STATUSES, Arrival, Backend, RequestRecord, WindowReport
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.sim.openai_server import BackgroundStandin, StandinConfig
+from llmserve_env.sim.standin.app import StandinConfig
+from llmserve_env.sim.standin.harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 CANARY = "sk-canary-backend-9d8c7b6a5f4e3d2c1b0a"
@@ -43,26 +43,10 @@ class StandinProcess:
 def standin():
     """The stand-in as its own process, through its command line: in a thread of this process it
     would share the GIL with the gateway's loop, and the timings would show it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "llmserve_env.sim.openai_server", "--port", str(port),
-                             "--profile", PROFILE, "--log-level", "warning"])
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                httpx.get(base_url + "/models", timeout=1.0).raise_for_status()
-                break
-            except httpx.TransportError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the stand-in did not start") from None
-                time.sleep(0.1)
-        yield StandinProcess(base_url)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+    argv = [sys.executable, "-m", "llmserve_env.sim.standin", "--port", "{port}", "--profile", PROFILE,
+            "--log-level", "warning"]
+    with ServerProcess(argv, health_path="/v1/models", start_timeout_s=60) as proc:
+        yield StandinProcess(proc.url + "/v1")
 
 
 def backend(standin, client: str = "raw", **cfg) -> GatewayBackend:

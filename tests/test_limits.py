@@ -15,8 +15,9 @@ import time
 
 import httpx
 import pytest
-from conftest import STEADY_ACTION, LiveServer, free_port
+from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
+from llmserve_env.launch import ThreadServer
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ConfigError, ServerConfig
@@ -79,15 +80,11 @@ def test_an_episode_log_over_the_limit_is_413_and_one_under_it_is_read():
 
 
 def test_a_streamed_body_over_the_limit_is_413_over_real_http():
-    server = LiveServer(build_app(SMALL), free_port())
-    server.start()
-    try:
+    with ThreadServer(build_app(SMALL)) as server:
         r = httpx.post(server.url + "/grader", content=chunked(50_000), timeout=10,
                        headers={"content-type": "application/json"})
         assert r.status_code == 413
         assert httpx.get(server.url + "/health", timeout=5).status_code == 200
-    finally:
-        server.stop()
 
 
 # -- the episode store ----------------------------------------------------------------------------
@@ -199,8 +196,7 @@ def test_memory_stays_flat_over_10000_resets(tmp_path):
 
 # -- WebSocket sessions ---------------------------------------------------------------------------
 def test_websocket_sessions_beyond_the_limit_are_refused_clearly():
-    server = LiveServer(build_app(SMALL), free_port())
-    server.start()
+    server = ThreadServer(build_app(SMALL)).start()
     try:
         with GenericEnvClient(base_url=server.url).sync() as a, GenericEnvClient(base_url=server.url).sync() as b:
             a.reset(task_id="static_workload", seed=1)
@@ -321,7 +317,8 @@ def test_the_api_key_appears_in_no_response_state_error_or_log(monkeypatch, tmp_
     """Real mode against the stand-in, which demands another key: every request fails with a 401
     that echoes (masked) what it got. The canary key must not reach any answer of the server, its
     state, its errors, its logs or the reprs of its objects."""
-    from llmserve_env.sim.openai_server import BackgroundStandin, StandinConfig
+    from llmserve_env.sim.standin.app import StandinConfig
+    from llmserve_env.sim.standin.harness import BackgroundStandin
 
     caplog.set_level(logging.DEBUG)
     trace = tmp_path / "trace.csv"

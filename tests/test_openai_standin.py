@@ -10,13 +10,9 @@ import httpx
 import openai
 import pytest
 from llmserve_env.gateway.tokens import count_tokens
-from llmserve_env.sim.openai_server import (
-    BackgroundStandin,
-    StandinConfig,
-    config_from_args,
-    parse_args,
-    tier_table,
-)
+from llmserve_env.sim.standin.app import StandinConfig, tier_table
+from llmserve_env.sim.standin.cli import config_from_args, parse_args
+from llmserve_env.sim.standin.harness import BackgroundStandin
 from llmserve_env.sim.step_time import step_model
 
 PROFILE = "h100-llama3.1-8b"
@@ -81,8 +77,7 @@ def test_stream_timings_come_from_the_step_time_model(standin):
 
 
 def test_concurrent_requests_are_batched(standin):
-    engine_before = standin.app.state.standin.engines.get("INT4")
-    assert engine_before is None
+    assert standin.app.state.standin.batchers.get("INT4") is None
 
     async def many():
         async with sdk(standin) as client:
@@ -91,9 +86,9 @@ def test_concurrent_requests_are_batched(standin):
 
     results = asyncio.run(many())
     assert all(len(t) == 20 for t, _, _ in results)
-    engine = standin.app.state.standin.engines["INT4"]
+    batcher = standin.app.state.standin.batchers["INT4"]
     # 8 sequences x 20 tokens in far fewer than 160 iterations: they shared batches
-    assert engine.iterations < 80 and engine.running == [] and engine.blocks_used == 0
+    assert batcher.iterations < 80 and batcher.running == [] and batcher.blocks_used == 0
 
 
 def test_non_streaming_completion(standin):

