@@ -27,10 +27,11 @@ Start: each `reset` starts an episode of the task on a fresh episode seed drawn 
 training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is reproducible;
 `options={"episode_seed": n}` plays a chosen episode instead (evaluation).
 
-Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: the
-horizon is part of the task (the step index is observed and the final backlog is charged in the
-last reward), so there is nothing to bootstrap past it. `info["score"]` then holds the grader's
-score for the episode.
+Episode end: after the task's horizon of windows, a time limit, so `step` returns `truncated`
+(never `terminated`: no serving state ends the process; the server would go on serving). The same
+word as the wire's `metadata["truncated"]` and the server's docstring. Requests still waiting are
+charged as SLO misses in the last reward and in the grade. `info["score"]` then holds the
+grader's score for the episode.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
             info["score"] = self._env.grade_result().score
-        return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
+        return self.view.features(obs), float(obs.reward or 0.0), False, bool(obs.done), info
 
     def close(self) -> None:
         self._env.close()

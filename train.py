@@ -1,6 +1,6 @@
 """PPO for LLMServeEnv, in one file (after CleanRL's ppo.py).
 
-    python train.py --task adversarial_multitenant --steps 120000 --seed 0
+    python train.py --task adversarial_multitenant --total-steps 120000 --seed 0
 
 Environments: `Args.num_envs` copies of the Gymnasium wrapper (gym_env.py, the simulator in
 process), spread over `Args.num_workers` worker processes so both cores step the simulator.
@@ -63,11 +63,11 @@ ROOT = Path(__file__).resolve().parent
 @dataclass
 class Args:
     task: str = "adversarial_multitenant"
-    steps: int = 120_000  # total environment steps (windows)
+    total_steps: int = 120_000  # environment steps (windows) over the whole run, all envs together
     seed: int = 0
     num_envs: int = 16
     num_workers: int = 2  # processes stepping environments (one per core)
-    num_steps: int = 64  # windows per env per rollout (one episode of a 64-window task)
+    rollout_steps: int = 64  # windows per env per rollout (one episode of a 64-window task)
     learning_rate: float = 3e-4
     anneal_lr: bool = True
     gamma: float = 0.99
@@ -107,7 +107,7 @@ class Args:
 
     @property
     def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
+        return self.num_envs * self.rollout_steps
 
     @property
     def minibatch_size(self) -> int:
@@ -115,7 +115,7 @@ class Args:
 
     @property
     def num_updates(self) -> int:
-        return max(1, self.steps // self.batch_size)
+        return max(1, self.total_steps // self.batch_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,7 +487,7 @@ def train(args: Args) -> dict:
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
-    N, T = args.num_envs, args.num_steps
+    N, T = args.num_envs, args.rollout_steps
     obs_buf = torch.zeros((T, N, obs_dim))
     act_buf = torch.zeros((T, N, len(nvec)), dtype=torch.long)
     logp_buf = torch.zeros((T, N))

@@ -38,8 +38,8 @@ def single_env_rate(task: str, steps: int) -> float:
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
     for _ in range(steps):
-        _, _, done, _, _ = env.step(rng.integers(0, env.action_space.nvec))
-        if done:
+        _, _, terminated, truncated, _ = env.step(rng.integers(0, env.action_space.nvec))
+        if terminated or truncated:
             env.reset()
     return steps / (time.perf_counter() - t0)
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     single = single_env_rate(args.task, args.single_steps)
     with tempfile.TemporaryDirectory() as tmp:
-        targs = train.Args(task=args.task, steps=args.steps, num_envs=args.num_envs, num_workers=args.num_workers,
+        targs = train.Args(task=args.task, total_steps=args.steps, num_envs=args.num_envs, num_workers=args.num_workers,
                            out_dir=Path(tmp) / "weights", run_dir=Path(tmp) / "runs",
                            command="bench/train_speed.py")
         summary = train.train(targs)

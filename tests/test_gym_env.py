@@ -30,10 +30,10 @@ def test_episode_plays_to_the_horizon_and_reports_the_grade():
     env = LLMServeGymEnv("adversarial_multitenant")
     obs, info = env.reset(seed=3)
     assert env.observation_space.contains(obs) and "episode_seed" in info
-    steps, total, terminated = 0, 0.0, False
-    while not terminated:
+    steps, total, truncated = 0, 0.0, False
+    while not truncated:  # the horizon is a time limit: truncation, never termination
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
-        assert env.observation_space.contains(obs) and np.isfinite(reward) and not truncated
+        assert env.observation_space.contains(obs) and np.isfinite(reward) and not terminated
         total += reward
         steps += 1
     assert steps == get_task("adversarial_multitenant").horizon
@@ -71,7 +71,7 @@ def test_train_py_runs_end_to_end_and_its_weights_load_without_torch(tmp_path):
     import llmserve_env.train as train
     from llmserve_env.agents.ppo_policy import PPOPolicy
 
-    args = train.Args(task="static_workload", steps=256, num_envs=2, num_workers=1, num_steps=64,
+    args = train.Args(task="static_workload", total_steps=256, num_envs=2, num_workers=1, rollout_steps=64,
                       bc_episodes=2, bc_epochs=2, val_episodes=1, val_every=1,
                       out_dir=tmp_path / "weights", run_dir=tmp_path / "runs", command="test")
     summary = train.train(args)
@@ -87,7 +87,7 @@ def test_train_py_is_reproducible_with_workers_served_out_of_order(tmp_path):
     import llmserve_env.train as train
 
     def run(name: str) -> tuple[dict, list[list[str]]]:
-        args = train.Args(task="bursty_workload", steps=256, num_envs=4, num_workers=2, num_steps=32,
+        args = train.Args(task="bursty_workload", total_steps=256, num_envs=4, num_workers=2, rollout_steps=32,
                           bc_episodes=2, bc_epochs=2, val_episodes=2, val_every=1,
                           out_dir=tmp_path / name / "weights", run_dir=tmp_path / name / "runs", command="test")
         train.train(args)
