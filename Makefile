@@ -22,8 +22,13 @@ $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
 install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
+# Loopback only by default: without LLMSERVE_TRACE_DIR any client could replay (or probe for) any
+# file the server can read. HOST=0.0.0.0 make serve exposes it (set LLMSERVE_TRACE_DIR too); the
+# Docker image and the Space bind 0.0.0.0 with LLMSERVE_TRACE_DIR=/app/traces.
+HOST ?= 127.0.0.1
+
 serve: install
-	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(VENV)/bin/uvicorn server.app:app --host 0.0.0.0 --port $${PORT:-7860}
+	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(VENV)/bin/uvicorn server.app:app --host $(HOST) --port $${PORT:-7860}
 
 test: install-dev
 	$(VENV)/bin/pytest -q

@@ -19,7 +19,7 @@ from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError
 from llmserve_env.server import openapi
 from llmserve_env.server.bodies import StrictBodies
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
@@ -73,8 +73,8 @@ def _calm_gradio_queue(app: FastAPI) -> None:
                 log.debug("the Gradio queue has no sleep_when_free; left as it is")
 
 
-def build_app(config: ServerConfig | None = None) -> FastAPI:
-    config = config or ServerConfig.from_env()
+def build_app(config: ServerSettings | None = None) -> FastAPI:
+    config = config or ServerSettings.from_env()
     if config.mode == "real":
         # Fail at start-up, not at the first step, when real mode lacks its key or endpoint.
         from llmserve_env.gateway.config import GatewayConfig
@@ -136,8 +136,9 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
 app = build_app()
 
 
-def main(host: str = "0.0.0.0", port: int | None = None) -> None:
-    """Serve the app (the `server` console script, and `python -m server.app`)."""
+def main(host: str = "127.0.0.1", port: int | None = None) -> None:
+    """Serve the app (the `server` console script, and `python -m server.app`): loopback only by
+    default; the Docker image binds 0.0.0.0 itself, with LLMSERVE_TRACE_DIR set."""
     import uvicorn
 
     uvicorn.run(app, host=host, port=port or int(os.environ.get("PORT", "7860")))

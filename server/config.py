@@ -1,17 +1,12 @@
-"""Server settings, read once from the environment.
+"""Server settings: one pydantic-settings class, read from the environment and checked at start-up.
 
-| variable                        | default | meaning                                                    |
-|---------------------------------|---------|------------------------------------------------------------|
-| LLMSERVE_MODE                   | sim     | `sim` (simulator) or `real` (OpenAI-compatible gateway)    |
-| LLMSERVE_MAX_EPISODES           | 1024    | most HTTP episodes kept at once (least recently used go)   |
-| LLMSERVE_EPISODE_IDLE_TIMEOUT_S | 1800    | an HTTP episode untouched this long is dropped             |
-| LLMSERVE_MAX_SESSIONS           | 256     | most concurrent WebSocket sessions (OpenEnv's              |
-|                                 |         | `max_concurrent_envs`)                                     |
-| LLMSERVE_MAX_BODY_BYTES         | 1048576 | request bodies above this get 413 (episode logs included)  |
-| LLMSERVE_TRACE_DIR              | (unset) | when set, `trace:PATH` tasks (reset and graded logs) may   |
-|                                 |         | only read files under this folder (403 otherwise); unset,  |
-|                                 |         | any path the server can read (local use). The Docker image |
-|                                 |         | sets it, so a public Space cannot be used to probe files.  |
+Every variable is validated before the app is built (`ServerSettings.from_env`, which
+`server.app` calls at import): a number that is not finite or out of range, a mode that is not
+`sim`/`real`, a variable that is set but empty (`LLMSERVE_TRACE_DIR=""` would silently turn trace
+confinement off), a trace folder that does not exist, each stop the server with a message naming
+the variable (ConfigError). The variables, their defaults and meanings are listed in the README's
+configuration table, which `python scripts/env_table.py --write` generates from the `Field`
+descriptions here and in gateway/config.py (tests/test_env_table.py keeps them in step).
 
 HTTP clients hold no session: each keeps its episode in the store by `episode_id`, so the number
 of concurrent HTTP clients is bounded only by LLMSERVE_MAX_EPISODES (an episode pushed out answers
@@ -24,53 +19,65 @@ session's socket closes. bench/load.py runs 200 HTTP and 200 WebSocket clients w
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Annotated, Any, Literal
 
 from llmserve_env.runtime.errors import TraceForbiddenError
 from llmserve_env.shared.workloads import TRACE_PREFIX
+from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MODES = ("sim", "real")
+# Upper bounds: far above any sensible setting, low enough that arithmetic on them stays exact.
+MAX_COUNT = 10**9
+MAX_SECONDS = 30 * 86_400.0
+MAX_BODY_BYTES = 1 << 30
 
 
 class ConfigError(ValueError):
-    """A server setting has a value outside what it allows."""
+    """A server setting has a value outside what it allows (the message names the variable)."""
 
 
-def _int(name: str, default: int, minimum: int = 1) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be >= {minimum}")
-    return value
+def _env(name: str, description: str, **kw: Any) -> Any:
+    return Field(validation_alias=AliasChoices(name), description=description, **kw)
 
 
-def _float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a number") from None
-    if not value > 0:
-        raise ConfigError(f"{name}={value} must be > 0")
-    return value
+class ServerSettings(BaseSettings):
+    """The server layer's settings (the gateway's real-mode ones are gateway.config's)."""
 
+    # Built by from_env (model_validate on the variables alone) or directly by name in tests;
+    # frozen: the app shares one instance.
+    model_config = SettingsConfigDict(frozen=True, populate_by_name=True, extra="forbid", case_sensitive=True)
 
-@dataclass(frozen=True, slots=True)
-class ServerConfig:
-    mode: str = "sim"
-    max_episodes: int = 1024
-    idle_timeout_s: float = 1800.0
-    max_sessions: int = 256
-    max_body_bytes: int = 1 << 20
-    trace_dir: str | None = None
+    mode: Literal["sim", "real"] = _env(
+        "LLMSERVE_MODE", "`sim` (simulator) or `real` (OpenAI-compatible gateway)", default="sim")
+    max_episodes: Annotated[int, Field(ge=1, le=MAX_COUNT)] = _env(
+        "LLMSERVE_MAX_EPISODES", "most HTTP episodes kept at once (least recently used go)", default=1024)
+    idle_timeout_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = _env(
+        "LLMSERVE_EPISODE_IDLE_TIMEOUT_S", "an HTTP episode untouched this many seconds is dropped",
+        default=1800.0)
+    max_sessions: Annotated[int, Field(ge=1, le=MAX_COUNT)] = _env(
+        "LLMSERVE_MAX_SESSIONS", "most concurrent WebSocket sessions (OpenEnv's `max_concurrent_envs`)",
+        default=256)
+    max_body_bytes: Annotated[int, Field(ge=1024, le=MAX_BODY_BYTES)] = _env(
+        "LLMSERVE_MAX_BODY_BYTES", "request bodies above this get 413 (episode logs included)", default=1 << 20)
+    trace_dir: str | None = _env(
+        "LLMSERVE_TRACE_DIR",
+        "an existing folder: `trace:PATH` tasks (reset and graded logs) may only read files under it "
+        "(403 otherwise). Unset: any path the server can read (local use). The Docker image sets it",
+        default=None)
+
+    @field_validator("trace_dir")
+    @classmethod
+    def _existing_folder(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        if not v.strip():
+            raise ValueError("is empty: unset it for no confinement, or name an existing folder")
+        if not Path(v).is_dir():
+            raise ValueError("is not an existing folder")
+        return v
 
     def trace_task_id(self, task_id: str) -> str:
         """`task_id` as this server replays it: with `trace_dir` set, a `trace:PATH` is read under
@@ -85,15 +92,30 @@ class ServerConfig:
         return f"{TRACE_PREFIX}{target}{sep}{query}"
 
     @classmethod
-    def from_env(cls) -> ServerConfig:
-        mode = os.environ.get("LLMSERVE_MODE", "sim").strip().lower() or "sim"
-        if mode not in MODES:
-            raise ConfigError(f"LLMSERVE_MODE={mode!r}; allowed values: {', '.join(MODES)}")
-        return cls(
-            mode=mode,
-            max_episodes=_int("LLMSERVE_MAX_EPISODES", 1024),
-            idle_timeout_s=_float("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", 1800.0),
-            max_sessions=_int("LLMSERVE_MAX_SESSIONS", 256),
-            max_body_bytes=_int("LLMSERVE_MAX_BODY_BYTES", 1 << 20, minimum=1024),
-            trace_dir=os.environ.get("LLMSERVE_TRACE_DIR") or None,
-        )
+    def variables(cls) -> dict[str, str]:
+        """Field name -> its environment variable."""
+        return {name: f.validation_alias.choices[0] for name, f in cls.model_fields.items()}  # type: ignore[union-attr]
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:
+        """Read and check every server variable (os.environ by default); ConfigError names the bad ones."""
+        env = os.environ if environ is None else environ
+        values: dict[str, str] = {}
+        problems: list[str] = []
+        for field, var in cls.variables().items():
+            raw = env.get(var)
+            if raw is None:
+                continue
+            if not raw.strip():
+                problems.append(f"{var} is set but empty; unset it to use the default")
+            else:
+                values[field] = raw.strip().lower() if field == "mode" else raw.strip()
+        if problems:
+            raise ConfigError("server configuration: " + "; ".join(problems))
+        try:
+            return cls.model_validate(values)
+        except ValidationError as exc:
+            names = cls.variables()
+            raise ConfigError("server configuration: " + "; ".join(
+                f"{names.get(str(e['loc'][0]), e['loc'][0])}={e['input']!r}: {e['msg']}" for e in exc.errors()
+            )) from None

@@ -22,7 +22,7 @@ from typing import Any
 
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.grader import GradeResult, grade_episode
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
@@ -43,9 +43,9 @@ DESCRIPTION = (
 class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]):
     SUPPORTS_CONCURRENT_SESSIONS = True
 
-    def __init__(self, store: EpisodeStore | None = None, config: ServerConfig | None = None):
+    def __init__(self, store: EpisodeStore | None = None, config: ServerSettings | None = None):
         super().__init__()
-        self.config = config or ServerConfig.from_env()
+        self.config = config or ServerSettings.from_env()
         self.store = store if store is not None else EpisodeStore(self.config.max_episodes,
                                                                    self.config.idle_timeout_s)
         self._episode: Episode | None = None

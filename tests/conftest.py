@@ -10,7 +10,7 @@ import pytest
 from fastapi.testclient import TestClient
 from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 
 STEADY_ACTION = {
     "batch_cap": 64,
@@ -32,7 +32,7 @@ def train_extra(module: str):
 
 @pytest.fixture(scope="session")
 def app():
-    return build_app(ServerConfig(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=32,
+    return build_app(ServerSettings(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=32,
                                   max_body_bytes=256 * 1024))
 
 

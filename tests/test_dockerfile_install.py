@@ -309,6 +309,11 @@ def test_installed_package_holds_every_file_of_the_source_packages(installed_ima
 def test_image_cmd_serves_health_web_and_a_simulated_step(installed_image):
     df, context, venv, home = installed_image
     env = _clean_env(df.env, venv, home)
+    # The image's trace folder (/app/traces, made by the Dockerfile) is the staged context's here.
+    if env.get("LLMSERVE_TRACE_DIR", "").startswith(df.workdir):
+        traces = context / Path(env["LLMSERVE_TRACE_DIR"]).relative_to(df.workdir)
+        traces.mkdir(parents=True, exist_ok=True)
+        env["LLMSERVE_TRACE_DIR"] = str(traces)
     cmd = with_port(df.cmd, "{port}")
     cmd[0] = shutil.which(cmd[0], path=env["PATH"]) or cmd[0]
     log = home / "server.log"

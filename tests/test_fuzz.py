@@ -15,14 +15,14 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 from llmserve_env.server.app import build_app
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 from schemathesis.checks import positive_data_acceptance, unsupported_method
 
 MAX_EXAMPLES = 40
 
 # Built at import: Schemathesis's lazy `from_fixture` loader breaks on pytest 9 (it writes the
 # private `Function._nodeid`), so the schema is loaded eagerly, from an app of the fuzz's own.
-APP = build_app(ServerConfig(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=4,
+APP = build_app(ServerSettings(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=4,
                              max_body_bytes=256 * 1024))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 

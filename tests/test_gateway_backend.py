@@ -207,7 +207,7 @@ def test_from_env_against_the_stand_in(standin):
 def test_real_mode_episode_through_the_http_api(standin, monkeypatch, tmp_path):
     from fastapi.testclient import TestClient
     from llmserve_env.server.app import build_app
-    from llmserve_env.server.config import ServerConfig
+    from llmserve_env.server.config import ServerSettings
 
     monkeypatch.setenv("OPENAI_BASE_URL", standin.base_url)
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
@@ -218,7 +218,7 @@ def test_real_mode_episode_through_the_http_api(standin, monkeypatch, tmp_path):
     task = f"trace:{trace}?horizon=4&window_s=0.5"
     action = {"batch_cap": 16, "kv_budget_fraction": 0.5, "speculation_depth": 0, "quantization_tier": "FP16",
               "prefill_decode_split": False, "priority_routing": False}
-    with TestClient(build_app(ServerConfig(mode="real"))) as client:
+    with TestClient(build_app(ServerSettings(mode="real"))) as client:
         reset = client.post("/reset", json={"task_id": task, "seed": 0}).json()
         episode = reset["observation"]["episode_id"]
         assert reset["observation"]["metadata"]["mode"] == "real"

@@ -11,6 +11,9 @@ import asyncio
 import gc
 import json
 import logging
+import os
+import subprocess
+import sys
 import time
 
 import httpx
@@ -20,12 +23,12 @@ from fastapi.testclient import TestClient
 from llmserve_env.launch import ThreadServer
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.server.app import build_app
-from llmserve_env.server.config import ConfigError, ServerConfig
+from llmserve_env.server.config import ConfigError, ServerSettings
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.workloads import resolve_task
 from openenv.core.generic_client import GenericEnvClient
 
-SMALL = ServerConfig(mode="sim", max_episodes=3, idle_timeout_s=600.0, max_sessions=2, max_body_bytes=4096)
+SMALL = ServerSettings(mode="sim", max_episodes=3, idle_timeout_s=600.0, max_sessions=2, max_body_bytes=4096)
 
 
 def reset(client, task_id="static_workload", seed=0) -> str:
@@ -123,17 +126,38 @@ def test_settings_come_from_the_environment(monkeypatch):
     for name, value in {"LLMSERVE_MAX_EPISODES": "7", "LLMSERVE_EPISODE_IDLE_TIMEOUT_S": "12.5",
                         "LLMSERVE_MAX_SESSIONS": "3", "LLMSERVE_MAX_BODY_BYTES": "2048"}.items():
         monkeypatch.setenv(name, value)
-    config = ServerConfig.from_env()
+    config = ServerSettings.from_env()
     assert (config.max_episodes, config.idle_timeout_s, config.max_sessions, config.max_body_bytes) == \
         (7, 12.5, 3, 2048)
     app = build_app(config)
     assert app.state.episode_store.max_episodes == 7 and app.state.episode_store.idle_timeout_s == 12.5
     for name, bad in (("LLMSERVE_MAX_SESSIONS", "0"), ("LLMSERVE_MAX_EPISODES", "many"),
-                      ("LLMSERVE_MAX_BODY_BYTES", "10"), ("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", "-1")):
+                      ("LLMSERVE_MAX_BODY_BYTES", "10"), ("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", "-1"),
+                      ("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", "inf"), ("LLMSERVE_EPISODE_IDLE_TIMEOUT_S", "nan"),
+                      ("LLMSERVE_MAX_EPISODES", "1e23"), ("LLMSERVE_MAX_EPISODES", str(10**23)),
+                      ("LLMSERVE_MODE", "simulated"), ("LLMSERVE_MAX_SESSIONS", " ")):
         monkeypatch.setenv(name, bad)
         with pytest.raises(ConfigError, match=name):
-            ServerConfig.from_env()
+            ServerSettings.from_env()
         monkeypatch.delenv(name)
+
+
+def test_an_empty_or_missing_trace_dir_stops_the_server_at_start_up(monkeypatch, tmp_path):
+    """Issue 20, item 9: LLMSERVE_TRACE_DIR="" used to turn confinement off silently, and a folder
+    that does not exist was accepted."""
+    monkeypatch.setenv("LLMSERVE_TRACE_DIR", "")
+    with pytest.raises(ConfigError, match="LLMSERVE_TRACE_DIR is set but empty"):
+        ServerSettings.from_env()
+    monkeypatch.setenv("LLMSERVE_TRACE_DIR", str(tmp_path / "absent"))
+    with pytest.raises(ConfigError, match="LLMSERVE_TRACE_DIR=.*not an existing folder"):
+        ServerSettings.from_env()
+    monkeypatch.setenv("LLMSERVE_TRACE_DIR", str(tmp_path))
+    assert ServerSettings.from_env().trace_dir == str(tmp_path)
+    # The same refusal stops uvicorn before it listens: no half-configured server.
+    env = {k: v for k, v in os.environ.items() if k != "LLMSERVE_TRACE_DIR"}
+    out = subprocess.run([sys.executable, "-c", "import llmserve_env.server.app"], capture_output=True, text=True,
+                         env={**env, "LLMSERVE_TRACE_DIR": ""}, timeout=120)
+    assert out.returncode != 0 and "LLMSERVE_TRACE_DIR is set but empty" in out.stderr
 
 
 def test_memory_stays_flat_over_10000_resets(tmp_path):
@@ -142,7 +166,7 @@ def test_memory_stays_flat_over_10000_resets(tmp_path):
     # strict body, OpenEnv's handler and thread pool, environment, store).
     trace = tmp_path / "tiny.csv"
     trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n0.1,40,8\n0.5,50,8\n")
-    app = build_app(ServerConfig(mode="sim", max_episodes=64, max_sessions=2))
+    app = build_app(ServerSettings(mode="sim", max_episodes=64, max_sessions=2))
     task_id = f"trace:{trace}?horizon=1"
 
     async def post_reset(seed: int) -> int:
@@ -328,7 +352,7 @@ def test_the_api_key_appears_in_no_response_state_error_or_log(monkeypatch, tmp_
         monkeypatch.setenv("OPENAI_BASE_URL", standin.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", CANARY)
         monkeypatch.setenv("LLMSERVE_REAL_MODEL", "h100-llama3.1-8b")
-        app = build_app(ServerConfig(mode="real"))
+        app = build_app(ServerSettings(mode="real"))
         texts = [repr(app.state.config)]
         with TestClient(app) as client:
             r = client.post("/reset", json={"task_id": f"trace:{trace}?horizon=2&window_s=0.15", "seed": 0})

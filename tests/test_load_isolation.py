@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import httpx
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
@@ -42,7 +42,7 @@ def strip(observation: dict) -> dict:
 
 
 def alone(seed: int) -> list[dict]:
-    env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
+    env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerSettings(mode="sim"))
     env.reset(seed=seed, task_id=TASK)
     # Through JSON, as the observations arrive over the wire.
     return [strip(json.loads(env.step(ServeAction(**a)).model_dump_json(exclude={"reward", "done"})))
@@ -103,7 +103,7 @@ def test_two_websocket_sessions_with_the_same_seed_stay_separate(live_server):
         for x, y in zip(a_actions, b_actions, strict=True):
             got_a.append(strip(a.step(x).observation))
             got_b.append(strip(b.step(y).observation))
-    env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
+    env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerSettings(mode="sim"))
     for actions, got in ((a_actions, got_a), (b_actions, got_b)):
         env.reset(seed=7, task_id=TASK)
         want = [strip(json.loads(env.step(ServeAction(**x)).model_dump_json(exclude={"reward", "done"})))

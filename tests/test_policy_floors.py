@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 from llmserve_env.agents.random_policy import RandomPolicy
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.grader import grade_episode
@@ -43,7 +43,7 @@ RANDOM_EPISODES = 6
 
 
 def make_env() -> LLMServeEnvironment:
-    return LLMServeEnvironment(store=EpisodeStore(max_episodes=4), config=ServerConfig(mode="sim"))
+    return LLMServeEnvironment(store=EpisodeStore(max_episodes=4), config=ServerSettings(mode="sim"))
 
 
 def play(env: LLMServeEnvironment, task_id: str, seed: int, policy) -> dict:

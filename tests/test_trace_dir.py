@@ -6,7 +6,7 @@ import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
 from llmserve_env.server.app import build_app
-from llmserve_env.server.config import ServerConfig
+from llmserve_env.server.config import ServerSettings
 
 TRACE = "arrived_at,num_prefill_tokens,num_decode_tokens\n" + "".join(
     f"{i * 0.05:.2f},{100 + i},{20 + i % 7}\n" for i in range(200))
@@ -23,7 +23,7 @@ def traces(tmp_path):
 
 @pytest.fixture()
 def client(traces):
-    with TestClient(build_app(ServerConfig(trace_dir=str(traces)))) as c:
+    with TestClient(build_app(ServerSettings(trace_dir=str(traces)))) as c:
         yield c
 
 
@@ -54,6 +54,6 @@ def test_a_graded_log_cannot_name_a_file_outside_the_folder(client):
 
 def test_without_the_setting_any_readable_path_replays(tmp_path):
     (tmp_path / "t.csv").write_text(TRACE)
-    with TestClient(build_app(ServerConfig())) as c:
+    with TestClient(build_app(ServerSettings())) as c:
         r = c.post("/reset", json={"task_id": f"trace:{tmp_path / 't.csv'}?horizon=2", "seed": 0})
         assert r.status_code == 200, r.text
