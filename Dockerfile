@@ -19,10 +19,10 @@ RUN useradd --create-home --uid 1000 --shell /usr/sbin/nologin app
 WORKDIR /app
 # The whole package, weights/ included (.dockerignore keeps tests, caches and venvs out).
 COPY . .
-# The folder LLMSERVE_TRACE_DIR names must exist (the server refuses to start otherwise).
-RUN mkdir -p /app/traces
 # Dependencies come from pyproject.toml alone: the package's own [project] dependencies, no extras.
-RUN pip install --no-cache-dir .
+# traces/ (under WORKDIR) is the folder LLMSERVE_TRACE_DIR names: the server refuses to start
+# without it.
+RUN mkdir -p traces && pip install --no-cache-dir .
 
 USER 1000:1000
 EXPOSE 7860

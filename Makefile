@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: serve test install install-dev lint bench clean
+.PHONY: serve test install install-dev presubmit lint bench clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -32,6 +32,13 @@ serve: install
 
 test: install-dev
 	$(VENV)/bin/pytest -q
+
+# The pre-submission check's arguments: no Docker build by default (most machines have no engine);
+# PRESUBMIT_ARGS= builds the image too, PRESUBMIT_ARGS="--space-url https://NAME.hf.space" checks a Space.
+PRESUBMIT_ARGS ?= --skip-docker
+
+presubmit: install-dev
+	$(PY) scripts/pre_submission_check.py $(PRESUBMIT_ARGS)
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

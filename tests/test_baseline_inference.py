@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import httpx
+import pytest
 import respx
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.server.baseline_inference import main, run_baseline_suite, run_suite
@@ -20,6 +21,7 @@ def completion(content: str) -> dict:
             "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}]}
 
 
+@pytest.mark.presubmit
 def test_deterministic_suite_covers_every_task_and_repeats_exactly():
     a = run_baseline_suite(use_openai=False)
     assert set(a["tasks"]) == set(TASKS) and a["mode"] == "deterministic" and a["model"] is None
@@ -55,6 +57,7 @@ def test_cli_in_process_writes_the_output(tmp_path, capsys):
     assert "static_workload" in capsys.readouterr().out
 
 
+@pytest.mark.presubmit
 def test_cli_over_http_matches_in_process(live_server, tmp_path):
     out = tmp_path / "http.json"
     assert main(["--runtime", "http", "--base-url", live_server.url, "--task", "bursty_workload",

@@ -6,6 +6,7 @@ import pytest
 from llmserve_env import LLMServeEnv, LLMServeError, ServeAction, ServeObservation, ServeState
 
 
+@pytest.mark.presubmit
 def test_readme_client_example_runs_as_written(live_server):
     # The seed README's example, verbatim apart from the URL.
     env = LLMServeEnv.from_url(live_server.url)
@@ -48,6 +49,7 @@ def test_client_types_context_manager_and_errors(live_server):
         assert err.value.status == 404
 
 
+@pytest.mark.presubmit
 def test_openenv_generic_ws_client_plays_to_done(live_server):
     from openenv.core.generic_client import GenericEnvClient
 

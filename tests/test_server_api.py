@@ -24,6 +24,7 @@ def play(client, episode_id: str, action=STEADY_ACTION) -> list[dict]:
             return out
 
 
+@pytest.mark.presubmit
 def test_info_routes(client):
     assert client.get("/health").json()["status"] == "healthy"
     meta = client.get("/metadata").json()
@@ -38,6 +39,7 @@ def test_info_routes(client):
     assert root["web"] == "/web" and root["tasks"] == "/tasks"
 
 
+@pytest.mark.presubmit
 def test_tasks_route_lists_every_task_with_slos(client):
     body = client.get("/tasks").json()
     ids = {t["task_id"] for t in body["tasks"]}
@@ -48,6 +50,7 @@ def test_tasks_route_lists_every_task_with_slos(client):
     assert body["action_schema"]["properties"]["batch_cap"]["maximum"] == 512
 
 
+@pytest.mark.presubmit
 def test_demo_redirects_to_web_and_web_serves(client):
     r = client.get("/demo", follow_redirects=False)
     assert r.status_code in (302, 307) and r.headers["location"] == "/web"
@@ -55,6 +58,7 @@ def test_demo_redirects_to_web_and_web_serves(client):
     assert r.status_code == 200 and "<html" in r.text.lower()
 
 
+@pytest.mark.presubmit
 def test_reset_returns_episode_id_and_initial_observation(client):
     body = reset(client)
     obs = body["observation"]
@@ -62,6 +66,7 @@ def test_reset_returns_episode_id_and_initial_observation(client):
     assert body["done"] is False
 
 
+@pytest.mark.presubmit
 def test_full_episode_state_and_grade(client):
     body = reset(client, seed=3)
     eid = body["observation"]["episode_id"]
