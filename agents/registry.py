@@ -19,7 +19,6 @@ from typing import Any
 
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.heuristic import heuristic
-from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy
 from llmserve_env.agents.ppo_policy import PPOPolicy
 from llmserve_env.agents.random_policy import RandomPolicy
 from llmserve_env.agents.static import starve, vllm_default
@@ -37,6 +36,14 @@ class UnknownPolicyError(KeyError):
 
 PolicyFactory = Callable[..., Policy]
 
+
+def _llm_policy(task_id: str, model: str | None, **kw: Any) -> Policy:
+    # Imported here: the OpenAI SDK costs ~0.7 s of import that no other policy (nor a training
+    # worker, nor evaluate.py without `llm`) needs.
+    from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy
+
+    return LLMPolicy(task_id, model=model or DEFAULT_MODEL, **{k: v for k, v in kw.items() if k != "seed"})
+
 POLICIES: dict[str, PolicyFactory] = {
     "random": lambda task_id, seed=0, **_: RandomPolicy(seed),
     "starve": lambda task_id, **_: starve(),
@@ -44,8 +51,7 @@ POLICIES: dict[str, PolicyFactory] = {
     "static": lambda task_id, **_: vllm_default(),
     "tuned_static": lambda task_id, **_: tuned_static(task_id),
     "heuristic": lambda task_id, **_: heuristic(task_id),
-    "llm": lambda task_id, model=None, **kw: LLMPolicy(task_id, model=model or DEFAULT_MODEL,
-                                                       **{k: v for k, v in kw.items() if k != "seed"}),
+    "llm": lambda task_id, model=None, **kw: _llm_policy(task_id, model, **kw),
     "ppo": lambda task_id, **_: PPOPolicy(task_id),
 }
 
