@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 
-.PHONY: serve test install install-dev presubmit lint bench clean
+.PHONY: serve test install install-dev presubmit typecheck lint bench clean
 
 $(VENV)/bin/python:
 	python3 -m venv $(VENV)
@@ -39,6 +39,12 @@ PRESUBMIT_ARGS ?= --skip-docker
 
 presubmit: install-dev
 	$(PY) scripts/pre_submission_check.py $(PRESUBMIT_ARGS)
+
+# mypy on the package as `llmserve_env` (the repository root is the package: a link in a temporary
+# folder gives it its import name). Configured in pyproject.toml ([tool.mypy]).
+typecheck: install-dev
+	@link=$$(mktemp -d) && ln -s "$(CURDIR)" "$$link/llmserve_env" && \
+	MYPYPATH=$$link $(VENV)/bin/mypy -p llmserve_env; rc=$$?; rm -rf "$$link"; exit $$rc
 
 lint: install-dev
 	$(VENV)/bin/ruff check .

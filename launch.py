@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 APP = "llmserve_env.server.app:app"
 
@@ -56,7 +56,8 @@ def wait_for_health(url: str, timeout_s: float, alive: Callable[[], bool] = lamb
 class ThreadServer:
     """`with ThreadServer(app) as s: s.url` - uvicorn serving `app` on 127.0.0.1 in a daemon thread."""
 
-    def __init__(self, app: Any, *, lifespan: str = "auto", log_level: str = "warning", name: str = "server"):
+    def __init__(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", log_level: str = "warning",
+                 name: str = "server"):
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

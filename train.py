@@ -132,6 +132,7 @@ def _heuristic_demos(task: str, seeds: list[int], gamma: float) -> list[tuple]:
         x, _ = env.reset(options={"episode_seed": seed})
         feats, acts, rewards = [], [], []
         while True:
+            assert env.last_observation is not None  # reset just set it
             idx = encode_action(policy.act(env.last_observation))
             feats.append(x)
             acts.append(idx)
@@ -422,7 +423,7 @@ def initial_action(task: str, how: str) -> ServeAction:
 def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     npz = args.out_dir / f"{args.task}.npz"
-    np.savez(npz, **agent.export())
+    np.savez(npz, **agent.export())  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
     meta = {
         "task": args.task,
         **weights_meta(agent, rms, args),

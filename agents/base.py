@@ -35,7 +35,7 @@ def make_action(
         batch_cap=int(batch_cap),
         kv_budget_fraction=float(kv_budget_fraction),
         speculation_depth=int(speculation_depth),
-        quantization_tier=quantization_tier,  # type: ignore[arg-type]
+        quantization_tier=quantization_tier,
         prefill_decode_split=bool(prefill_decode_split),
         priority_routing=bool(priority_routing),
     )

@@ -120,7 +120,10 @@ class LLMPolicy:
         self.json_mode = json_mode
         self.stats = LLMPolicyStats()
         self.client = client or openai.OpenAI(
-            api_key=api_key, base_url=base_url, http_client=http_client, timeout=timeout_s, max_retries=2
+            # The SDK takes a legacy httpx.Client at run time (is_legacy_httpx_sync_client) but annotates
+            # its own httpx2.Client only.
+            api_key=api_key, base_url=base_url, http_client=http_client,  # type: ignore[arg-type]
+            timeout=timeout_s, max_retries=2,
         )
         self._system = _SYSTEM.format(
             window_s=self.task.window_s,

@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError
 from llmserve_env.shared.backend import Arrival, Backend
@@ -84,7 +84,7 @@ class Episode:
     episode_id: str
     task: TaskSpec
     seed: int
-    mode: str
+    mode: Literal["sim", "real"]
     backend: Backend
     windows: list[list[Arrival]]
     tracker: MetricsTracker
@@ -98,7 +98,7 @@ class Episode:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
-    def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
+    def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None) -> Episode:
         arrivals = generate_arrivals(task, seed)
         backend = make_backend(mode, task)
         backend.reset(seed)

@@ -12,7 +12,7 @@ Gymnasium wrapper, the trainer, the evaluator, the tuning searches and the bench
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError
@@ -24,7 +24,7 @@ from llmserve_env.shared.workloads import resolve_task
 class InProcessEnv:
     """One episode at a time, in process (a new `reset` closes the previous episode)."""
 
-    def __init__(self, mode: str = "sim"):
+    def __init__(self, mode: Literal["sim", "real"] = "sim"):
         self.mode = mode
         self._episode: Episode | None = None
 

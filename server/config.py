@@ -94,7 +94,8 @@ class ServerSettings(BaseSettings):
     @classmethod
     def variables(cls) -> dict[str, str]:
         """Field name -> its environment variable."""
-        return {name: f.validation_alias.choices[0] for name, f in cls.model_fields.items()}  # type: ignore[union-attr]
+        return {name: str(f.validation_alias.choices[0])  # type: ignore[union-attr]
+                for name, f in cls.model_fields.items()}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> ServerSettings:

@@ -352,7 +352,7 @@ def build_dashboard(
             title=title_text,
             x_title="window",
             y_title=y_title,
-            y_lim=y_lim,
+            y_lim=y_lim,  # type: ignore[arg-type]  # gradio's default is None though it annotates a list
             height=PLOT_HEIGHT,
             color_title="",
             elem_classes=["llmserve-plot"],

@@ -90,7 +90,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             step_count=ep.step_count,
             task_id=ep.task.task_id,
             seed=ep.seed,
-            mode=ep.mode,  # type: ignore[arg-type]
+            mode=ep.mode,
             profile=ep.task.profile,
             horizon=ep.task.horizon,
             window_s=ep.task.window_s,

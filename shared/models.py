@@ -16,7 +16,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 QuantizationTier = Literal["FP16", "INT8", "INT4"]
-QUANTIZATION_TIERS: tuple[str, ...] = ("FP16", "INT8", "INT4")
+QUANTIZATION_TIERS: tuple[QuantizationTier, ...] = ("FP16", "INT8", "INT4")
 
 BATCH_CAP_RANGE = (1, 512)
 KV_BUDGET_RANGE = (0.1, 1.0)

@@ -185,7 +185,7 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     n = times.shape[0]
     if who is None:
         shares = np.array([t.share for t in task.tenants], dtype=np.float64)
-        who = who_rng.choice(len(task.tenants), size=n, p=shares / shares.sum())
+        who = np.asarray(who_rng.choice(len(task.tenants), size=n, p=shares / shares.sum()))
     else:
         who = who[order]
     prompt = np.empty(n, dtype=np.int64)

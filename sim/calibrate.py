@@ -49,15 +49,16 @@ def fit_kernels(gpu: str, tp: int, dtypes: set[str]) -> tuple[dict[str, Any], di
         fit, sc = fitting.fit_gemm(gpu, dtype)
         fits["gemm"][dtype] = fit.to_dict()
         scores[f"gemm_{dtype}"] = sc.to_dict()
-    fit, sc = fitting.fit_decode_attention(gpu)
-    fits["attn_decode"], scores["attn_decode"] = fit.to_dict(), sc.to_dict()
-    fit, sc = fitting.fit_prefill_attention(gpu)
-    fits["attn_prefill"], scores["attn_prefill"] = fit.to_dict(), sc.to_dict()
-    fit, sc = fitting.fit_allreduce(gpu, 2)
-    fits["kv_transfer"], scores["kv_transfer_allreduce2"] = fit.to_dict(), sc.to_dict()
+    # One name per fit: each kernel's fit is its own type (DecodeAttentionFit, RooflineFit, AlphaBetaFit).
+    decode, sc = fitting.fit_decode_attention(gpu)
+    fits["attn_decode"], scores["attn_decode"] = decode.to_dict(), sc.to_dict()
+    prefill, sc = fitting.fit_prefill_attention(gpu)
+    fits["attn_prefill"], scores["attn_prefill"] = prefill.to_dict(), sc.to_dict()
+    transfer, sc = fitting.fit_allreduce(gpu, 2)
+    fits["kv_transfer"], scores["kv_transfer_allreduce2"] = transfer.to_dict(), sc.to_dict()
     if tp > 1:
-        fit, sc = fitting.fit_allreduce(gpu, tp)
-        fits["allreduce"], scores[f"allreduce_{tp}"] = fit.to_dict(), sc.to_dict()
+        allreduce, sc = fitting.fit_allreduce(gpu, tp)
+        fits["allreduce"], scores[f"allreduce_{tp}"] = allreduce.to_dict(), sc.to_dict()
     return fits, scores
 
 

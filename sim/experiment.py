@@ -100,7 +100,7 @@ def play(task: TaskSpec, policy: Policy, seed: int = 0, profile: str | Profile |
         for r in report.finished:
             if r.status == "ok":
                 out.finished_ok += 1
-                if r.output_tokens > 1:
+                if r.output_tokens > 1 and r.finish_s is not None and r.first_token_s is not None:
                     out.tpot_s.append((r.finish_s - r.first_token_s) / (r.output_tokens - 1))
         for gap, count in report.itl_samples:
             out.itl_weighted_sum += gap * count

@@ -52,7 +52,7 @@ class SimRequest:
         reused across windows while unchanged)."""
         r = self.rec
         key = (self.state == WAITING, tokens, r.preemptions, r.dispatch_s, r.first_token_s)
-        if key == self.snap_key:
+        if key == self.snap_key and self.snap is not None:
             return self.snap
         snap = RequestRecord(r.request_id, r.tenant, r.priority, r.arrival_s, r.prompt_tokens,
                              r.target_output_tokens, "queued" if key[0] else "running", r.dispatch_s,

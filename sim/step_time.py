@@ -102,11 +102,14 @@ class StepTimeModel:
         self.draft_head = (_head_table(p, p.draft, MAX_BATCH + 1, cs, bs) * scale).tolist()
         a = DecodeAttentionFit(p.attn_decode.c0_us, p.attn_decode.per_item_us / cs, p.attn_decode.bw_gbs * bs)
         bw = a.bw_gbs * 1e9  # bytes per s
+        # decode attention of the model (dec_) and of the draft (ddec_): fixed, per sequence, per context token
+        coeffs = {}
         for prefix, shape in (("dec", p.model), ("ddec", p.draft)):
             kvh = max(1, shape.kv_heads // p.tp)
-            setattr(self, prefix + "_c0", shape.layers * a.c0_us * 1e-6 * scale)
-            setattr(self, prefix + "_seq", shape.layers * a.per_item_us * kvh * 1e-6 * scale)
-            setattr(self, prefix + "_ctx", shape.kv_bytes_per_token(p.tp) / bw * scale)
+            coeffs[prefix] = (shape.layers * a.c0_us * 1e-6 * scale, shape.layers * a.per_item_us * kvh * 1e-6 * scale,
+                              shape.kv_bytes_per_token(p.tp) / bw * scale)
+        self.dec_c0, self.dec_seq, self.dec_ctx = coeffs["dec"]
+        self.ddec_c0, self.ddec_seq, self.ddec_ctx = coeffs["ddec"]
         self.pre_layers = p.model.layers * scale * 1e-6
         self.pre_fit = _lane(p.attn_prefill, cs, bs)
         self.heads = max(1, p.model.heads // p.tp)
