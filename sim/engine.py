@@ -73,7 +73,7 @@ def steps_to_cover(a: float, b: float, span: float) -> int:
     return k
 
 
-class WindowAccumulator:
+class WindowMeasurements:
     """What one window measured, filled in by the engine as it goes."""
 
     __slots__ = ("finished", "first_tokens", "itl", "samples", "output_tokens", "prompt_tokens", "evictions",
@@ -122,7 +122,7 @@ class Engine:
         self.pre_blocked = False
         self.arrivals: list[SimRequest] = []
         self.ai = 0
-        self.acc = WindowAccumulator()
+        self.acc = WindowMeasurements()
         self.next_sample = INF
         self.t0 = 0.0
         self.dt = 1.0
@@ -192,7 +192,7 @@ class Engine:
     # ----------------------------------------------------------------------------------- window
 
     def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
-        self.acc = WindowAccumulator()
+        self.acc = WindowMeasurements()
         self.t0, self.dt = t0, dt
         self.next_sample = t0 + dt / SAMPLES_PER_WINDOW
         reqs = []
