@@ -2,16 +2,16 @@
 
 `ThreadServer` runs an ASGI app under uvicorn in a daemon thread of this process, on a loopback
 socket bound before it starts (no port race); `ServerProcess` runs a server command (by default
-this project's server, `uvicorn llmserve_env.server.app:app`) as a child process group on a free
-loopback port and waits until its health path answers 200.
+this project's server, `uvicorn llmserve_env.server.app:app`) as a child process on a free
+loopback port and waits until its health path answers 200. The child stays in the caller's
+session: with the kernel's autogroup scheduling a session of its own is scheduled as a separate
+group, which changed the benches' client/server round trips.
 Both are context managers. Imports of uvicorn and httpx stay inside, so importing this is free.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -91,7 +91,7 @@ class ThreadServer:
 
 
 class ServerProcess:
-    """`with ServerProcess() as s: s.url` - a server in a child process group on a free loopback port.
+    """`with ServerProcess() as s: s.url` - a server in a child process on a free loopback port.
 
     `argv` is the command, `{port}` in it replaced by the port (default: this project's server under
     uvicorn); its output goes to `log` (inherited when None); `env` is its whole environment (None:
@@ -120,12 +120,12 @@ class ServerProcess:
     def start(self) -> ServerProcess:
         argv = self.argv
         if self.log is None:
-            self.proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, start_new_session=True)
+            self.proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd)
         else:
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with self.log.open("wb") as sink:
                 self.proc = subprocess.Popen(argv, env=self.env, cwd=self.cwd, stdout=sink,
-                                             stderr=subprocess.STDOUT, start_new_session=True)
+                                             stderr=subprocess.STDOUT)
         proc = self.proc
         try:
             wait_for_health(self.url, self.start_timeout_s, lambda: proc.poll() is None, self.health_path)
@@ -150,11 +150,11 @@ class ServerProcess:
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
+        self.proc.terminate()
         try:
             self.proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.kill()
             self.proc.wait()
 
     def __enter__(self) -> ServerProcess:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
@@ -57,3 +60,18 @@ def test_without_the_setting_any_readable_path_replays(tmp_path):
     with TestClient(build_app(ServerSettings())) as c:
         r = c.post("/reset", json={"task_id": f"trace:{tmp_path / 't.csv'}?horizon=2", "seed": 0})
         assert r.status_code == 200, r.text
+
+
+def test_make_serve_listens_on_loopback_and_the_image_confines_traces():
+    """Issue 20, item 10: `make serve` answered on every interface with no trace confinement, so any
+    client could probe for files. It binds 127.0.0.1 unless HOST says otherwise; the image (and the
+    Space) binds 0.0.0.0 only with LLMSERVE_TRACE_DIR set, to a folder its install line makes."""
+    root = Path(__file__).resolve().parents[1]
+    make = (root / "Makefile").read_text()
+    assert re.search(r"^HOST \?= 127\.0\.0\.1$", make, re.M)
+    serve = make.split("\nserve:", 1)[1].split("\n\n", 1)[0]
+    assert "--host $(HOST)" in serve and "0.0.0.0" not in serve
+    docker = (root / "Dockerfile").read_text()
+    assert "--host\", \"0.0.0.0\"" in docker
+    assert re.search(r"LLMSERVE_TRACE_DIR=/app/traces", docker) and re.search(r"WORKDIR /app\b", docker)
+    assert re.search(r"^RUN mkdir -p traces && pip install", docker, re.M)
