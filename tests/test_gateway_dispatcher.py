@@ -54,9 +54,9 @@ def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def chunk(text: str | None = None, finish: str | None = None) -> bytes:
+def chunk(text: str | None = None, finish: str | None = None, model: str = "m") -> bytes:
     delta = {"content": text} if text else {}
-    return sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+    return sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
@@ -88,6 +88,7 @@ class FakeEndpoint:
 
     ttft: float = 0.05
     itl: float = 0.02
+    served: str | None = None  # the model the server says answered; None: the one requested
     script: list[Callable[[dict], httpx.Response]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -97,13 +98,15 @@ class FakeEndpoint:
 
     def ok(self, body: dict, cut_after: int | None = None, stall: float = 0.0) -> httpx.Response:
         n = body["max_tokens"]
-        parts = [(self.ttft + (stall if k == 0 else 0.0) if k == 0 else self.itl, chunk(" the")) for k in range(n)]
+        model = self.served or body["model"]
+        parts = [(self.ttft + (stall if k == 0 else 0.0) if k == 0 else self.itl, chunk(" the", model=model))
+                 for k in range(n)]
         fail = None
         if cut_after is not None:
             parts, fail = parts[:cut_after], httpx.RemoteProtocolError("peer closed connection")
         else:
-            parts += [(0.0, chunk(finish="length")),
-                      (0.0, sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            parts += [(0.0, chunk(finish="length", model=model)),
+                      (0.0, sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model,
                                  "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": n,
                                                           "total_tokens": 10 + n}})),
                       (0.0, b"data: [DONE]\n\n")]
