@@ -162,6 +162,7 @@ class Dispatcher:
         self._step = 0
         self._served: dict[str, str] = {}  # requested model -> model the server said answered
         self._mismatch: str | None = None  # the first mismatch of the episode
+        self._cancel_reason = "cancelled"
         self._action: ServeAction | None = None
         self._lanes: Lanes | None = None
         self._waiting: list[Entry] = []
@@ -245,6 +246,7 @@ class Dispatcher:
         for entry in waiting:
             self._finish(entry, "cancelled", f"{reason} while queued", now)
         tasks = [e.task for e in self._running if e.task is not None]
+        self._cancel_reason = reason
         for task in tasks:
             task.cancel()
         if tasks:
@@ -483,7 +485,7 @@ class Dispatcher:
             self._finish(e, "timeout", f"request exceeded LLMSERVE_REAL_REQUEST_TIMEOUT_S={c.request_timeout_s:g}",
                          loop.time())
         except asyncio.CancelledError:
-            self._finish(e, "cancelled", "cancelled in flight (reset or close)", loop.time())
+            self._finish(e, "cancelled", f"{self._cancel_reason} while in flight", loop.time())
             raise
 
     def _backoff(self, attempt_no: int) -> float:
