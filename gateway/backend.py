@@ -109,6 +109,14 @@ class GatewayBackend:
                              output_tokens=min(a.output_tokens, c.max_completion_tokens))
                 for a in arrivals]
 
+    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: list[Arrival]) -> list[Arrival]:
+        """Start an episode for the runtime: refuse a window the step timeout cannot hold
+        (GatewayConfigError), reset under the runtime's episode id, and return the arrivals as they
+        will be sent (`cap_arrivals`), so the metrics judge what the endpoint was asked to do."""
+        self.config.check_window(window_s)
+        self.reset(seed, episode_id=episode_id)
+        return self.cap_arrivals(arrivals)
+
     # ----------------------------------------------------------------- Backend protocol
 
     def reset(self, seed: int, episode_id: str | None = None) -> None:
@@ -156,12 +164,14 @@ class GatewayBackend:
         if self._closed:
             return
         self._closed = True
-        try:
-            self.last_flush = self._service.call(
-                self._service.close_dispatcher(self._dispatcher, "backend closed"), timeout=30)
-        except GatewayClosedError:
+        if self._dispatcher.closed is not None:
             self.last_flush = []  # the service's shutdown already cancelled and recorded them
+            return
+        self.last_flush = self._service.call(
+            self._service.close_dispatcher(self._dispatcher, "backend closed"), timeout=30)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("GatewayBackend is closed")
+        if self._dispatcher.closed is not None:
+            raise GatewayClosedError(f"this real-mode episode was ended: {self._dispatcher.closed}")

@@ -163,6 +163,7 @@ class Dispatcher:
         self._served: dict[str, str] = {}  # requested model -> model the server said answered
         self._mismatch: str | None = None  # the first mismatch of the episode
         self._cancel_reason = "cancelled"
+        self.closed: str | None = None  # why the service closed it (then it serves no more windows)
         self._action: ServeAction | None = None
         self._lanes: Lanes | None = None
         self._waiting: list[Entry] = []

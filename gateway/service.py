@@ -47,7 +47,7 @@ PROBE_MAX_AGE_S = 5.0
 
 
 class GatewayClosedError(RuntimeError):
-    """The process's real-mode service has shut down."""
+    """The episode's backend was ended by the service's shutdown."""
 
 
 def build_stream_client(config: GatewayConfig, http_client: Any = None) -> StreamClient:
@@ -116,7 +116,7 @@ class GatewayService:
     def loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
             if self._closed:
-                raise GatewayClosedError("real mode has shut down (the server is stopping)")
+                raise GatewayClosedError("real mode is shutting down (the server is stopping)")
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="llmserve-gateway", daemon=True)
@@ -175,6 +175,7 @@ class GatewayService:
         return d
 
     async def close_dispatcher(self, d: Dispatcher, reason: str) -> list[RequestRecord]:
+        d.closed = reason
         try:
             return await d.stop(reason)
         finally:
@@ -215,7 +216,9 @@ class GatewayService:
 
     def shutdown(self, reason: str = "server shutting down", timeout_s: float = 10.0) -> int:
         """Cancel and record every outstanding request of every episode, flush the record files, stop
-        the loop. Returns how many records the shutdown ended. Safe to call twice."""
+        the loop. Returns how many records the shutdown ended. Safe to call twice. The episodes it ended
+        refuse further windows; a backend made afterwards starts a fresh loop (an app rebuilt in the
+        same process, as tests do)."""
         with self._lock:
             loop, thread = self._loop, self._thread
             self._closed = True
@@ -232,6 +235,7 @@ class GatewayService:
                 loop.close()
             with self._lock:
                 self._loop = self._thread = None
+                self._closed = False
 
     # ----------------------------------------------------------------- health
 
@@ -240,12 +244,13 @@ class GatewayService:
             self.endpoint = EndpointState(config)
         self.endpoint.probe = result
 
-    def endpoint_health(self, max_age_s: float = PROBE_MAX_AGE_S) -> dict[str, object] | None:
+    def endpoint_health(self, max_age_s: float | None = None) -> dict[str, object] | None:
         """{"endpoint", "reachable", "probe", "requests"}; probes again when the last probe is older
         than `max_age_s` (blocks up to LLMSERVE_REAL_PROBE_TIMEOUT_S). None when no real-mode endpoint is set."""
         state = self.endpoint
         if state is None:
             return None
+        max_age_s = PROBE_MAX_AGE_S if max_age_s is None else max_age_s
         probe = state.probe
         if probe is None or time.monotonic() - probe.checked_at > max_age_s:
             probe = state.probe = probe_endpoint(state.config)
@@ -270,11 +275,11 @@ def shutdown(timeout_s: float = 10.0) -> int:
     return SERVICE.shutdown(timeout_s=timeout_s)
 
 
-def endpoint_health(max_age_s: float = PROBE_MAX_AGE_S) -> dict[str, object] | None:
+def endpoint_health(max_age_s: float | None = None) -> dict[str, object] | None:
     return SERVICE.endpoint_health(max_age_s)
 
 
-async def endpoint_health_async(max_age_s: float = PROBE_MAX_AGE_S) -> dict[str, object] | None:
+async def endpoint_health_async(max_age_s: float | None = None) -> dict[str, object] | None:
     """For an async /health route: the probe runs in a worker thread, never on the caller's loop."""
     return await asyncio.to_thread(SERVICE.endpoint_health, max_age_s)
 

@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 import respx
+from llmserve_env.gateway import service as gateway_service
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
@@ -193,3 +194,39 @@ def test_one_model_server_is_caught_end_to_end():
     notes = rep.notes if rep.notes["model_mismatches"] else rep2.notes
     assert notes["model_mismatches"] == 1 and "smollm2-135m" in notes["model_mismatch"]
     assert rep2.applied["quantization_tier"] is False
+
+
+def test_the_server_wires_health_shutdown_and_what_was_sent(monkeypatch, tmp_path):
+    """Through the HTTP app: /health names the endpoint and answers 503 once it is gone; the observation's
+    mean_prompt_length is the capped length that was sent; the app's shutdown records what was in flight."""
+    from fastapi.testclient import TestClient
+    from llmserve_env.server.app import build_app
+    from llmserve_env.server.config import ServerConfig
+
+    record = tmp_path / "rec.jsonl"
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{0.05 * i:.2f},{40 + 4 * i},{300}\n" for i in range(10)))
+    action = {"batch_cap": 4, "kv_budget_fraction": 0.5, "speculation_depth": 0, "quantization_tier": "FP16",
+              "prefill_decode_split": False, "priority_routing": False}
+    with BackgroundStandin(StandinConfig(profile=PROFILE)) as s:
+        for k, v in {"OPENAI_BASE_URL": s.base_url, "LLMSERVE_REAL_MODEL": PROFILE,
+                     "LLMSERVE_REAL_MAX_PROMPT_TOKENS": "50", "LLMSERVE_REAL_RECORD": str(record)}.items():
+            monkeypatch.setenv(k, v)
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        with TestClient(build_app(ServerConfig(mode="real"))) as client:
+            health = client.get("/health")
+            assert health.status_code == 200 and health.json()["real_endpoint"]["reachable"] is True
+            reset = client.post("/reset", json={"task_id": f"trace:{trace}?horizon=3&window_s=0.5", "seed": 0}).json()
+            obs = client.post("/step", json={"action": action, "episode_id": reset["observation"]["episode_id"]}
+                              ).json()["observation"]
+            # prompts 40, 44, ..., 76 tokens, cut to 50: (40 + 44 + 48 + 7 * 50) / 10
+            assert obs["mean_prompt_length"] == pytest.approx(48.2)
+            assert obs["metadata"]["backend_notes"]["mean_prompt_tokens_sent"] == pytest.approx(48.2)
+            s.__exit__()  # the endpoint goes away
+            monkeypatch.setattr(gateway_service, "PROBE_MAX_AGE_S", 0.0)  # no cached probe
+            gone = client.get("/health")
+            assert gone.status_code == 503 and gone.json()["status"] == "unhealthy"
+    rows = read_records(record)  # the app's shutdown cancelled and recorded the 300-token requests in flight
+    assert sorted(r["request_id"] for r in rows) == list(range(10))
+    assert {r["episode_id"] for r in rows} == {reset["observation"]["episode_id"]}
