@@ -9,6 +9,7 @@ saying what to fix, instead of episodes that look normal and measure nothing.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError
@@ -17,6 +18,7 @@ from llmserve_env.gateway.probe import probe_endpoint
 from llmserve_env.gateway.service import SERVICE, GatewayService
 
 logger = logging.getLogger("llmserve_env.gateway")
+PROBE_RETRY_S = 0.25
 
 
 def check_real_mode(window_lengths: Iterable[float], environ: Mapping[str, str] | None = None,
@@ -30,7 +32,13 @@ def check_real_mode(window_lengths: Iterable[float], environ: Mapping[str, str] 
     if not config.probe:
         logger.warning("LLMSERVE_REAL_PROBE=0: %s was not probed at start-up", config.base_url)
         return config
+    # An endpoint started alongside the server may need a moment: retry refused connections until
+    # the probe timeout has passed, then judge.
+    deadline = time.monotonic() + config.probe_timeout_s
     result = probe_endpoint(config)
+    while not result.reachable and time.monotonic() + PROBE_RETRY_S < deadline:
+        time.sleep(PROBE_RETRY_S)
+        result = probe_endpoint(config, max(0.1, deadline - time.monotonic()))
     (service or SERVICE).set_probe(config, result)
     skip = "set LLMSERVE_REAL_PROBE=0 to start without this check"
     if not result.reachable:
