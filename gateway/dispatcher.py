@@ -157,6 +157,7 @@ class Dispatcher:
         self._anchor: float | None = None  # loop time of episode time 0
         self._window_open = False
         self._abandon_handle: asyncio.TimerHandle | None = None
+        self._abandon_task: asyncio.Task | None = None
         self._window_task: asyncio.Task | None = None
         self.episode_id = ""
         self._step = 0
@@ -252,6 +253,10 @@ class Dispatcher:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
+        # A task cancelled before its first step never runs its own handler: end those here, so no
+        # admitted request goes unrecorded.
+        for e in [e for e in self._running if e.record.status not in TERMINAL_STATUSES]:
+            self._finish(e, "cancelled", f"{reason} before it was sent", loop.time())
         self._set_busy()
         flushed = self._window.take().finished if take else []
         if self.recorder is not None:
@@ -267,7 +272,8 @@ class Dispatcher:
         logger.info("episode %s: no step for %g s; cancelling its %d outstanding requests",
                     self.episode_id or self._episode, self.config.abandon_s, n)
         self._window.abandoned += n
-        asyncio.get_running_loop().create_task(self.cancel_all(
+        # Held here: the loop keeps only a weak reference to a task.
+        self._abandon_task = asyncio.get_running_loop().create_task(self.cancel_all(
             f"episode abandoned (no step for LLMSERVE_REAL_ABANDON_S={self.config.abandon_s:g} s)", take=False))
 
     # ----------------------------------------------------------------- one window

@@ -643,3 +643,25 @@ def test_notes_count_errors_and_timeouts_and_flag_empty_windows():
     assert r0.notes["mean_prompt_tokens_sent"] == 55.0  # 10 and 500 cut to 100
     assert (r1.notes["errors"], r1.notes["timeouts"], r1.notes["ttft_samples"]) == (0, 0, 0)
     assert r1.notes["mean_prompt_tokens_sent"] is None  # nothing arrived
+
+
+def test_a_request_cancelled_before_its_task_ran_is_still_recorded(tmp_path):
+    """Admitted and cancelled in the same loop turn (a reset or shutdown right after a release): its task
+    never starts, so its own handler never runs; cancel_all ends it (issue 20 item 5: no request unrecorded)."""
+    ep = FakeEndpoint()
+    d, router = make(ep)
+    d.recorder = JsonlRecorder(tmp_path / "rec.jsonl")
+
+    async def main():
+        with router:
+            d._set_action(act())
+            d._release(Arrival(0, 0.0, 10, 2), "p", asyncio.get_running_loop().time(), False, 0)
+            assert len(d._running) == 1  # admitted, its task not started
+            return await d.cancel_all("episode reset")
+
+    flush = run_virtual(main())
+    d.recorder.close()
+    assert [(r.request_id, r.status) for r in flush] == [(0, "cancelled")]
+    assert "before it was sent" in flush[0].error and ep.bodies == []
+    assert [r["status"] for r in read_records(tmp_path / "rec.jsonl")] == ["cancelled"]
+    assert d._process.inflight == 0
