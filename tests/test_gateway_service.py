@@ -230,3 +230,54 @@ def test_the_server_wires_health_shutdown_and_what_was_sent(monkeypatch, tmp_pat
     rows = read_records(record)  # the app's shutdown cancelled and recorded the 300-token requests in flight
     assert sorted(r["request_id"] for r in rows) == list(range(10))
     assert {r["episode_id"] for r in rows} == {reset["observation"]["episode_id"]}
+
+
+def test_sigterm_records_every_request_in_flight(tmp_path):
+    """Issue 20 item 5, as an operator sees it: `uvicorn` in real mode gets SIGTERM while requests are in
+    flight; every released request is in the record file, the in-flight ones `cancelled`."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    record = tmp_path / "rec.jsonl"
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrived_at,num_prefill_tokens,num_decode_tokens\n"
+                     + "".join(f"{0.02 * i:.2f},{40 + i},{2000}\n" for i in range(12)))
+    with BackgroundStandin(StandinConfig(profile=PROFILE)) as s:
+        env = {**os.environ, "LLMSERVE_MODE": "real", "OPENAI_BASE_URL": s.base_url, "LLMSERVE_REAL_MODEL": PROFILE,
+               "LLMSERVE_REAL_RECORD": str(record), "LLMSERVE_REAL_MAX_COMPLETION_TOKENS": "2000"}
+        env.pop("OPENAI_API_KEY", None)
+        proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "llmserve_env.server.app:app", "--port", str(port),
+                                 "--log-level", "warning"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    httpx.get(base + "/health", timeout=1.0).raise_for_status()
+                    break
+                except httpx.HTTPError:
+                    assert time.monotonic() < deadline and proc.poll() is None, "the server did not start"
+                    time.sleep(0.2)
+            ep = httpx.post(base + "/reset", json={"task_id": f"trace:{trace}?horizon=2&window_s=0.5"},
+                            timeout=10).json()["observation"]["episode_id"]
+            obs = httpx.post(base + "/step", timeout=10, json={"episode_id": ep, "action": {
+                "batch_cap": 8, "kv_budget_fraction": 1.0, "speculation_depth": 0, "quantization_tier": "FP16",
+                "prefill_decode_split": False, "priority_routing": False}}).json()["observation"]
+            assert obs["active_requests"] + obs["queue_depth"] == 12  # 2000-token answers: all still there
+            proc.send_signal(signal.SIGTERM)
+            # uvicorn shuts down gracefully, then re-raises the signal it caught (exit status -15)
+            assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    rows = read_records(record)
+    assert sorted(r["request_id"] for r in rows) == list(range(12))
+    assert {r["status"] for r in rows} == {"cancelled"} and {r["episode_id"] for r in rows} == {ep}
+    assert sum(r["dispatch_s"] is not None for r in rows) == 8  # batch_cap 8 were in flight, 4 queued
