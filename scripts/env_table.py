@@ -65,7 +65,10 @@ def rows() -> list[tuple[str, str, str, str]]:
     if settings is not None:
         for f in settings.model_fields.values():
             var = f.validation_alias.choices[0]
-            out.append((var, "real mode", _default(f.default), (f.description or documented.get(var, (None, ""))[1])))
+            doc_default, doc_text = documented.get(var, (None, ""))
+            # an unset field the gateway fills in later (OPENAI_BASE_URL): its documented default
+            default = doc_default if f.default is None and doc_default else _default(f.default)
+            out.append((var, "real mode", default, f.description or doc_text))
     else:
         out += [(var, "real mode", default or "(unset)", text) for var, (default, text) in documented.items()]
     return out

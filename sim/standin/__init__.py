@@ -34,6 +34,8 @@ them for the next requests, one entry each):
 first chunk T ms after the request is read, then one every I ms), for measuring a client's accuracy.
 `GET /v1/standin/streams` returns (and clears) each finished stream's server-side timestamps
 (time.monotonic, the clock asyncio uses, so a client on this machine can compare directly).
+`--served-model NAME` answers every request as NAME and lists only NAME, whatever model was asked
+for, the way a one-model server (llama.cpp's llama-server) does: for testing that clients notice.
 `--api-key K` makes the server demand that key; a wrong one gets a 401 that echoes it back, the
 way a careless server might, so clients can prove they redact it.
 

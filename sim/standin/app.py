@@ -36,6 +36,7 @@ class StandinConfig:
     fixed_ttft_s: float | None = None
     fixed_itl_s: float | None = None
     api_key: str | None = None
+    served_model: str | None = None  # answer as this one model whatever was asked (a one-model server)
     faults: Faults = field(default_factory=Faults)
 
 
@@ -51,6 +52,8 @@ class StandinState:
         self.requests = 0
 
     def models(self) -> list[str]:
+        if self.config.served_model:
+            return [self.config.served_model]
         p = self.config.profile
         return [p] + [f"{p}-{t.lower()}" for t in TIERS]
 
@@ -100,10 +103,16 @@ def _sse(obj: dict[str, object]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _key_ok(request: Request, key: str) -> bool:
+    return request.headers.get("authorization", "").removeprefix("Bearer ").strip() == key
+
+
 def build_app(config: StandinConfig) -> Starlette:
     state = StandinState(config)
 
     async def models(request: Request) -> Response:
+        if config.api_key is not None and not _key_ok(request, config.api_key):
+            return _error(401, "Incorrect API key provided", "invalid_request_error")
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmserve-standin"} for m in state.models()]})
 
@@ -145,7 +154,7 @@ def build_app(config: StandinConfig) -> Starlette:
                           {"retry-after": f"{ra:g}", "retry-after-ms": str(int(ra * 1000))})
         if fault == "500":
             return _error(500, "Internal server error (stand-in fault injection)", "server_error")
-        model = str(body.get("model") or config.profile)
+        model = config.served_model or str(body.get("model") or config.profile)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             return _error(400, "max_tokens must be >= 1", "invalid_request_error")

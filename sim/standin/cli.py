@@ -24,6 +24,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed-ttft-ms", type=float, default=None, help="exact TTFT instead of the batching loop")
     ap.add_argument("--fixed-itl-ms", type=float, default=20.0, help="exact ITL with --fixed-ttft-ms")
     ap.add_argument("--api-key", default=None, help="require this key (default: accept any)")
+    ap.add_argument("--served-model", default=None, help="answer every request as this one model (like llama-server)")
     ap.add_argument("--fail-429", type=float, default=0.0)
     ap.add_argument("--retry-after", type=float, default=1.0)
     ap.add_argument("--fail-500", type=float, default=0.0)
@@ -45,7 +46,8 @@ def config_from_args(a: argparse.Namespace) -> StandinConfig:
     fixed = a.fixed_ttft_ms is not None
     return StandinConfig(profile=a.profile, tier=a.tier, max_num_seqs=a.max_num_seqs,
                          fixed_ttft_s=a.fixed_ttft_ms / 1000 if fixed else None,
-                         fixed_itl_s=a.fixed_itl_ms / 1000 if fixed else None, api_key=a.api_key, faults=faults)
+                         fixed_itl_s=a.fixed_itl_ms / 1000 if fixed else None, api_key=a.api_key,
+                         served_model=a.served_model, faults=faults)
 
 
 def main(argv: list[str] | None = None) -> None:
