@@ -284,7 +284,7 @@ class GatewaySettings(BaseSettings):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> GatewaySettings:
         env = os.environ if environ is None else environ
-        names = {f.validation_alias.choices[0] for f in cls.model_fields.values()}  # type: ignore[union-attr]
+        names = {str(f.validation_alias.choices[0]) for f in cls.model_fields.values()}  # type: ignore[union-attr]
         unknown = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in names)
         problems = [f"{k} is not a real-mode variable (known: {', '.join(sorted(n for n in names if n.startswith(ENV_PREFIX)))})"
                     for k in unknown]
