@@ -84,9 +84,11 @@ class Side:
     window_tpot: list[list[float]] = field(default_factory=list)
 
 
-def _add_request(side: Side, rid: int, arrival: float, first: float | None, finish: float | None, out: int,
-                 status: str, window_s: float, windows: int) -> None:
-    if first is not None:
+def _add_request(side: Side, rid: int, arrival: float, first_seen: float | None, finish: float | None, out: int,
+                 status: str, window_s: float, windows: int, first: float | None = None) -> None:
+    """`first_seen`: a first token to count for TTFT; `first`: one already counted (TPOT only)."""
+    if first_seen is not None:
+        first = first_seen
         side.ttft[rid] = first - arrival
         k = int(first // window_s)
         if k < windows:
@@ -140,9 +142,12 @@ def sim_side(run: RecordedRun, profile: Profile) -> Side:
         report = backend.run_window(run.action(k), arrivals[lo:hi], k * dt, dt)
         lo = hi
         side.window_tokens[k] = report.output_tokens
+        for rid, _, ttft in report.first_tokens:  # still running at the end or not: its first token counts
+            side.ttft[rid] = ttft
+            side.window_ttft[k].append(ttft)
         for rec in report.finished:
-            _add_request(side, rec.request_id, rec.arrival_s, rec.first_token_s, rec.finish_s, rec.output_tokens,
-                         rec.status, dt, run.windows)
+            _add_request(side, rec.request_id, rec.arrival_s, None, rec.finish_s, rec.output_tokens, rec.status, dt,
+                         run.windows, first=rec.first_token_s)
     backend.close()
     return side
 

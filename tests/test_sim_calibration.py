@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
 import pytest
-from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.tasks import TaskSpec, TenantSpec
-from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim import calibrate
-from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.kernel_data import DATA_DIR
 from llmserve_env.sim.profiles import UnknownProfileError, list_profiles, load_profile
-from llmserve_env.sim.record_fit import fit_records, read_records
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
@@ -104,52 +98,6 @@ def test_step_time_shapes():
     # all-reduce makes the TP4 70B profile pay per token
     p70 = StepTimeModel(load_profile("h100-llama3.1-70b-tp4"), "FP16")
     assert p70.dense[2048] > fp16.dense[2048]
-
-
-def _records(profile, path: Path, windows_n: int = 20) -> Path:
-    task = TaskSpec("rec", "x", "x", (TenantSpec("chat", 1, 1.0, 1000.0, 100.0, (512, 0.8), (128, 0.8)),),
-                    workload={"kind": "poisson", "rate_rps": 6.0}, horizon=windows_n)
-    backend = SimBackend(profile)
-    backend.reset(0)
-    action = ServeAction(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
-                         prefill_decode_split=False, priority_routing=False)
-    lines = []
-    for k, w in enumerate(windows(generate_arrivals(task, 0), task)):
-        report = backend.run_window(action, w, float(k), 1.0)
-        lines += [json.dumps(dataclasses.asdict(r)) for r in report.finished]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-def test_records_fit_recovers_a_slower_gpu(tmp_path):
-    base = load_profile("h100-llama3.1-8b")
-    truth = dataclasses.replace(base, gpu_time_scale=1.3)
-    fit = fit_records(base, read_records(_records(truth, tmp_path / "r.jsonl")))
-    assert fit.gpu_time_scale == pytest.approx(1.3, rel=0.1)
-    assert fit.after_median_abs_error_pct < 0.5 * fit.before_median_abs_error_pct
-    assert fit.after_median_abs_error_pct < 10
-
-
-def test_records_calibration_cli_writes_a_loadable_profile(tmp_path):
-    recs = _records(load_profile("h100-llama3.1-8b"), tmp_path / "tiny.jsonl", windows_n=6)
-    assert calibrate.main(["records", "--profile", "h100-llama3.1-8b", "--records", str(recs),
-                           "--out", "h100-refit", "--out-dir", str(tmp_path)]) == 0
-    prof = json.loads((tmp_path / "h100-refit.json").read_text())
-    assert prof["id"] == "h100-refit" and "records_fit" in prof["provenance"]
-    assert prof["engine"]["gpu_time_scale"] == pytest.approx(1.0, rel=0.1)
-    assert (tmp_path / "h100-refit.records_fit.md").read_text().startswith("# Records fit")
-
-
-def test_malformed_records_name_the_line(tmp_path):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"status": "ok", "dispatch_s": 0, "first_token_s": 1, "finish_s": 2, '
-                   '"prompt_tokens": 5, "output_tokens": 3}\nnot json\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:2"):
-        read_records(bad)
-    missing = tmp_path / "missing.jsonl"
-    missing.write_text('{"status": "ok", "dispatch_s": 0}\n')
-    with pytest.raises(ValueError, match="missing.jsonl:1: missing first_token_s"):
-        read_records(missing)
 
 
 def _synthetic_steps(path: Path, profile_id: str, t_fixed: float, scale: float) -> Path:
