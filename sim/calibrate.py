@@ -120,13 +120,31 @@ def batch1_decode_s(profile: dict[str, Any], context: int = ANCHOR_CONTEXT) -> f
     return StepTimeModel(profile_from_dict(profile), "FP16").iteration_s(1, float(context), 0, [], 0, 0)
 
 
+# Significant digits kept of a fitted coefficient: the least squares' last bits change with the BLAS
+# and its threads (1e-12..1e-10 relative was seen between two runs on one machine), and the shipped
+# profiles must come out bit for bit from `kernels --out-dir sim/profiles`. Six digits is far below
+# the fits' ~8 % error.
+FIT_DIGITS = 6
+
+
+def round_sig(obj: Any, digits: int = FIT_DIGITS) -> Any:
+    """`obj` with every float rounded to `digits` significant digits (dicts and lists walked)."""
+    if isinstance(obj, dict):
+        return {k: round_sig(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [round_sig(v, digits) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    return obj
+
+
 def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[str, Any]:
     """The full profile dict for `profile_id`, fitted from the kernel tables."""
     prof = base_profile(profile_id)
     hw = prof["hardware"]
     dtypes = {t["gemm"] for t in prof["quantization"].values()} | {"bfloat16"}
     fits, scores = fit_kernels(hw["gpu"], hw["tp"], dtypes)
-    prof["fits"] = fits
+    prof["fits"] = round_sig(fits)
     prof["engine"]["t_fixed_s"] = 0.0
     gpu_only = batch1_decode_s(prof)
     if t_fixed_s is None:
