@@ -33,6 +33,12 @@ class ServeResetRequest(BaseModel):
     seed: int | None = Field(None, ge=0, description="fixes the whole arrival stream (default 0)")
     episode_id: str | None = Field(None, max_length=255,
                                    description="an id for the new episode (default: a fresh uuid)")
+    profile: str | None = Field(None, min_length=1, max_length=255,
+                                description="sim mode: serve on this simulator profile id instead of the "
+                                            "task's (a fitted one from LLMSERVE_PROFILE_PATH or the user folder)")
+    caps: dict[str, int | None] | None = Field(
+        None, description="sim mode: real mode's request caps, applied by the simulator to replay a recorded "
+                          "episode: max_requests_per_step, max_prompt_tokens, max_completion_tokens")
 
 
 class ServeStepRequest(BaseModel):

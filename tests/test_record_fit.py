@@ -9,9 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import STEADY_ACTION
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
@@ -213,3 +215,41 @@ def test_replay_of_a_recording_made_through_the_gateway(tmp_path, capsys):
     assert sum(r["status"] == "rejected" for r in run.rows) == 2
     cmp = replay(run, load_profile(BASE))
     assert cmp.n_ttft == 3 and cmp.unmatched == 0
+
+
+def _fitted_profile_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "fitted"
+    folder.mkdir()
+    (folder / "cpu-engine.json").write_text(json.dumps(with_coefficients(load_profile(BASE), CPU, "cpu-engine").raw))
+    return folder
+
+
+def test_a_task_plays_in_process_on_a_fitted_profile_under_real_caps(tmp_path):
+    path = _fitted_profile_folder(tmp_path) / "cpu-engine.json"
+    env = InProcessEnv()
+    obs = env.reset("static_workload", 0, profile=str(path), caps=RequestCaps(max_requests_per_step=5))
+    assert obs.metadata["profile"] == "cpu-engine"
+    obs = env.step(ACTION)
+    notes = obs.metadata["backend_notes"]
+    assert notes["profile"] == "cpu-engine" and notes["caps"]["max_requests_per_step"] == 5
+    assert notes["rejected"] > 0  # static_workload sends ~50 a window; 5 are served
+    assert env.episode.episode_log().profile == "cpu-engine"
+    env.close()
+    with pytest.raises(UnknownProfileError):
+        env.reset("static_workload", 0, profile="no-such-profile")
+
+
+def test_reset_over_http_chooses_a_fitted_profile_and_caps(client, tmp_path, monkeypatch):
+    monkeypatch.setenv("LLMSERVE_PROFILE_PATH", str(_fitted_profile_folder(tmp_path)))
+    r = client.post("/reset", json={"task_id": "static_workload", "profile": "cpu-engine",
+                                    "caps": {"max_requests_per_step": 5, "max_completion_tokens": 16}})
+    assert r.status_code == 200, r.text
+    obs = r.json()["observation"]
+    assert obs["metadata"]["profile"] == "cpu-engine"
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": obs["episode_id"]})
+    assert r.status_code == 200 and r.json()["observation"]["metadata"]["backend_notes"]["profile"] == "cpu-engine"
+    for body, needle in (({"profile": "no-such-profile"}, "unknown profile"),
+                         ({"profile": str(tmp_path / "fitted" / "cpu-engine.json")}, "profile id"),
+                         ({"caps": {"max_tokens": 5}}, "unknown cap")):
+        r = client.post("/reset", json={"task_id": "static_workload", **body})
+        assert 400 <= r.status_code < 500 and needle in r.text, (body, r.text)
