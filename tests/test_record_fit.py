@@ -253,3 +253,23 @@ def test_reset_over_http_chooses_a_fitted_profile_and_caps(client, tmp_path, mon
                          ({"caps": {"max_tokens": 5}}, "unknown cap")):
         r = client.post("/reset", json={"task_id": "static_workload", **body})
         assert 400 <= r.status_code < 500 and needle in r.text, (body, r.text)
+
+
+def test_the_stand_in_serves_a_fitted_profile_at_its_speed(tmp_path):
+    """A fitted (measured) profile given to the loopback stand-in is timed by its own coefficients,
+    not by the kernel model of the profile it started from (that would answer in milliseconds)."""
+    path = _fitted_profile_folder(tmp_path) / "cpu-engine.json"
+    tiers = TierTable({t: TierPrice("cpu-engine", 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "test")
+    with BackgroundStandin(StandinConfig(profile=str(path))) as s:
+        b = GatewayBackend(GatewayConfig(api_key=Secret("EMPTY"), base_url=s.base_url), tiers=tiers,
+                           lag_monitor=False)
+        b.reset(0)
+        try:
+            reports = [b.run_window(ACTION, [Arrival(0, 0.0, 40, 3)] if k == 0 else [], 0.5 * k, 0.5)
+                       for k in range(3)]
+        finally:
+            b.close()
+    [rec] = [r for rep in reports for r in rep.finished]
+    # a 40-token prompt costs >= 12 ms + 40 x 6 ms = 252 ms on this engine; the server waits it (a busy
+    # machine can only add to it)
+    assert rec.status == "ok" and rec.first_token_s - rec.dispatch_s >= 0.25
