@@ -21,7 +21,14 @@ import inspect
 from typing import Any
 
 from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
+from llmserve_env.runtime.errors import (
+    EnvError,
+    EpisodeNotDoneError,
+    EpisodeRequiredError,
+    SimOnlyOptionError,
+    UnknownProfileRequestError,
+    UnknownSplitError,
+)
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.grader import GradeResult, grade_episode
@@ -76,7 +83,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
         """`profile`: an id only (a folder of LLMSERVE_PROFILE_PATH or the user folder holds fitted ones;
         a client never names a file). `caps`: real mode's request caps, applied by the simulator."""
         if (profile is not None or caps is not None) and self.config.mode != "sim":
-            raise EnvError("profile and caps are sim-mode options; this server runs in real mode")
+            raise SimOnlyOptionError("profile and caps are sim-mode options; this server runs in real mode")
         loaded = None
         if profile is not None:
             from llmserve_env.sim.profiles import (
@@ -87,11 +94,12 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             )
 
             if not isinstance(profile, str) or "/" in profile or "\\" in profile or profile.endswith(".json"):
-                raise EnvError(f"profile must be a profile id (one of {', '.join(list_profiles())}), got {profile!r}")
+                raise UnknownProfileRequestError(
+                    f"profile must be a profile id (one of {', '.join(list_profiles())}), got {profile!r}")
             try:
                 loaded = load_profile(profile)
             except (UnknownProfileError, InvalidProfileError) as exc:
-                raise EnvError(str(exc)) from None
+                raise UnknownProfileRequestError(str(exc)) from None
         parsed = None
         if caps is not None:
             from llmserve_env.sim.caps import CapsError, RequestCaps

@@ -201,14 +201,21 @@ def resolve_profile_path(ref: str) -> Path:
     """The file of profile `ref`: a path to a .json file, or an id looked up in `profile_dirs()`."""
     if _is_path(ref):
         path = Path(ref).expanduser()
-        if path.suffix != ".json" or not path.is_file():
+        if path.suffix != ".json" or not _is_file(path):
             raise UnknownProfileError(ref)
         return path.resolve()
     for d in profile_dirs():
         path = d / f"{ref}.json"
-        if path.is_file():
+        if _is_file(path):
             return path
     raise UnknownProfileError(ref)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the filesystem, a NUL byte: no such profile
+        return False
 
 
 def load_profile(ref: str) -> Profile:

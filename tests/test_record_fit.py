@@ -248,11 +248,14 @@ def test_reset_over_http_chooses_a_fitted_profile_and_caps(client, tmp_path, mon
     assert obs["metadata"]["profile"] == "cpu-engine"
     r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": obs["episode_id"]})
     assert r.status_code == 200 and r.json()["observation"]["metadata"]["backend_notes"]["profile"] == "cpu-engine"
-    for body, needle in (({"profile": "no-such-profile"}, "unknown profile"),
-                         ({"profile": str(tmp_path / "fitted" / "cpu-engine.json")}, "profile id"),
-                         ({"caps": {"max_tokens": 5}}, "unknown cap")):
+    r = client.post("/reset", json={"task_id": "static_workload", "profile": "no-such-profile"})
+    assert r.status_code == 404 and "unknown profile 'no-such-profile'" in r.text
+    # a client names ids, never files; caps are strict
+    for body, loc in (({"profile": str(tmp_path / "fitted" / "cpu-engine.json")}, ["body", "profile"]),
+                      ({"caps": {"max_tokens": 5}}, ["body", "caps", "max_tokens"]),
+                      ({"caps": {"max_prompt_tokens": 0}}, ["body", "caps", "max_prompt_tokens"])):
         r = client.post("/reset", json={"task_id": "static_workload", **body})
-        assert 400 <= r.status_code < 500 and needle in r.text, (body, r.text)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"] == loc, (body, r.text)
 
 
 def test_the_stand_in_serves_a_fitted_profile_at_its_speed(tmp_path):
