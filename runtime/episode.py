@@ -118,9 +118,17 @@ class Episode:
         """`profile`, `caps`: sim mode only, see make_backend (UnknownProfileError / CapsError when bad)."""
         arrivals = generate_arrivals(task, seed)
         backend = make_backend(mode, task, profile, caps)
-        backend.reset(seed)
+        episode_id = episode_id or uuid.uuid4().hex
+        if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
+            try:
+                arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]
+            except ValueError as exc:  # a window the step timeout cannot hold (a trace task's window_s)
+                backend.close()
+                raise EnvError(str(exc)) from None
+        else:
+            backend.reset(seed)
         ep = cls(
-            episode_id=episode_id or uuid.uuid4().hex,
+            episode_id=episode_id,
             task=task,
             seed=seed,
             mode=mode,
