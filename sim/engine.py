@@ -35,7 +35,7 @@ import heapq
 import math
 
 import numpy as np
-from llmserve_env.shared.admission import KV_BLOCK_TOKENS, blocks_for
+from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.profiles import Profile
@@ -117,6 +117,8 @@ class Engine:
         self.carry = (0.0, 0.0, 0.0)  # busy overhang per lane into the next window
         self.action_key: tuple | None = None
         self.batch_cap = 1
+        self.limits = AdmissionLimits(1, 1)  # batch_cap and the KV pool's blocks, set by configure
+        self.admissions = 0                  # requests admitted to the running set so far (victim order)
         self.depth = 0
         self.split = False
         self.pre_blocked = False
@@ -143,6 +145,7 @@ class Engine:
         self.action_key = key
         self.batch_cap = batch_cap
         self.kv.configure(p, tier, depth > 0, kv_fraction)
+        self.limits = AdmissionLimits(batch_cap, self.kv.total)
         self.sched.configure(priority_routing)
         if split != self.split:
             if split:
@@ -398,8 +401,15 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- scheduling
 
-    def _plan_prefill(self, t: float, budget: int, unified: bool) -> list[tuple[SimRequest, int]]:
-        """Chunks for this iteration: running prefills first, then admissions in waiting order."""
+    def _plan_prefill(self, t: float, budget: int, unified: bool,
+                      preempted: bool = False) -> list[tuple[SimRequest, int]]:
+        """Chunks for this iteration: running prefills first, then admissions in waiting order.
+
+        vLLM V1's `Scheduler.schedule()` (shared/admission.py): each running prefill gets the blocks
+        for its next chunk first, preempting the `victim_key` victim until it fits (when the victim
+        is the request itself, no further running request is served); a pass that preempted, here or
+        for the decoding requests' growth before (`preempted`), admits no waiting request.
+        """
         chunks: list[tuple[SimRequest, int]] = []
         if budget <= 0:
             return chunks
@@ -418,54 +428,65 @@ class Engine:
         for r in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
-            if r.state != PREFILL:
+            if r.state != PREFILL:  # preempted above for an earlier running prefill
                 continue
             c = min(r.prefill_target - r.prefilled, budget)
             need = blocks_for(r.prefilled + c) - r.blocks
-            while need > free and r.state == PREFILL:
-                if not exact:
-                    exact = True
-                else:
-                    victim = sched.victim(pool())
-                    if victim is None:
-                        break
-                    self._preempt(victim, t)
+            if need > free:
+                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            while need > free:
+                victim = sched.victim(pool())  # r itself is in the pool: it is not scheduled yet
+                if victim is None:
+                    break
+                self._preempt(victim, t)
+                preempted = True
+                if victim is r:
+                    break
                 free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
             if r.state != PREFILL or need > free:
-                continue
+                break  # V1: `if new_blocks is None: break` (nothing after it runs in this pass)
             r.blocks += need
             kv.used_fixed += need
             free -= need
             chunks.append((r, c))
             scheduled.add(r.rid)
             budget -= c
+        if preempted:
+            return chunks
         pr = sched.priority_routing
         waiting = sched.heap
+        limits = self.limits
+        total = kv.total
         n_running = len(self.decoding) + len(self.prefilling) + len(self.transfers)
+        evicted: set[int] = set()
         while budget > 0 and waiting:
             r = waiting[0][2]
-            if -(-(r.prompt + r.target) // KV_BLOCK_TOKENS) > kv.total:
+            if -(-(r.prompt + r.target) // KV_BLOCK_TOKENS) > total:
                 sched.pop()
                 self._reject(r, t, "request needs more KV blocks than the whole budget")
                 continue
+            if r.rid in evicted:
+                break  # evicted in this pass for a higher-priority request: not re-admitted in it
             c = min(r.prefill_target, budget)
             need = -(-c // KV_BLOCK_TOKENS)
-            fits_batch = n_running < self.batch_cap
-            if fits_batch and need > free and not exact:
+            if not exact and n_running < self.batch_cap and need > free:
                 exact = True
-                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
-            if not fits_batch or need > free:
+                free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            if not limits.admits(n_running, total - free, need):
                 if pr:
                     victim = sched.victim(pool())
                     if victim is not None and victim.priority > r.priority:
                         self._preempt(victim, t)
+                        evicted.add(victim.rid)
                         n_running -= 1
-                        free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+                        free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
                         exact = True
                         continue
                 break
             sched.pop()
             r.state = PREFILL
+            self.admissions += 1
+            r.admitted_seq = self.admissions
             rec = r.rec
             if rec.dispatch_s is None:
                 rec.dispatch_s = t
@@ -528,6 +549,19 @@ class Engine:
         else:
             acc.itl.append((total / k, n * k))
 
+    def _preempt_for_growth(self, t: float) -> bool:
+        """Preempt in victim order until the decoding requests' next iteration fits; True if any was.
+
+        vLLM V1 `Scheduler.schedule()`: a running request whose new slots do not fit preempts the
+        most recently admitted running request (`self.running.pop()`; PRIORITY: the lowest-priority,
+        latest-arriving one) until they do. Prefilling requests are running requests too."""
+        victims = self.sched.victim_order(self._victim_pool(True))
+        for victim in victims:
+            self._preempt(victim, t)
+            if not self.decoding or self._decode_kv_limit(1) > 0:
+                break
+        return bool(victims)
+
     def _decode_run(self, t: float, t_end: float, model: StepTimeModel, horizon: float,
                     unified: bool) -> float | None:
         """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
@@ -580,13 +614,12 @@ class Engine:
             if self.transfers:
                 self._process_joins(t)
             n = len(decoding)
+            preempted = False
             if n and self._decode_kv_limit(1) == 0:
-                victim = sched.victim(self._victim_pool(True))
-                if victim is not None:
-                    self._preempt(victim, t)
-                continue
+                preempted = self._preempt_for_growth(t)
+                n = len(decoding)
             if self.prefilling or waiting:
-                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True)
+                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True, preempted=preempted)
                 if chunks:
                     dt_it = self._run_chunks(chunks, t, model, len(decoding), split=False)
                     acc.busy += dt_it
@@ -594,8 +627,13 @@ class Engine:
                     continue
             if decoding:
                 horizon = self.transfers[0][0] if self.transfers else INF
-                if sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
-                                              < self.batch_cap):
+                if preempted:
+                    # one iteration: the next pass may admit into what the preemption freed (V1
+                    # schedules every step); without a preemption free blocks only shrink until a
+                    # request finishes, so a blocked queue stays blocked for the whole decode run
+                    horizon = t
+                elif sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
+                                                < self.batch_cap):
                     nxt = arrivals[self.arrival_idx].arrival if self.arrival_idx < n_arr else INF
                     if nxt < horizon:
                         horizon = nxt
@@ -604,6 +642,8 @@ class Engine:
                     acc.busy += t_new - t
                     self.clock_s = t_new
                 continue
+            if preempted:
+                continue  # nothing ran in this pass; the next one (same clock) may admit
             nxt = min(self._next_arrival(), self.transfers[0][0] if self.transfers else INF, t_end)
             self.clock_s = nxt if nxt > t else t_end
 
