@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output", type=Path, default=TUNED_PATH)
     args = ap.parse_args(argv)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.runtime.inprocess import InProcessEnv
 
     tasks = list(TASKS) if args.task == "all" else [args.task]
     stored = load_tuned(args.output)

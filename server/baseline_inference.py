@@ -27,31 +27,12 @@ from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.client import LLMServeEnv
-from llmserve_env.server.config import ServerConfig
-from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS
 
 BASELINE_SEED = 42
 DETERMINISTIC_POLICY = "heuristic"
-
-
-class InProcessEnv:
-    """`EpisodeEnv` over an in-process `LLMServeEnvironment` (simulator; no HTTP)."""
-
-    def __init__(self, mode: str = "sim"):
-        # A small private store: these episodes are never looked up over HTTP.
-        self.env = LLMServeEnvironment(store=EpisodeStore(max_episodes=2), config=ServerConfig(mode=mode))
-
-    def reset(self, task_id: str, seed: int) -> ServeObservation:
-        return self.env.reset(seed=seed, task_id=task_id)
-
-    def step(self, action: ServeAction) -> ServeObservation:
-        return self.env.step(action)
-
-    def grade(self) -> dict[str, Any]:
-        return self.env.grade().model_dump()
 
 
 class HttpEnv:

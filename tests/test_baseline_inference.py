@@ -6,7 +6,8 @@ import json
 
 import httpx
 import respx
-from llmserve_env.server.baseline_inference import InProcessEnv, main, run_baseline_suite, run_suite
+from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.server.baseline_inference import main, run_baseline_suite, run_suite
 from llmserve_env.shared.tasks import TASKS
 
 BASE = "https://api.mock-openai.test/v1"
