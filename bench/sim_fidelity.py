@@ -145,7 +145,8 @@ def static_batches(out: dict) -> None:
           f"vLLM (measured, InferenceBench as cited by issue 15; t_fixed's anchor, not a check); model "
           f"{out['tpot_batch1_ms']:.2f} ms")
 
-    print("\nFP8 GEMM pricing (bf16 fit x measured FP8/bf16 ratio), held-out shapes n*k >= 2^24: median abs error %")
+    print("\nFP8 GEMM pricing (its small-m fit, then bf16 fit x measured FP8/bf16 ratio), held-out shapes "
+          "n*k >= 2^24: median abs error %")
     for pid in list_profiles():
         p = load_profile(pid)
         for dtype in sorted(p.gemm_ratio):

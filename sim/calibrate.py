@@ -68,8 +68,9 @@ def fit_kernels(gpu: str, tp: int, dtypes: set[str]) -> tuple[dict[str, Any], di
         fits["gemm"][dtype] = fit.to_dict()
         scores[f"gemm_{dtype}"] = sc.to_dict()
     for dtype in sorted(dtypes & set(RATIO_DTYPES)):  # FP8: bf16 fit x the measured kernels' ratio
-        ratio, sc = fitting.fit_gemm_ratio(gpu, dtype, RooflineFit(**fits["gemm"]["bfloat16"]))
+        ratio, small, sc = fitting.fit_gemm_ratio(gpu, dtype, RooflineFit(**fits["gemm"]["bfloat16"]))
         fits.setdefault("gemm_ratio", {})[dtype] = ratio.to_dict()
+        fits["gemm"][dtype] = small.to_dict()  # its small-m fit (below ratio.blend_lo tokens)
         scores[f"gemm_{dtype}"] = sc.to_dict()
     fit, sc = fitting.fit_decode_attention(gpu)
     fits["attn_decode"], scores["attn_decode"] = fit.to_dict(), sc.to_dict()
@@ -127,7 +128,7 @@ def gemm_prediction(p: Profile, dtype: str, rows: dict[str, np.ndarray]) -> np.n
     """The profile's microseconds for GEMM rows of `dtype`, as the step-time model prices them."""
     ratio = p.gemm_ratio.get(dtype)
     if ratio is not None:
-        return fitting.ratio_predict(p.gemm[ratio.base], ratio, rows)
+        return fitting.ratio_predict(p.gemm[ratio.base], ratio, p.gemm[dtype], rows, dtype)
     return fitting.gemm_predict(p.gemm[dtype], rows, dtype)
 
 

@@ -20,6 +20,7 @@ from llmserve_env.sim.forms import (
     RooflineFit,
     gemm_work,
     prefill_attention_work,
+    ratio_gemm_us,
 )
 
 
@@ -137,17 +138,29 @@ def ratio_regime_rows(gpu: str, dtype: str) -> dict[str, np.ndarray]:
     return kd.select(rows, rows["n"] * rows["k"] >= GEMM_RATIO_MIN_NK)
 
 
-def ratio_predict(base: RooflineFit, ratio: LatencyRatio, rows: dict[str, np.ndarray]) -> np.ndarray:
-    """Microseconds of `rows` priced as the base dtype's fit times the measured ratio at their m."""
-    wb, ab = GEMM_BYTES[ratio.base]
-    nbytes, flops = gemm_work(rows["m"], rows["n"], rows["k"], wb, ab)
-    return base.us(nbytes, flops) * ratio.at(rows["m"])
+def ratio_predict(base: RooflineFit, ratio: LatencyRatio, small: RooflineFit, rows: dict[str, np.ndarray],
+                  dtype: str) -> np.ndarray:
+    """Microseconds of `rows` priced as `ratio_gemm_us` does (small-m fit, then base fit x ratio)."""
+    wb, ab = GEMM_BYTES[dtype]
+    return ratio_gemm_us(rows["m"], rows["n"], rows["k"], base, ratio, small, wb, ab)
+
+
+def fit_gemm_small_m(gpu: str, dtype: str, m_max: float = 128.0) -> RooflineFit:
+    """The dtype's own roofline over m <= m_max on the shapes the profiles run, additive (p = 1): at
+    small m the weights' bytes dominate and the ratio to bf16 depends on the shape."""
+    rows = ratio_regime_rows(gpu, dtype)
+    sel = ~kd.heldout_mask(rows["n"], rows["k"]) & (rows["m"] <= m_max)
+    wb, ab = GEMM_BYTES[dtype]
+    nbytes, flops = gemm_work(rows["m"][sel], rows["n"][sel], rows["k"][sel], wb, ab)
+    q = levenberg_marquardt(lambda q: RooflineFit(q[0], q[1], q[2], 1.0).us(nbytes, flops),
+                            rows["latency"][sel] * 1e3, [5.0, 2000.0, 500.0])
+    return RooflineFit(float(q[0]), float(q[1]), float(q[2]), 1.0)
 
 
 def fit_gemm_ratio(gpu: str, dtype: str, base_fit: RooflineFit,
-                   base: str = "bfloat16") -> tuple[LatencyRatio, FitScore]:
+                   base: str = "bfloat16") -> tuple[LatencyRatio, RooflineFit, FitScore]:
     """The median measured latency ratio dtype / base per m over the training shapes the profiles run
-    (n * k >= GEMM_RATIO_MIN_NK), scored as base fit x ratio on the held-out shapes."""
+    (n * k >= GEMM_RATIO_MIN_NK), the dtype's small-m fit, and their score on the held-out shapes."""
     rows = ratio_regime_rows(gpu, dtype)
     ref = ratio_regime_rows(gpu, base)
     base_latency = {(m, n, k): lat for m, n, k, lat in zip(ref["m"], ref["n"], ref["k"], ref["latency"],
@@ -162,7 +175,8 @@ def fit_gemm_ratio(gpu: str, dtype: str, base_fit: RooflineFit,
     # bf16 just past an edge and 1.3x faster on it); between them the ratio is interpolated in log m.
     ms = sorted(by_m)
     ratio = LatencyRatio(base, tuple(ms), tuple(float(np.median(by_m[m])) for m in ms))
-    return ratio, score(ratio_predict(base_fit, ratio, rows), rows["latency"] * 1e3, test)
+    small = fit_gemm_small_m(gpu, dtype)
+    return ratio, small, score(ratio_predict(base_fit, ratio, small, rows, dtype), rows["latency"] * 1e3, test)
 
 
 def band_errors(pred: np.ndarray, y: np.ndarray, m: np.ndarray) -> dict[str, float]:

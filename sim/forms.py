@@ -70,18 +70,40 @@ class AlphaBetaFit:
 @dataclass(frozen=True, slots=True)
 class LatencyRatio:
     """Latency of a GEMM dtype over the `base` dtype's at the same shape, by m (tokens), interpolated
-    linearly in log m between the measured m values and held constant outside them."""
+    linearly in log m between the measured m values and held constant outside them. Below `blend_lo`
+    tokens the dtype's own small-m fit prices it instead (weight-bound GEMMs: their ratio to bf16
+    depends on the shape, not on m), blended geometrically into the ratio up to `blend_hi`."""
 
     base: str
     m: tuple[float, ...]
     ratio: tuple[float, ...]
+    blend_lo: float = 64.0
+    blend_hi: float = 256.0
 
     def at(self, m):
         """The ratio at m (array or float; m >= 1)."""
         return np.interp(np.log(np.maximum(np.asarray(m, dtype=float), 1.0)), np.log(self.m), self.ratio)
 
+    def large_weight(self, m):
+        """Weight of the ratio pricing (against the small-m fit) at m: 0 up to blend_lo, 1 from blend_hi."""
+        lm = np.log(np.maximum(np.asarray(m, dtype=float), 1.0))
+        return np.clip((lm - np.log(self.blend_lo)) / (np.log(self.blend_hi) - np.log(self.blend_lo)), 0.0, 1.0)
+
     def to_dict(self) -> dict[str, object]:
-        return {"base": self.base, "m": list(self.m), "ratio": [round(r, 4) for r in self.ratio]}
+        return {"base": self.base, "m": list(self.m), "ratio": [round(r, 4) for r in self.ratio],
+                "blend_lo": self.blend_lo, "blend_hi": self.blend_hi}
+
+
+def ratio_gemm_us(m, n, k, base: RooflineFit, ratio: LatencyRatio, small: RooflineFit, weight_bytes: float,
+                  act_bytes: float):
+    """Microseconds of (m x k) @ (k x n) GEMMs of a ratio-priced dtype: its small-m fit (at its own
+    bytes) below ratio.blend_lo, the base dtype's fit x the measured ratio above ratio.blend_hi, and
+    the geometric blend of the two between."""
+    nbytes, flops = gemm_work(m, n, k, BF16_BYTES, BF16_BYTES)
+    large = base.us(nbytes, flops) * ratio.at(m)
+    nbytes, flops = gemm_work(m, n, k, weight_bytes, act_bytes)
+    w = ratio.large_weight(m)
+    return np.exp((1.0 - w) * np.log(small.us(nbytes, flops)) + w * np.log(large))
 
 
 def gemm_work(m, n, k, weight_bytes: float, act_bytes: float):

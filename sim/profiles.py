@@ -118,7 +118,8 @@ class Profile:
     attn_decode: DecodeAttentionFit
     attn_prefill: RooflineFit
     attn_fp8kv: tuple[DecodeAttentionFit, RooflineFit] | None  # measured FA3 with an fp8 KV cache
-    gemm_ratio: dict[str, LatencyRatio]  # GEMM dtypes priced as a bf16 fit x measured ratio
+    gemm_ratio: dict[str, LatencyRatio]  # GEMM dtypes priced as a bf16 fit x measured ratio (gemm[dtype]:
+    # their small-m fit)
     allreduce: AlphaBetaFit | None
     kv_transfer: AlphaBetaFit
     spec_acceptance: dict[str, float]
@@ -176,7 +177,7 @@ def profile_from_dict(d: dict[str, Any]) -> Profile:
                             t["notes"], t.get("kv_cache_dtype", "bfloat16"))
              for name, t in d["quantization"].items()}
     gemm = {k: RooflineFit(v["c0_us"], v["bw_gbs"], v["tflops"], v["p"]) for k, v in fits["gemm"].items()}
-    ratios = {k: LatencyRatio(v["base"], tuple(v["m"]), tuple(v["ratio"]))
+    ratios = {k: LatencyRatio(v["base"], tuple(v["m"]), tuple(v["ratio"]), v["blend_lo"], v["blend_hi"])
               for k, v in fits.get("gemm_ratio", {}).items()}
     ad, ap, xf = fits["attn_decode"], fits["attn_prefill"], fits["kv_transfer"]
     ad8, ap8 = fits.get("attn_decode_fp8kv"), fits.get("attn_prefill_fp8kv")

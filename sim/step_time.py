@@ -25,7 +25,14 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from llmserve_env.sim.forms import BF16_BYTES, KV_ELEM_BYTES, DecodeAttentionFit, RooflineFit, gemm_work
+from llmserve_env.sim.forms import (
+    BF16_BYTES,
+    KV_ELEM_BYTES,
+    DecodeAttentionFit,
+    RooflineFit,
+    gemm_work,
+    ratio_gemm_us,
+)
 from llmserve_env.sim.profiles import ModelShape, Profile, load_profile
 
 MAX_BATCH = 512
@@ -51,19 +58,19 @@ def _dense_table(p: Profile, shape: ModelShape, tier: str, size: int, cs: float,
     spec = p.tiers[tier] if shape is p.model else None
     ratio = p.gemm_ratio.get(spec.gemm) if spec else None
     m = np.arange(size, dtype=float)
-    if ratio is not None:  # the measured kernels' latency ratio to the base dtype's, at each m
-        fit, wb, ab, fscale = _lane(p.gemm[ratio.base], cs, bs), 2.0, 2.0, 1.0
-        scale_m = ratio.at(m)
+    per_layer_us = np.zeros(size)
+    if spec is not None and ratio is not None:  # the measured kernels: small-m fit, then bf16 x ratio
+        base, small = _lane(p.gemm[ratio.base], cs, bs), _lane(p.gemm[spec.gemm], cs, bs)
+        for n, k in shape.linear_shapes(p.tp):
+            per_layer_us += ratio_gemm_us(m, n, k, base, ratio, small, spec.weight_bytes, spec.act_bytes)
     else:
         fit = _lane(p.gemm[spec.gemm] if spec else p.gemm["bfloat16"], cs, bs)
         wb = spec.weight_bytes if spec else 2.0
         ab = spec.act_bytes if spec else 2.0
         fscale = spec.flops_scale if spec else 1.0
-        scale_m = 1.0
-    per_layer_us = np.zeros(size)
-    for n, k in shape.linear_shapes(p.tp):
-        nbytes, flops = gemm_work(m, n, k, wb, ab)
-        per_layer_us += fit.us(nbytes, flops / fscale) * scale_m
+        for n, k in shape.linear_shapes(p.tp):
+            nbytes, flops = gemm_work(m, n, k, wb, ab)
+            per_layer_us += fit.us(nbytes, flops / fscale)
     bw = p.gemm["bfloat16"].bw_gbs * bs * 1e3  # bytes per us
     per_layer_us += m * _elementwise_bytes_per_token(shape, p.tp) / bw
     if p.tp > 1 and p.allreduce is not None:
