@@ -2,12 +2,12 @@
 
 - Argument types that refuse bad input while the arguments are parsed, so argparse prints one
   line naming the option and the allowed values and exits 2, before any work or any file write:
-  `int_at_least`, `float_at_least`, `task_list`, `task_id`, `names_from`, `writable_file`,
+  `int_at_least`, `float_at_least`, `int_list`, `http_url`, `task_list`, `task_id`, `names_from`, `writable_file`,
   `writable_dir`.
 - `HelpFormatter`: the module docstring as written, and every option's default in `--help`.
 - `add_output_options` / `configure_logging`: `--quiet` and `--log-level` on every CLI, and
   logging on stderr (so the gateway's retry warnings and the like are seen).
-- `progress`: a tqdm bar on stderr, shown only on a terminal and without `--quiet`.
+- `progress` / `EpisodeCounter`: tqdm bars on stderr, shown only on a terminal and without `--quiet`.
 """
 
 from __future__ import annotations
@@ -58,6 +58,26 @@ def float_at_least(low: float) -> Callable[[str], float]:
 
     parse.__name__ = f"number >= {low:g}"
     return parse
+
+
+def int_list(low: int) -> Callable[[str], list[int]]:
+    """Comma-separated integers, each >= `low` (e.g. 1,10,50)."""
+    one = int_at_least(low)
+
+    def parse(text: str) -> list[int]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {low}, e.g. {low},10")
+        return [one(t) for t in items]
+
+    return parse
+
+
+def http_url(text: str) -> str:
+    """An http:// or https:// URL (no trailing slash)."""
+    if not text.startswith(("http://", "https://")) or not text.split("://", 1)[1].strip("/"):
+        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
+    return text.rstrip("/")
 
 
 def task_list(text: str) -> list[str]:
@@ -151,3 +171,25 @@ def progress(iterable: Iterable[T], *, total: int | None = None, desc: str = "",
 
     return tqdm(iterable, total=total, desc=desc, unit=unit, file=sys.stderr,
                 disable=not progress_enabled(quiet), dynamic_ncols=True, leave=False, **kwargs)
+
+
+class EpisodeCounter:
+    """An episode environment (reset/step/grade) that ticks a progress bar at every reset: progress
+    for searches whose number of episodes is not known in advance (tuning, calibration)."""
+
+    def __init__(self, env: Any, desc: str, quiet: bool = False):
+        from tqdm import tqdm
+
+        self.env = env
+        self.bar = tqdm(desc=desc, unit="ep", file=sys.stderr, disable=not progress_enabled(quiet),
+                        dynamic_ncols=True, leave=False)
+
+    def reset(self, *args: Any, **kwargs: Any) -> Any:
+        self.bar.update(1)
+        return self.env.reset(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.env, name)
+
+    def close(self) -> None:
+        self.bar.close()

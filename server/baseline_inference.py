@@ -145,12 +145,6 @@ def _share(text: str) -> float:
     return value
 
 
-def _http_url(text: str) -> str:
-    if not text.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"expected an http:// or https:// URL, got {text!r}")
-    return text.rstrip("/")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m server.baseline_inference", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
@@ -158,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="the heuristic (no model calls) or the LLM policy")
     ap.add_argument("--runtime", choices=("in-process", "http"), default="in-process",
                     help="play in this process, or against a running server")
-    ap.add_argument("--base-url", type=_http_url, default="http://localhost:7860",
+    ap.add_argument("--base-url", type=cli.http_url, default="http://localhost:7860",
                     help="server URL for --runtime http")
     ap.add_argument("--model", default=None, help=f"chat model for --mode openai (None: {DEFAULT_MODEL})")
     ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
