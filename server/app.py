@@ -101,6 +101,9 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         state_cls=ServeState,
         gradio_builder=build_dashboard,
         custom_tab_name="Dashboard",
+        # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid
+        # action, pick a task or seed, or show the server's own URL, so it comes second.
+        custom_tab_primary=True,
     )
     app.title = "LLMServeEnv"
     _calm_gradio_queue(app)
