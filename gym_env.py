@@ -43,9 +43,7 @@ from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
-from llmserve_env.server.config import ServerConfig
-from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 
@@ -64,9 +62,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.view = FeatureView(task, self.task.horizon, advice)
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
-        # A one-slot store: the wrapper only ever plays one episode at a time, so finished
-        # episodes need not be kept around for HTTP look-ups.
-        self._env = LLMServeEnvironment(store=EpisodeStore(max_episodes=1), config=ServerConfig(mode="sim"))
+        self._env = InProcessEnv("sim")
         self.episode_seed: int | None = None
         self.last_observation: ServeObservation | None = None  # the raw observation behind the features
 
@@ -86,7 +82,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.last_observation = obs
         info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
-            info["score"] = self._env.grade().score
+            info["score"] = self._env.grade_result().score
         return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
 
     def close(self) -> None:

@@ -62,7 +62,7 @@ from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT, train_seeds, validation_
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
 from llmserve_env.gym_env import LLMServeGymEnv
-from llmserve_env.server.baseline_inference import InProcessEnv
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
@@ -142,11 +142,12 @@ class ShardedVecEnv:
     """
 
     def __init__(self, task: str, num_envs: int, num_workers: int, seed: int, advice: bool):
-        # fork: the children inherit the imported modules (openenv pulls in gradio: seconds per
-        # spawn); it happens before the learner runs any torch op, so no thread pool is copied.
+        # spawn: a fresh interpreter per worker, safe whatever threads torch has started. The
+        # simulator stack imports without OpenEnv's web stack, so a worker starts in well under a
+        # second.
         if not 1 <= num_workers <= num_envs:
             raise ValueError(f"num_workers must be in 1..num_envs ({num_envs}), got {num_workers}")
-        ctx = mp.get_context("fork")
+        ctx = mp.get_context("spawn")
         shards = np.array_split(np.arange(num_envs), num_workers)
         self.remotes, self.procs = [], []
         for shard in shards:

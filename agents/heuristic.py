@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cli.configure_logging(args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.runtime.inprocess import InProcessEnv
 
     command = "python -m agents.heuristic " + " ".join(sys.argv[1:] if argv is None else argv)
     stored = load_tuned(args.output)

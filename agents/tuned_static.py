@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cli.configure_logging(args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.runtime.inprocess import InProcessEnv
 
     tasks = args.task
     stored = load_tuned(args.output)

@@ -179,7 +179,7 @@ def check_space_front_matter() -> str:
 def check_weights() -> str:
     """Each shipped weights/<task>.npz loads with numpy alone and acts; every built-in task has one."""
     from llmserve_env.agents.ppo_policy import WEIGHTS_DIR, PPOPolicy
-    from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.runtime.inprocess import InProcessEnv
     from llmserve_env.shared.tasks import TASKS
 
     missing = [t for t in TASKS if not (WEIGHTS_DIR / f"{t}.npz").exists()]
@@ -456,7 +456,7 @@ def check_reward_floor() -> str:
     """openenv.yaml's floor_margin holds: trivial policies' mean step reward stays that far below the top."""
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.agents.rollout import play_episode
-    from llmserve_env.server.baseline_inference import InProcessEnv
+    from llmserve_env.runtime.inprocess import InProcessEnv
     from llmserve_env.shared.tasks import TASKS
     from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
 

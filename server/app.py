@@ -17,17 +17,17 @@ import sys
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from llmserve_env.runtime.errors import EnvError
 from llmserve_env.server import openapi
 from llmserve_env.server.bodies import StrictBodies
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
-from llmserve_env.server.errors import EnvError
 from llmserve_env.server.limits import BodySizeLimit
 from llmserve_env.server.routes import build_router
+from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.grader import GradeError
-from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.traces import TraceError
 from openenv.core.env_server.http_server import create_app
@@ -94,11 +94,11 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     os.environ.setdefault("ENABLE_WEB_INTERFACE", "true")
     app = create_app(
         env_factory,
-        ServeAction,
-        ServeObservation,
+        WireAction,
+        WireObservation,
         env_name="llmserve_env",
         max_concurrent_envs=config.max_sessions,
-        state_cls=ServeState,
+        state_cls=WireState,
         gradio_builder=build_dashboard,
         custom_tab_name="Dashboard",
         # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid

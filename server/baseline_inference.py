@@ -29,9 +29,7 @@ from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy, LLMPolicySt
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.client import LLMServeEnv
-from llmserve_env.server.config import ServerConfig
-from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS
 
@@ -40,23 +38,6 @@ DETERMINISTIC_POLICY = "heuristic"
 # Above this share of windows played by the fallback (invalid replies + API errors), an OpenAI
 # baseline run fails: the score measures SAFE_ACTION, not the model.
 MAX_INVALID_SHARE = 0.5
-
-
-class InProcessEnv:
-    """`EpisodeEnv` over an in-process `LLMServeEnvironment` (simulator; no HTTP)."""
-
-    def __init__(self, mode: str = "sim"):
-        # A small private store: these episodes are never looked up over HTTP.
-        self.env = LLMServeEnvironment(store=EpisodeStore(max_episodes=2), config=ServerConfig(mode=mode))
-
-    def reset(self, task_id: str, seed: int) -> ServeObservation:
-        return self.env.reset(seed=seed, task_id=task_id)
-
-    def step(self, action: ServeAction) -> ServeObservation:
-        return self.env.step(action)
-
-    def grade(self) -> dict[str, Any]:
-        return self.env.grade().model_dump()
 
 
 class HttpEnv:

@@ -27,7 +27,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from llmserve_env.server.errors import TraceForbiddenError
+from llmserve_env.runtime.errors import TraceForbiddenError
 from llmserve_env.shared.workloads import TRACE_PREFIX
 
 MODES = ("sim", "real")

@@ -20,9 +20,10 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from llmserve_env.runtime.episode import Episode
+from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
 from llmserve_env.server.config import ServerConfig
-from llmserve_env.server.episodes import Episode, EpisodeStore
-from llmserve_env.server.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
+from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.grader import GradeResult, grade_episode
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import TASKS, TaskSpec

@@ -1,172 +1,19 @@
-"""One episode's runtime (workload, backend, metrics, log) and the bounded store that keeps them.
+"""The bounded store that keeps HTTP episodes between stateless calls.
 
 OpenEnv's HTTP `/reset` and `/step` build a fresh environment per call, so an HTTP episode must
 outlive the environment object: it lives here, keyed by `episode_id`, bounded by a maximum count
-(least recently used dropped first) and an idle timeout. WebSocket sessions and in-process users
-hold their `Episode` directly and also register it, so `/grader` can grade it by id.
+(least recently used dropped first) and an idle timeout. WebSocket sessions hold their `Episode`
+directly and also register it, so `/grader` can grade it by id.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Any
 
-from llmserve_env.server.errors import BackendFailure, EpisodeDoneError, EpisodeNotFoundError
-from llmserve_env.shared.backend import Arrival, Backend
-from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
-from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.reward import compute_reward
-from llmserve_env.shared.tasks import TaskSpec
-from llmserve_env.shared.workloads import generate_arrivals, windows
-
-log = logging.getLogger("llmserve_env.episodes")
-
-
-def make_backend(mode: str, task: TaskSpec) -> Backend:
-    """The backend for one episode. Imported here so sim mode never loads the gateway and back."""
-    if mode == "real":
-        from llmserve_env.gateway.backend import GatewayBackend
-
-        return GatewayBackend.from_env()
-    from llmserve_env.sim.backend import SimBackend
-
-    return SimBackend(task.profile)
-
-
-def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[str, float],
-                     applied: dict[str, bool], notes: dict[str, Any]) -> ServeObservation:
-    """Map one window's metrics onto the observation fields (one place, both modes)."""
-    return ServeObservation(
-        queue_depth=m.queue_depth,
-        active_requests=m.active_requests,
-        kv_cache_occupancy=min(1.0, max(0.0, m.kv_occupancy)),
-        mean_prompt_length=m.mean_prompt_tokens,
-        p50_ttft_ms=m.p50_ttft_ms,
-        p99_ttft_ms=m.p99_ttft_ms,
-        p50_itl_ms=m.p50_itl_ms,
-        throughput_tps=m.throughput_tps,
-        slo_compliance_rate=m.slo_attainment,
-        gpu_memory_used_gb=m.gpu_memory_used_gb,
-        estimated_cost_per_1k=m.cost_per_1k_tokens,
-        request_arrival_rate=m.arrival_rate_rps,
-        spec_acceptance_rate=min(1.0, max(0.0, m.spec_acceptance_rate)),
-        eviction_events=m.evictions,
-        step_index=ep.step_count,
-        task_id=ep.task.task_id,
-        episode_id=ep.episode_id,
-        reward=reward,
-        done=ep.done,
-        metadata={
-            "per_tenant": {name: t.to_dict() for name, t in m.per_tenant.items()},
-            "goodput_rps": m.goodput_rps,
-            "p50_tpot_ms": m.p50_tpot_ms,
-            "quality": m.quality,
-            "cost_usd": m.cost_usd,
-            "reward_terms": terms,
-            "applied": applied,
-            "backend_notes": notes,
-            "truncated": ep.done,
-        },
-    )
-
-
-@dataclass(eq=False)
-class Episode:
-    """A running episode: the arrivals are fixed at reset, the backend serves them window by window."""
-
-    episode_id: str
-    task: TaskSpec
-    seed: int
-    mode: str
-    backend: Backend
-    windows: list[list[Arrival]]
-    tracker: MetricsTracker
-    step_count: int = 0
-    done: bool = False
-    failed: str | None = None
-    cumulative_reward: float = 0.0
-    steps: list[StepRecord] = field(default_factory=list)
-    last_observation: ServeObservation | None = None
-    last_used: float = field(default_factory=time.monotonic)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @classmethod
-    def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
-        arrivals = generate_arrivals(task, seed)
-        backend = make_backend(mode, task)
-        backend.reset(seed)
-        ep = cls(
-            episode_id=episode_id or uuid.uuid4().hex,
-            task=task,
-            seed=seed,
-            mode=mode,
-            backend=backend,
-            windows=windows(arrivals, task),
-            tracker=MetricsTracker(task),
-        )
-        ep.last_observation = ServeObservation(
-            task_id=task.task_id,
-            episode_id=ep.episode_id,
-            reward=0.0,
-            done=False,
-            metadata={"horizon": task.horizon, "window_s": task.window_s, "profile": task.profile,
-                      "mode": mode, "seed": seed},
-        )
-        return ep
-
-    def step(self, action: ServeAction) -> ServeObservation:
-        with self.lock:
-            self.last_used = time.monotonic()
-            if self.done:
-                raise EpisodeDoneError(self.episode_id, self.task.horizon)
-            k = self.step_count
-            arrivals = self.windows[k]
-            dt = self.task.window_s
-            try:
-                report = self.backend.run_window(action, arrivals, k * dt, dt)
-            except Exception as exc:  # one episode's backend failing must not take the server down
-                self.failed = f"{type(exc).__name__}: {exc}"
-                self.done = True
-                log.warning("episode %s: backend failed at step %d: %s", self.episode_id, k, self.failed)
-                self.close()
-                raise BackendFailure(f"the {self.mode} backend failed at step {k}: {self.failed}; "
-                                     f"this episode has ended, call POST /reset for a new one") from exc
-            self.step_count = k + 1
-            self.done = self.step_count >= self.task.horizon
-            m = self.tracker.observe(report, arrivals, final=self.done)
-            reward, terms = compute_reward(m, self.task)
-            self.cumulative_reward += reward
-            self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
-                                         reward_terms=terms))
-            obs = observation_from(m, self, reward, terms, report.applied, report.notes)
-            self.last_observation = obs
-            if self.done:
-                self.close()
-            return obs
-
-    def episode_log(self) -> EpisodeLog:
-        return EpisodeLog(
-            episode_id=self.episode_id,
-            task_id=self.task.task_id,
-            seed=self.seed,
-            mode=self.mode,
-            profile=self.task.profile,
-            horizon=self.task.horizon,
-            done=self.done and self.failed is None,
-            steps=list(self.steps),
-        )
-
-    def close(self) -> None:
-        try:
-            self.backend.close()
-        except Exception as exc:  # closing is best effort; the episode's data is already recorded
-            log.warning("episode %s: backend close failed: %s", self.episode_id, exc)
+from llmserve_env.runtime.episode import Episode
+from llmserve_env.runtime.errors import EpisodeNotFoundError
 
 
 class EpisodeStore:

@@ -1,16 +1,19 @@
 """The wire contract: the action an agent sends, the observation it gets, the state it can audit.
 
-These are pydantic models (OpenEnv's `Action`/`Observation`/`State` bases) because they sit at
-the edge of the system: every field is validated, and a bad value is rejected with an error
-naming the field and its allowed values (HTTP 422), never clamped.
+These are plain pydantic models because they sit at the edge of the system: every field is
+validated, and a bad value is rejected with an error naming the field and its allowed values
+(HTTP 422), never clamped. They carry OpenEnv's wire fields (`metadata` on the action; `done`,
+`reward`, `metadata` on the observation; `episode_id`, `step_count` on the state) with OpenEnv's
+model settings, but do not import OpenEnv: the simulator, trainer and agents load in milliseconds,
+without OpenEnv's web stack (gradio, fastapi, mcp). The server's OpenEnv subclasses of these
+models live in `server/wire.py`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from openenv.core.env_server.types import Action, Observation, State
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 QuantizationTier = Literal["FP16", "INT8", "INT4"]
 QUANTIZATION_TIERS: tuple[str, ...] = ("FP16", "INT8", "INT4")
@@ -20,7 +23,39 @@ KV_BUDGET_RANGE = (0.1, 1.0)
 SPECULATION_RANGE = (0, 8)
 
 
-class ServeAction(Action):
+# OpenEnv's model settings for actions and observations (openenv.core.env_server.types), so the
+# wire format and validation are the same whether a model is this one or the server's subclass.
+_WIRE_CONFIG = ConfigDict(extra="forbid", validate_assignment=True, arbitrary_types_allowed=True)
+
+
+class ActionBase(BaseModel):
+    """The fields every OpenEnv action carries."""
+
+    model_config = _WIRE_CONFIG
+
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the action")
+
+
+class ObservationBase(BaseModel):
+    """The fields every OpenEnv observation carries, in OpenEnv's order."""
+
+    model_config = _WIRE_CONFIG
+
+    done: bool = Field(default=False, description="Whether the episode has terminated")
+    reward: bool | int | float | None = Field(default=None, description="Reward signal from the last action")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the observation")
+
+
+class StateBase(BaseModel):
+    """The fields every OpenEnv state carries."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True, arbitrary_types_allowed=True)
+
+    episode_id: str | None = Field(default=None, description="Unique identifier for the current episode")
+    step_count: int = Field(default=0, ge=0, description="Number of steps taken in the current episode")
+
+
+class ServeAction(ActionBase):
     """The serving policy applied for the next time window.
 
     Action space (all six fields are required; nothing is clamped):
@@ -55,7 +90,7 @@ class ServeAction(Action):
 KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name != "metadata")
 
 
-class ServeObservation(Observation):
+class ServeObservation(ObservationBase):
     """What the agent sees after a window (or after reset).
 
     Observation space (window = the `window_s` seconds just served; all values finite, >= 0):
@@ -104,7 +139,7 @@ class ServeObservation(Observation):
     episode_id: str = ""
 
 
-class ServeState(State):
+class ServeState(StateBase):
     """Everything needed to audit an episode or replay it bit for bit.
 
     `episode_id` and `step_count` come from OpenEnv's `State`. An episode is fully determined by

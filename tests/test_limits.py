@@ -17,9 +17,10 @@ import httpx
 import pytest
 from conftest import STEADY_ACTION, LiveServer, free_port
 from fastapi.testclient import TestClient
+from llmserve_env.runtime.episode import Episode
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ConfigError, ServerConfig
-from llmserve_env.server.episodes import Episode, EpisodeStore
+from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.workloads import resolve_task
 from openenv.core.generic_client import GenericEnvClient
 
