@@ -261,19 +261,22 @@ def plotted(frame: pd.DataFrame, from_zero: bool = True) -> dict[str, Any] | Non
 
 
 def tenant_plot_updates(run: DashboardRun | None, rows: list[dict[str, Any]]) -> list[Any]:
-    """One attainment plot per tenant slot: the task's tenants in order, the unused slots hidden."""
+    """One attainment plot per tenant slot, in the task's tenant order: first each slot's column
+    (shown or hidden: the plot itself stays mounted, since a Gradio plot that is hidden and shown
+    again stops taking data), then each slot's plot."""
     names = [t.name for t in run.task.tenants] if run is not None else []
     frame = tenant_frame(rows)
-    updates = []
+    columns, plots = [], []
     for i in range(MAX_TENANTS):
+        columns.append(gr.update(visible=True if i < len(names) else "hidden"))
         if i >= len(names):
-            updates.append(gr.update(visible=False, value=None))
+            plots.append(None)
             continue
-        mine = frame[frame["series"] == names[i]] if not frame.empty else frame
-        data = plotted(mine.reset_index(drop=True), from_zero=False)
+        mine = frame[frame["series"] == names[i]].reset_index(drop=True) if not frame.empty else frame
+        data = plotted(mine, from_zero=False)
         shown = {k: v for k, v in (data or {"value": None}).items() if k != "__type__"}
-        updates.append(gr.update(visible=True, title=f"SLO attainment: {names[i]}", **shown))
-    return updates
+        plots.append(gr.update(title=f"SLO attainment: {names[i]}", **shown))
+    return columns + plots
 
 
 def switch_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -567,8 +570,11 @@ def build_dashboard(
                         elem_classes=["llmserve-plot"],
                     )
             with gr.Row():
-                tenant_plots = [plot(f"SLO attainment: tenant {i + 1}", "fraction", [0.0, 1.05])
-                                for i in range(MAX_TENANTS)]
+                tenant_columns, tenant_plots = [], []
+                for i in range(MAX_TENANTS):
+                    with gr.Column(min_width=PLOT_MIN_WIDTH) as column:
+                        tenant_plots.append(plot(f"SLO attainment: tenant {i + 1}", "fraction", [0.0, 1.05]))
+                    tenant_columns.append(column)
             actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
         with gr.Accordion("Connect from Python", open=False, elem_id="dash-connect"):
             python_md = gr.Markdown(elem_id="dash-python")
@@ -595,6 +601,7 @@ def build_dashboard(
             spec_plot,
             bits_plot,
             switch_plot,
+            *tenant_columns,
             *tenant_plots,
             actions_df,
         ]

@@ -212,11 +212,15 @@ def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
     horizon = dashboard.run_to_end(TASK)
     plots = page.locator(".llmserve-plot")
     # Vega renders after the data arrives: wait until every plot has its points.
-    page.wait_for_function(
-        f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')])"
-        f".every(n => n >= {horizon // 2})",
-        timeout=60_000,
-    )
+    try:
+        page.wait_for_function(
+            f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')])"
+            f".every(n => n >= {horizon // 2})",
+            timeout=60_000,
+        )
+    except Exception as exc:
+        raise AssertionError(f"points per plot {plots.evaluate_all(COUNT_POINTS)}, "
+                             f"titles {plots.evaluate_all(TITLES)}") from exc
     assert plots.count() == PLOT_COUNT
     points = plots.evaluate_all(COUNT_POINTS)
     assert min(points) >= horizon // 2, points
