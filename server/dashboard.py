@@ -11,8 +11,8 @@ through POST /grader. Plots are Gradio's own components (Vega, bundled with Grad
 
 It is the landing tab of /web (OpenEnv's generic Playground is the second): before the first
 episode it shows what to do instead of empty plots; the manual knobs start at the heuristic's
-first action for the chosen task (a valid action that serves the load); every series has a plot
-of its own where constant lines would hide each other; the page reflows to one column on a phone;
+first action for the chosen task (a valid action that serves the load); each knob has a plot of
+its own (constant lines hid each other); the page reflows to one column on a phone;
 and a "Connect from Python" panel gives the same episode as code against the URL the page was
 served from.
 """
@@ -55,7 +55,6 @@ PLOT_HEIGHT = 260
 # Columns narrower than this wrap onto their own line: two plots side by side on a laptop, one
 # per line on a phone (390 px).
 PLOT_MIN_WIDTH = 320
-MAX_TENANTS = max(len(t.tenants) for t in TASKS.values())
 EMPTY_STATE = (
     "**No episode yet.** Pick a task, a seed and a policy above, then press **Run episode** to play "
     "all 64 windows (a few seconds) or **Step** to play one window at a time. The plots, the grade "
@@ -260,41 +259,6 @@ def plotted(frame: pd.DataFrame, from_zero: bool = True) -> dict[str, Any] | Non
     return gr.update(**update)
 
 
-def tenant_plot_updates(run: DashboardRun | None, rows: list[dict[str, Any]]) -> list[Any]:
-    """One attainment plot per tenant slot, in the task's tenant order: first each slot's column
-    (shown or hidden: the plot itself stays mounted, since a Gradio plot that is hidden and shown
-    again stops taking data), then each slot's plot."""
-    names = [t.name for t in run.task.tenants] if run is not None else []
-    frame = tenant_frame(rows)
-    columns, plots = [], []
-    for i in range(MAX_TENANTS):
-        columns.append(gr.update(visible=True if i < len(names) else "hidden"))
-        if i >= len(names):
-            plots.append(None)
-            continue
-        mine = frame[frame["series"] == names[i]].reset_index(drop=True) if not frame.empty else frame
-        data = plotted(mine, from_zero=False)
-        shown = {k: v for k, v in (data or {"value": None}).items() if k != "__type__"}
-        plots.append(gr.update(title=f"SLO attainment: {names[i]}", **shown))
-    return columns + plots
-
-
-def switch_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """The two on/off knobs as one row per window and switch (y: the switch, colour: on or off), so
-    neither hides the other as two 0/1 lines would."""
-    records = [(r["step"], label, "on" if r[key] else "off")
-               for r in rows for key, label in (("prefill_decode_split", "prefill/decode split"),
-                                                ("priority_routing", "priority routing"))]
-    return pd.DataFrame.from_records(records, columns=["step", "switch", "state"])
-
-
-def switches_plotted(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    frame = switch_frame(rows)
-    if frame.empty:
-        return None
-    return gr.update(value=frame, color_map={"on": PALETTE[3], "off": "#bbbbbb"})
-
-
 def views(run: DashboardRun | None) -> tuple[Any, ...]:
     """Everything the page shows for `run`, in the order of `build_dashboard`'s outputs."""
     rows = run.rows if run is not None else []
@@ -332,8 +296,9 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
         plotted(series_frame(rows, {"kv_budget_fraction": "KV budget"}), from_zero=False),
         plotted(series_frame(rows, {"speculation_depth": "draft tokens"})),
         plotted(series_frame(rows, {"weight_bits": "weight bits"})),
-        switches_plotted(rows),
-        *tenant_plot_updates(run, rows),
+        plotted(series_frame(rows, {"prefill_decode_split": "prefill/decode split"}), from_zero=False),
+        plotted(series_frame(rows, {"priority_routing": "priority routing"}), from_zero=False),
+        plotted(tenant_frame(rows), from_zero=False),
         action_table(rows),
     )
 
@@ -482,10 +447,9 @@ def build_dashboard(
                 x_title="window",
                 y_title=y_title,
                 y_lim=y_lim,
-                height=PLOT_HEIGHT,
                 color_title="",
                 elem_classes=["llmserve-plot"],
-                **kw,
+                **{"height": PLOT_HEIGHT, **kw},
             )
 
     default_task = next(iter(TASKS))
@@ -563,18 +527,10 @@ def build_dashboard(
                 spec_plot = plot("Action: speculation depth", "draft tokens per step")
                 bits_plot = plot("Action: quantization", "weight bits", [0.0, 17.0])
             with gr.Row():
-                with gr.Column(min_width=PLOT_MIN_WIDTH):
-                    switch_plot = gr.ScatterPlot(
-                        x="step", y="switch", color="state", title="Actions: on/off switches",
-                        x_title="window", y_title="", height=180, color_title="",
-                        elem_classes=["llmserve-plot"],
-                    )
+                split_plot = plot("Action: prefill/decode split", "on = 1, off = 0", [0.0, 1.05], height=150)
+                prio_plot = plot("Action: priority routing", "on = 1, off = 0", [0.0, 1.05], height=150)
             with gr.Row():
-                tenant_columns, tenant_plots = [], []
-                for i in range(MAX_TENANTS):
-                    with gr.Column(min_width=PLOT_MIN_WIDTH) as column:
-                        tenant_plots.append(plot(f"SLO attainment: tenant {i + 1}", "fraction", [0.0, 1.05]))
-                    tenant_columns.append(column)
+                tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
             actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
         with gr.Accordion("Connect from Python", open=False, elem_id="dash-connect"):
             python_md = gr.Markdown(elem_id="dash-python")
@@ -600,9 +556,9 @@ def build_dashboard(
             kvb_plot,
             spec_plot,
             bits_plot,
-            switch_plot,
-            *tenant_columns,
-            *tenant_plots,
+            split_plot,
+            prio_plot,
+            tenant_plot,
             actions_df,
         ]
         knob_inputs = [batch_in, kv_in, spec_in, quant_in, split_in, prio_in]
