@@ -29,6 +29,7 @@ import pandas as pd
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
@@ -313,10 +314,14 @@ def error_lines(exc: Exception) -> str:
 def first_heuristic_action(task_id: str, seed: int = 0) -> ServeAction:
     """The heuristic's action for the first window of (task, seed): where the manual knobs start,
     a valid action that keeps up with the task's load (the old defaults were a poor fixed setting)."""
-    env = LLMServeEnvironment()
+    # Always the simulator (in real mode too): the page is built without calling any endpoint.
+    env = InProcessEnv("sim")
     policy = heuristic(task_id)
     policy.reset()
-    return policy.act(env.reset(seed=seed, task_id=task_id))
+    try:
+        return policy.act(env.reset(task_id, seed))
+    finally:
+        env.close()
 
 
 def knob_values(action: ServeAction) -> tuple[Any, ...]:
