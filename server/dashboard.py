@@ -510,6 +510,10 @@ def build_dashboard(
                         label="Per-tenant SLO attainment over the episode",
                         interactive=False,
                         elem_id="dash-tenants",
+                        # Shares of the width, wrapped headers: sized by its content, the table made a
+                        # phone's page 1,103 px wide (still 533 px: Gradio's ~67 px column minimum).
+                        column_widths=[f"{100 / 7:.2f}%"] * 7,
+                        wrap=True,
                     )
             with gr.Row():
                 ttft_plot = plot("Time to first token vs SLO", "ms")
@@ -536,7 +540,8 @@ def build_dashboard(
                 prio_plot = plot("Action: priority routing", "on = 1, off = 0", [0.0, 1.05], height=150)
             with gr.Row():
                 tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
-            actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
+            actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions",
+                                  column_widths=["12.5%"] * 8, wrap=True)
         with gr.Accordion("Connect from Python", open=False, elem_id="dash-connect"):
             python_md = gr.Markdown(elem_id="dash-python")
         run_state = gr.State(None, time_to_live=SESSION_TTL_S)
