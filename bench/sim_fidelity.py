@@ -42,6 +42,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT, make_action
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
@@ -231,11 +232,15 @@ def band_error(value: float, lo: float, hi: float) -> float:
     return abs(value / mid - 1) * 100
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace-seconds", type=int, default=600)
-    ap.add_argument("--sweep-seconds", type=int, default=60, help="length of each load-sweep run")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/sim_fidelity.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--trace-seconds", type=cli.int_at_least(1), default=600,
+                    help="seconds of the Azure conversation trace replayed for the published ITL/TTFT check")
+    ap.add_argument("--sweep-seconds", type=cli.int_at_least(1), default=60, help="length of each load-sweep run")
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    cli.configure_logging(args)
     out: dict[str, float] = {}
     pooled: dict[tuple[str, str], np.ndarray] = {}
     print("Held-out kernel measurements: |model / measured - 1| in %")
