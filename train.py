@@ -375,7 +375,7 @@ def initial_action(task: str, how: str) -> ServeAction:
 def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
     args.weights_dir.mkdir(parents=True, exist_ok=True)
     npz = args.weights_dir / f"{args.task}.npz"
-    np.savez(npz, **agent.export())
+    np.savez(npz, **agent.export())  # type: ignore[arg-type]  # numpy's stub reads **kwds as allow_pickle
     meta = {
         "task": args.task,
         **weights_meta(agent, rms, args),

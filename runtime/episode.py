@@ -113,7 +113,8 @@ class Episode:
     profile: str = ""  # the simulator profile served (sim mode), else the task's
 
     @classmethod
-    def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None, *, profile: Any = None,
+    def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None, *,
+              profile: Any = None,
               caps: Any = None) -> Episode:
         """`profile`, `caps`: sim mode only, see make_backend (UnknownProfileError / CapsError when bad)."""
         arrivals = generate_arrivals(task, seed)

@@ -451,7 +451,7 @@ def build_dashboard(
                 title=title_text,
                 x_title="window",
                 y_title=y_title,
-                y_lim=y_lim,
+                y_lim=y_lim,  # type: ignore[arg-type]  # gradio defaults it to None, annotates a list
                 color_title="",
                 elem_classes=["llmserve-plot"],
                 **{"height": PLOT_HEIGHT, **kw},

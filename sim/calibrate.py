@@ -94,17 +94,18 @@ def fit_kernels(gpu: str, tp: int, dtypes: set[str]) -> tuple[dict[str, Any], di
         fits.setdefault("gemm_ratio", {})[dtype] = ratio.to_dict()
         fits["gemm"][dtype] = small.to_dict()  # its small-m fit (below ratio.blend_lo tokens)
         scores[f"gemm_{dtype}"] = sc.to_dict()
-    fit, sc = fitting.fit_decode_attention(gpu)
-    fits["attn_decode"], scores["attn_decode"] = fit.to_dict(), sc.to_dict()
-    fit, sc = fitting.fit_prefill_attention(gpu)
-    fits["attn_prefill"], scores["attn_prefill"] = fit.to_dict(), sc.to_dict()
+    # One name per fit type (DecodeAttentionFit, RooflineFit, AlphaBetaFit): one variable held all three.
+    decode, sc = fitting.fit_decode_attention(gpu)
+    fits["attn_decode"], scores["attn_decode"] = decode.to_dict(), sc.to_dict()
+    prefill, sc = fitting.fit_prefill_attention(gpu)
+    fits["attn_prefill"], scores["attn_prefill"] = prefill.to_dict(), sc.to_dict()
     if "fp8" in fitting.kv_dtypes(gpu):  # FA3 measured with an fp8 KV cache (the INT8/INT4 tiers')
-        fit, sc = fitting.fit_decode_attention(gpu, "fp8")
-        fits["attn_decode_fp8kv"], scores["attn_decode_fp8kv"] = fit.to_dict(), sc.to_dict()
-        fit, sc = fitting.fit_prefill_attention(gpu, "fp8")
-        fits["attn_prefill_fp8kv"], scores["attn_prefill_fp8kv"] = fit.to_dict(), sc.to_dict()
-    fit, sc = fitting.fit_allreduce(gpu, 2)
-    fits["kv_transfer"], scores["kv_transfer_allreduce2"] = fit.to_dict(), sc.to_dict()
+        decode, sc = fitting.fit_decode_attention(gpu, "fp8")
+        fits["attn_decode_fp8kv"], scores["attn_decode_fp8kv"] = decode.to_dict(), sc.to_dict()
+        prefill, sc = fitting.fit_prefill_attention(gpu, "fp8")
+        fits["attn_prefill_fp8kv"], scores["attn_prefill_fp8kv"] = prefill.to_dict(), sc.to_dict()
+    transfer, sc = fitting.fit_allreduce(gpu, 2)
+    fits["kv_transfer"], scores["kv_transfer_allreduce2"] = transfer.to_dict(), sc.to_dict()
     if tp > 1:
         allreduce, sc = fitting.fit_allreduce(gpu, tp)
         fits["allreduce"], scores[f"allreduce_{tp}"] = allreduce.to_dict(), sc.to_dict()
@@ -441,11 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     elif args.cmd == "steps":
         args.out_dir.mkdir(parents=True, exist_ok=True)
         report = args.out_dir / f"{args.out or args.profile}.steps_fit.md"
-        fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
-        print(f"{args.profile} on {args.steps.name}: median abs error {fit['before_median_abs_error_pct']:.1f} % "
-              f"(p90 {fit['before_p90_abs_error_pct']:.1f} %, model/measured {fit['mean_ratio']:.3f}); re-fitted "
-              f"t_fixed {fit['t_fixed_s'] * 1e3:.3f} ms, gpu_time_scale {fit['gpu_time_scale']:.4f} -> "
-              f"{fit['after_median_abs_error_pct']:.1f} %")
+        steps_fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
+        print(f"{args.profile} on {args.steps.name}: median abs error "
+              f"{steps_fit['before_median_abs_error_pct']:.1f} % (p90 {steps_fit['before_p90_abs_error_pct']:.1f} %, "
+              f"model/measured {steps_fit['mean_ratio']:.3f}); re-fitted t_fixed {steps_fit['t_fixed_s'] * 1e3:.3f} ms, "
+              f"gpu_time_scale {steps_fit['gpu_time_scale']:.4f} -> {steps_fit['after_median_abs_error_pct']:.1f} %")
         print(f"report: {report}")
     else:
         from llmserve_env.sim.kernel_data import extract_subsets

@@ -113,7 +113,8 @@ def gemm_work(m, n, k, weight_bytes: float, act_bytes: float):
     return nbytes, 2.0 * m * n * k
 
 
-def prefill_attention_work(tokens, context, heads: int, kv_heads: int, head_dim: int, elem_bytes: float = BF16_BYTES):
+def prefill_attention_work(tokens, context, heads: int | np.ndarray, kv_heads: int | np.ndarray,
+                           head_dim: int | np.ndarray, elem_bytes: float = BF16_BYTES):
     """(bytes, flops) of causal attention for `tokens` new queries after `context` cached tokens.
 
     Arrays broadcast; for a batch of equal prompts multiply by the batch size. `elem_bytes` is 1 with
