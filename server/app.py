@@ -15,14 +15,17 @@ import logging
 import os
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError
 from llmserve_env.server import openapi
-from llmserve_env.server.bodies import StrictBodies
+from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.server.frames import WebSocketFrames
 from llmserve_env.server.limits import BodySizeLimit
 from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
@@ -108,6 +111,7 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     # /state must find the episode by id; "/" points at the docs rather than redirecting.
     _drop_route(app, "/state", "GET")
     _drop_route(app, "/", "GET")
+    _drop_route(app, "/step", "POST")  # ours parses and validates the action once (server/routes.py)
     app.include_router(build_router(env_factory))
 
     async def env_error(_: Request, exc: EnvError) -> JSONResponse:
@@ -122,6 +126,17 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": [
             {"type": "value_error", "loc": loc, "msg": str(exc), "input": None}]})
 
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's input, and a NaN or a lone surrogate in it made
+        # the 422 itself fail as a 500: the same errors, made printable.
+        errors = [dict(e) for e in exc.errors()]
+        for e in errors:
+            e.pop("url", None)
+            if "ctx" in e:
+                e["ctx"] = {k: v if isinstance(v, str | int | bool) else str(v) for k, v in e["ctx"].items()}
+        return JSONResponse(status_code=422, content={"detail": printable(jsonable_encoder(errors))})
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(EnvError, env_error)
     app.add_exception_handler(UnknownTaskError, unknown_task)
     app.add_exception_handler(TraceError, bad_value)
@@ -129,6 +144,7 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     # Added last = runs first: the size limit applies before StrictBodies buffers a body.
     app.add_middleware(StrictBodies)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(WebSocketFrames)
     openapi.install(app)
     return app
 

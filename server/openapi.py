@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.server.bodies import BODIES, OPTIONAL_BODIES
 from pydantic import BaseModel
 
@@ -31,7 +32,8 @@ BODY_ERRORS = [(400, "the body is not UTF-8 JSON, or an argument the environment
 # (method, path) -> the other error statuses that operation answers, beside 200 and 422.
 ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
-                         (403, "trace:PATH outside LLMSERVE_TRACE_DIR")],
+                         (403, "trace:PATH outside LLMSERVE_TRACE_DIR"),
+                         (409, "the episode_id named is already in use")],
     ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
                         (404, "unknown or expired episode_id"),
                         (409, "the episode is done: grade it or reset"),
@@ -40,8 +42,10 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/grader"): [(404, "unknown episode_id, or the episode_log's task_id is unknown"),
                           (409, "the episode is not finished"),
                           (403, "the episode_log's trace:PATH is outside LLMSERVE_TRACE_DIR")],
-    ("get", "/baseline"): [(404, "unknown task_id")],
-    ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
+    ("get", "/baseline"): [(404, "unknown task_id"),
+                           (503, "use_openai=true but the server has no OPENAI_API_KEY")],
+    ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
+                             (409, "the episode_id named is already in use")],
     ("post", "/web/step"): [(400, "no episode yet: POST /web/reset first"),
                             (409, "the episode is done: reset")],
     ("get", "/web/state"): [(400, "no episode yet: POST /web/reset first")],
@@ -62,6 +66,10 @@ def _add_model(schemas: dict[str, Any], model: type[BaseModel]) -> dict[str, str
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
+EPISODE_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": EPISODE_ID_MAX_LEN,
+                     "pattern": EPISODE_ID_PATTERN}
+
+
 def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
     """Apply the changes described in the module docstring to a FastAPI-generated schema."""
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -77,13 +85,13 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
     if "ServeStepRequest" in schemas:
         schemas["ServeStepRequest"]["required"] = ["action", "episode_id"]
         schemas["ServeStepRequest"]["properties"]["episode_id"] = {
-            "type": "string", "minLength": 1, "maxLength": 255,
+            **EPISODE_ID_SCHEMA,
             "description": "the episode_id that POST /reset returned"}
     for method, path in REQUIRED_EPISODE_ID:
         for param in paths.get(path, {}).get(method, {}).get("parameters", []):
             if param["name"] == "episode_id":
                 param["required"] = True
-                param["schema"] = {"type": "string", "minLength": 1, "maxLength": 255}
+                param["schema"] = dict(EPISODE_ID_SCHEMA)
     for path, ops in paths.items():
         for method, op in ops.items():
             errors = ERRORS.get((method, path), []) + (BODY_ERRORS if "requestBody" in op else [])

@@ -24,18 +24,31 @@ import csv
 import json
 import math
 import os
+import time
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 JSONL_KEYS = ("timestamp", "input_length", "output_length")
-# Guards against replaying something that is not a trace (or a file meant to exhaust memory).
+# Guards against replaying something that is not a trace (or a file meant to exhaust memory or
+# time). Each is checked while the file streams in, before the bytes past it are held: the file
+# is read line by line (never whole), a line longer than MAX_LINE_BYTES is refused unread, and
+# rows go into flat arrays (24 bytes each), so loading costs at most MAX_TRACE_ROWS x 24 bytes.
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_TRACE_ROWS = 2_000_000
-
+MAX_LINE_BYTES = 64 * 1024
+# A request's prompt or output: more tokens than any model's context holds is not a request
+# (1e19 tokens overflowed the simulator's int64 counters), so it is refused with its line.
+MAX_REQUEST_TOKENS = 1 << 20
+# Parsing stops with a TraceError past this much wall clock (checked every few thousand rows):
+# a 2 M-row file parses in about 5 s on one core; a slower file is not worth a server's time.
+MAX_PARSE_S = 20.0
 
 class TraceError(ValueError):
     """A trace file that is missing, unreadable or malformed (the message names file and line)."""
@@ -87,35 +100,76 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 def _load_cached(resolved: str, size: int, mtime_ns: int, shown: str) -> Trace:
     del size, mtime_ns  # part of the cache key only: a rewritten file is read again
     try:
-        text = Path(resolved).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"trace file {shown!r}: not UTF-8 text") from None
+        with open(resolved, "rb") as f:
+            fmt = _detect_format(resolved, f.read(MAX_LINE_BYTES))
+            f.seek(0)
+            rows = _Rows(shown)
+            lines = _lines(f, shown)
+            _parse_jsonl(lines, rows) if fmt == "jsonl" else _parse_csv(lines, rows)
     except OSError as exc:
         raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    fmt = _detect_format(resolved, text)
-    rows = _parse_jsonl(text, shown) if fmt == "jsonl" else _parse_csv(text, shown)
-    if not rows:
+    if not len(rows.t):
         raise TraceError(f"trace file {shown!r}: no requests in it")
-    arr = np.array(rows, dtype=np.float64)
-    order = np.argsort(arr[:, 0], kind="stable")
-    arr = arr[order]
+    t = np.frombuffer(rows.t, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
     return Trace(
         path=shown,
         fmt=fmt,
-        arrival_s=arr[:, 0].copy(),
-        prompt_tokens=arr[:, 1].astype(np.int64),
-        output_tokens=arr[:, 2].astype(np.int64),
+        arrival_s=t[order],
+        prompt_tokens=np.frombuffer(rows.prompt, dtype=np.int64)[order],
+        output_tokens=np.frombuffer(rows.output, dtype=np.int64)[order],
     )
 
 
-def _detect_format(path: str, text: str) -> str:
+def _detect_format(path: str, head: bytes) -> str:
     suffix = Path(path).suffix.lower()
     if suffix == ".csv":
         return "csv"
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
-    stripped = text.lstrip()
-    return "jsonl" if stripped.startswith("{") else "csv"
+    return "jsonl" if head.lstrip().startswith(b"{") else "csv"
+
+
+class _Rows:
+    """The rows read so far, in flat arrays, with the row cap and the time limit."""
+
+    def __init__(self, shown: str):
+        self.shown = shown
+        self.t = array("d")
+        self.prompt = array("q")
+        self.output = array("q")
+        self.deadline = time.monotonic() + MAX_PARSE_S
+
+    def add(self, t: float, prompt: int, output: int) -> None:
+        self.t.append(t)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        n = len(self.t)
+        if n > MAX_TRACE_ROWS:
+            raise TraceError(f"trace file {self.shown!r}: more than {MAX_TRACE_ROWS} requests")
+        if n % 4096 == 0 and time.monotonic() > self.deadline:
+            raise TraceError(f"trace file {self.shown!r}: not parsed within {MAX_PARSE_S:g} s "
+                             f"(stopped at request {n})")
+
+
+def _lines(f: BinaryIO, shown: str) -> Iterator[str]:
+    """The file's lines as text, each at most MAX_LINE_BYTES, the total at most MAX_TRACE_BYTES."""
+    total = 0
+    line_no = 0
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        line_no += 1
+        total += len(raw)
+        if total > MAX_TRACE_BYTES:
+            raise TraceError(f"trace file {shown!r}: more than the {MAX_TRACE_BYTES} bytes allowed")
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: longer than {MAX_LINE_BYTES} bytes")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: not UTF-8 text") from None
 
 
 def _time(value: object, shown: str, line: int, name: str, scale: float) -> float:
@@ -123,7 +177,7 @@ def _time(value: object, shown: str, line: int, name: str, scale: float) -> floa
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be a number")
     try:
         t = float(value) * scale  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(f"trace file {shown!r}, line {line}: {name} is not a number") from None
     if not math.isfinite(t) or t < 0:
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be finite and >= 0")
@@ -138,22 +192,31 @@ def _tokens(value: object, shown: str, line: int, name: str) -> int:
     else:
         try:
             f = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer") from None
         if not math.isfinite(f) or f != int(f):
             raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer")
         n = int(f)
     if n < 0:
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be >= 0")
+    if n > MAX_REQUEST_TOKENS:
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} is above {MAX_REQUEST_TOKENS} tokens")
     return max(1, n)
 
 
-def _parse_csv(text: str, shown: str) -> list[tuple[float, int, int]]:
-    reader = csv.reader(text.splitlines())
+def _parse_csv(lines: Iterator[str], rows: _Rows) -> None:
+    shown = rows.shown
+    reader = csv.reader(lines)
     header: list[str] | None = None
-    rows: list[tuple[float, int, int]] = []
     idx: tuple[int, int, int] = (0, 0, 0)
-    for line_no, fields in enumerate(reader, start=1):
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            raise TraceError(f"trace file {shown!r}, line {reader.line_num}: not a well-formed CSV row") from None
+        line_no = reader.line_num
         if not fields or all(not f.strip() for f in fields):
             continue
         if header is None:
@@ -170,40 +233,34 @@ def _parse_csv(text: str, shown: str) -> list[tuple[float, int, int]]:
             raise TraceError(
                 f"trace file {shown!r}, line {line_no}: {len(fields)} fields, the header has {len(header)}"
             )
-        rows.append((
+        rows.add(
             _time(fields[idx[0]].strip(), shown, line_no, CSV_COLUMNS[0], 1.0),
             _tokens(fields[idx[1]].strip(), shown, line_no, CSV_COLUMNS[1]),
             _tokens(fields[idx[2]].strip(), shown, line_no, CSV_COLUMNS[2]),
-        ))
-        if len(rows) > MAX_TRACE_ROWS:
-            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
+        )
     if header is None:
         raise TraceError(f"trace file {shown!r}: empty (expected a header {','.join(CSV_COLUMNS)})")
-    return rows
 
 
-def _parse_jsonl(text: str, shown: str) -> list[tuple[float, int, int]]:
-    rows: list[tuple[float, int, int]] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+def _parse_jsonl(lines: Iterator[str], rows: _Rows) -> None:
+    shown = rows.shown
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, an integer past 4300 digits, deep nesting
             raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
         if not isinstance(obj, dict):
             raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
         missing = [k for k in JSONL_KEYS if k not in obj]
         if missing:
             raise TraceError(f"trace file {shown!r}, line {line_no}: missing key(s) {', '.join(missing)}")
-        rows.append((
+        rows.add(
             _time(obj["timestamp"], shown, line_no, "timestamp", 1e-3),
             _tokens(obj["input_length"], shown, line_no, "input_length"),
             _tokens(obj["output_length"], shown, line_no, "output_length"),
-        ))
-        if len(rows) > MAX_TRACE_ROWS:
-            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
-    return rows
+        )
 
 
 def replay_slice(trace: Trace, duration_s: float, speedup: float = 1.0, start_s: float | None = None) -> TraceSlice:
