@@ -23,7 +23,7 @@ install: $(VENV)/.installed
 install-dev: $(VENV)/.installed-dev
 
 serve: install
-	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(VENV)/bin/uvicorn server.app:app --host 0.0.0.0 --port $${PORT:-7860}
+	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env.server.serving --host 0.0.0.0 --port $${PORT:-7860}
 
 test: install-dev
 	$(VENV)/bin/pytest -q

@@ -1,4 +1,5 @@
-"""A throwaway server for the benches: `uvicorn server.app:app` on a free loopback port."""
+"""A throwaway server for the benches: `python -m llmserve_env.server.serving` (the settings `make
+serve` and the Docker image use) on a free loopback port."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def own_server(start_timeout_s: float = 90.0) -> Iterator[tuple[str, int]]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "server.app:app", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, "-m", "llmserve_env.server.serving", "--host", "127.0.0.1",
                              "--port", str(port), "--log-level", "warning"], cwd=ROOT)
     try:
         deadline = time.monotonic() + start_timeout_s

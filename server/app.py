@@ -153,10 +153,11 @@ app = build_app()
 
 
 def main(host: str = "0.0.0.0", port: int | None = None) -> None:
-    """Serve the app (the `server` console script, and `python -m server.app`)."""
-    import uvicorn
+    """Serve the app (the `server` console script, and `python -m server.app`), with the bounds
+    of server/serving.py."""
+    from llmserve_env.server.serving import run
 
-    uvicorn.run(app, host=host, port=port or int(os.environ.get("PORT", "7860")))
+    run(host=host, port=port or int(os.environ.get("PORT", "7860")))
 
 
 if __name__ == "__main__":
