@@ -31,7 +31,7 @@ from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.grader import GradeError
 from llmserve_env.shared.tasks import UnknownTaskError
-from llmserve_env.shared.traces import TraceError
+from llmserve_env.shared.traces import TraceError, parse_in_worker_process
 from openenv.core.env_server.http_server import create_app
 from starlette.routing import Mount
 
@@ -84,6 +84,7 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
 
         GatewayConfig.from_env()
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
+    parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 
     # Sim steps run inline on the event loop; real-mode steps block for a window of wall clock,
     # so they keep OpenEnv's thread pool (see InlineStepEnvironment).

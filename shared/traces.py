@@ -24,6 +24,7 @@ import csv
 import json
 import math
 import os
+import threading
 import time
 from array import array
 from collections.abc import Iterator
@@ -99,26 +100,82 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 @lru_cache(maxsize=16)
 def _load_cached(resolved: str, size: int, mtime_ns: int, shown: str) -> Trace:
     del size, mtime_ns  # part of the cache key only: a rewritten file is read again
+    fmt, t, prompt, output = _parse_elsewhere(resolved, shown) if _worker.enabled else _parse_file(resolved, shown)
+    order = np.argsort(t, kind="stable")
+    return Trace(path=shown, fmt=fmt, arrival_s=t[order], prompt_tokens=prompt[order], output_tokens=output[order])
+
+
+def _parse_file(resolved: str, shown: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(format, arrival times, prompt tokens, output tokens) of a file, in file order."""
     try:
         with open(resolved, "rb") as f:
             fmt = _detect_format(resolved, f.read(MAX_LINE_BYTES))
             f.seek(0)
             rows = _Rows(shown)
-            lines = _lines(f, shown)
+            lines = _lines(f, shown, rows.deadline)
             _parse_jsonl(lines, rows) if fmt == "jsonl" else _parse_csv(lines, rows)
     except OSError as exc:
         raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
     if not len(rows.t):
         raise TraceError(f"trace file {shown!r}: no requests in it")
-    t = np.frombuffer(rows.t, dtype=np.float64)
-    order = np.argsort(t, kind="stable")
-    return Trace(
-        path=shown,
-        fmt=fmt,
-        arrival_s=t[order],
-        prompt_tokens=np.frombuffer(rows.prompt, dtype=np.int64)[order],
-        output_tokens=np.frombuffer(rows.output, dtype=np.int64)[order],
-    )
+    return (fmt, np.frombuffer(rows.t, dtype=np.float64), np.frombuffer(rows.prompt, dtype=np.int64),
+            np.frombuffer(rows.output, dtype=np.int64))
+
+
+class _Worker:
+    """Trace files parse in a child process for a server (see `parse_in_worker_process`)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.slots = threading.BoundedSemaphore(2)  # parses at once; the others wait their turn
+
+
+_worker = _Worker()
+
+
+def parse_in_worker_process(enabled: bool = True) -> None:
+    """Parse trace files in a child process instead of the calling thread (the server turns this on).
+
+    Parsing is pure Python: in a thread of the server it held the GIL against the event loop (four
+    bad traces refused at once put /health's p99 at ~150 ms), and a thread cannot be stopped. A
+    child (`python -m llmserve_env.shared.traces`) costs the server nothing but the wait, is killed
+    at its time limit, and at most two run at once, so memory stays two files' worth.
+    """
+    _worker.enabled = enabled
+
+
+def _parse_elsewhere(resolved: str, shown: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    import io
+    import subprocess
+    import sys
+
+    with _worker.slots:
+        try:
+            done = subprocess.run([sys.executable, "-m", "llmserve_env.shared.traces", resolved, shown],
+                                  capture_output=True, timeout=MAX_PARSE_S + 10, check=False)
+        except subprocess.TimeoutExpired:
+            raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s") from None
+    if done.returncode == 2:
+        raise TraceError(done.stderr.decode("utf-8", "replace").strip()[-500:])
+    if done.returncode != 0:
+        raise TraceError(f"trace file {shown!r}: the trace parser process failed (exit {done.returncode})")
+    with np.load(io.BytesIO(done.stdout)) as z:
+        return str(z["fmt"]), z["t"], z["prompt"], z["output"]
+
+
+def _child(argv: list[str]) -> int:
+    """`python -m llmserve_env.shared.traces RESOLVED SHOWN`: parse, write the arrays (npz) to stdout;
+    a TraceError's message to stderr with exit 2."""
+    import sys
+
+    resolved, shown = argv
+    try:
+        fmt, t, prompt, output = _parse_file(resolved, shown)
+    except TraceError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    np.savez(sys.stdout.buffer, fmt=np.array(fmt), t=t, prompt=prompt, output=output)
+    return 0
 
 
 def _detect_format(path: str, head: bytes) -> str:
@@ -152,8 +209,9 @@ class _Rows:
                              f"(stopped at request {n})")
 
 
-def _lines(f: BinaryIO, shown: str) -> Iterator[str]:
-    """The file's lines as text, each at most MAX_LINE_BYTES, the total at most MAX_TRACE_BYTES."""
+def _lines(f: BinaryIO, shown: str, deadline: float) -> Iterator[str]:
+    """The file's lines as text, each at most MAX_LINE_BYTES, the total at most MAX_TRACE_BYTES,
+    read before `deadline` (checked here too: blank lines add no rows)."""
     total = 0
     line_no = 0
     while True:
@@ -162,6 +220,8 @@ def _lines(f: BinaryIO, shown: str) -> Iterator[str]:
             return
         line_no += 1
         total += len(raw)
+        if line_no % 65536 == 0 and time.monotonic() > deadline:
+            raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s (stopped at line {line_no})")
         if total > MAX_TRACE_BYTES:
             raise TraceError(f"trace file {shown!r}: more than the {MAX_TRACE_BYTES} bytes allowed")
         if len(raw) > MAX_LINE_BYTES:
@@ -287,3 +347,9 @@ def replay_slice(trace: Trace, duration_s: float, speedup: float = 1.0, start_s:
 def packaged_trace_path(name: str) -> Path:
     """A trace shipped in shared/data (see shared/data/PROVENANCE.md)."""
     return Path(__file__).resolve().parent / "data" / name
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_child(sys.argv[1:]))
