@@ -92,6 +92,7 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
             if param["name"] == "episode_id":
                 param["required"] = True
                 param["schema"] = dict(EPISODE_ID_SCHEMA)
+    _add_links(paths)
     for path, ops in paths.items():
         for method, op in ops.items():
             errors = ERRORS.get((method, path), []) + (BODY_ERRORS if "requestBody" in op else [])
@@ -102,6 +103,31 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
                     "description": why,
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
     return schema
+
+
+# An action that any task takes: the links below step with it, so a chain reaches a real episode.
+LINK_ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
+               "prefill_decode_split": False, "priority_routing": False}
+EPISODE_FROM_RESET = "$response.body#/observation/episode_id"
+
+
+def _add_links(paths: dict[str, Any]) -> None:
+    """OpenAPI links: reset -> step -> step/state/grade on the episode reset returned, so clients
+    generated from the schema and Schemathesis's stateful phase can chain real calls."""
+    def link(path: str, method: str, status: str, name: str, target: dict[str, Any]) -> None:
+        op = paths.get(path, {}).get(method)
+        if op is not None:
+            op.setdefault("responses", {}).setdefault(status, {"description": "OK"}).setdefault(
+                "links", {})[name] = target
+
+    step = {"operationId": "step_step_post", "requestBody": {"action": LINK_ACTION, "episode_id": EPISODE_FROM_RESET}}
+    link("/reset", "post", "200", "StepTheEpisode", step)
+    link("/reset", "post", "200", "StateOfTheEpisode",
+         {"operationId": "state_state_get", "parameters": {"query.episode_id": EPISODE_FROM_RESET}})
+    link("/step", "post", "200", "StepAgain", {"operationId": "step_step_post", "requestBody": {
+        "action": LINK_ACTION, "episode_id": "$request.body#/episode_id"}})
+    link("/step", "post", "200", "GradeTheEpisode", {"operationId": "grader_grader_post", "requestBody": {
+        "episode_id": "$request.body#/episode_id"}})
 
 
 def install(app: FastAPI) -> None:

@@ -134,3 +134,27 @@ def test_issue_traces_are_refused_or_served_never_500(tmp_path, name, text, quer
         else:
             assert r.status_code == 422, r.text
             assert says in r.json()["detail"][0]["msg"]
+
+
+# -- the stateful phase: reset -> step -> step/state/grade through the schema's links --------------
+STATEFUL = schema.as_state_machine()
+
+
+def test_stateful_chains_reset_step_grade():
+    """Schemathesis chains calls along the OpenAPI links (server/openapi.py), with the episode_id a
+    real /reset returned; every response is checked as in the stateless phase."""
+    calls: list[tuple[str, int]] = []
+
+    class Machine(STATEFUL):  # type: ignore[misc, valid-type]
+        def after_call(self, response, case):
+            calls.append((case.path, response.status_code))
+
+        def validate_response(self, response, case, additional_checks=(), **kwargs):
+            assert response.status_code < 500, (case.path, response.status_code, response.text[:300])
+            super().validate_response(response, case, additional_checks, **kwargs)
+
+    Machine.run(settings=settings(max_examples=15, stateful_step_count=6, deadline=None, database=None,
+                                  suppress_health_check=list(HealthCheck)))
+    chained = {path for path, status in calls if status == 200}
+    assert {"/reset", "/step"} <= chained, calls[:20]
+    assert any(path == "/grader" for path, _ in calls), "no chain reached the grader"
