@@ -65,7 +65,7 @@ def replay(log: EpisodeLog) -> Episode:
     if log.profile and log.profile != task.profile:
         raise GradeError(f"log profile {log.profile!r} differs from task {task.task_id!r}'s {task.profile!r}: "
                          f"a sim-mode episode runs on its task's profile")
-    ep = Episode.start(task, log.seed, "sim", episode_id=log.episode_id)
+    ep = Episode.start(task, log.seed, "sim")  # the log's id is only a label here (grade_log keeps it)
     try:
         for k, step in enumerate(log.steps):
             if step.step_index != k:

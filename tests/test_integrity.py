@@ -86,6 +86,12 @@ def test_changed_action_or_reward_is_refused():
         grade_log(EpisodeLog.model_validate(d))
 
 
+def test_a_logs_id_is_a_label_not_an_episode_id():
+    log = played_log("static_workload", seed=2).model_copy(update={"episode_id": "my run #3 (lab A)"})
+    result = grade_log(log)
+    assert result.verified is True and result.episode_id == "my run #3 (lab A)"
+
+
 def test_real_mode_log_is_graded_unverified():
     log = played_log("static_workload", mode="real")
     result = grade_log(forged_from(log))
