@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -76,13 +77,32 @@ def _calm_gradio_queue(app: FastAPI) -> None:
                 log.debug("the Gradio queue has no sleep_when_free; left as it is")
 
 
+def _wire_real_mode(app: FastAPI) -> None:
+    """/health reports the endpoint (503 while it is unreachable); shutdown cancels and records every
+    in-flight request and flushes the record file (gateway/service.py)."""
+    from llmserve_env.gateway import service
+
+    async def health() -> JSONResponse:
+        endpoint = await service.endpoint_health_async()
+        ok = endpoint is None or bool(endpoint["reachable"])
+        return JSONResponse(status_code=200 if ok else 503,
+                            content={"status": "healthy" if ok else "unhealthy", "real_endpoint": endpoint})
+
+    _drop_route(app, "/health", "GET")
+    app.add_api_route("/health", health, methods=["GET"], tags=["Health"], summary="Health check",
+                      description="healthy, or 503 unhealthy while the real-mode endpoint is unreachable")
+    app.router.on_shutdown.append(service.shutdown)
+
+
 def build_app(config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig.from_env()
     if config.mode == "real":
-        # Fail at start-up, not at the first step, when real mode lacks its key or endpoint.
-        from llmserve_env.gateway.config import GatewayConfig
+        # Fail at start-up, not at the first step: every variable, the tier table, the step timeout
+        # against the longest built-in window, and a probe of the endpoint (gateway/startup.py).
+        from llmserve_env.gateway.startup import check_real_mode
+        from llmserve_env.shared.tasks import TASKS
 
-        GatewayConfig.from_env()
+        check_real_mode(t.window_s for t in TASKS.values())
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
     parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 
@@ -104,6 +124,9 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         state_cls=WireState,
         gradio_builder=build_dashboard,
         custom_tab_name="Dashboard",
+        # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid
+        # action, pick a task or seed, or show the server's own URL, so it comes second.
+        custom_tab_primary=True,
     )
     app.title = "LLMServeEnv"
     _calm_gradio_queue(app)
@@ -114,6 +137,8 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     _drop_route(app, "/", "GET")
     _drop_route(app, "/step", "POST")  # ours parses and validates the action once (server/routes.py)
     app.include_router(build_router(env_factory))
+    if config.mode == "real":
+        _wire_real_mode(app)
 
     async def env_error(_: Request, exc: EnvError) -> JSONResponse:
         return JSONResponse(status_code=exc.status, content={"detail": exc.message})
@@ -153,13 +178,14 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
 app = build_app()
 
 
-def main(host: str = "0.0.0.0", port: int | None = None) -> None:
-    """Serve the app (the `server` console script, and `python -m server.app`), with the bounds
-    of server/serving.py."""
-    from llmserve_env.server.serving import run
+def main(argv: list[str] | None = None) -> int:
+    """`python -m server.app [--host H] [--port P] [--mode sim|real]`: the same as
+    `python -m llmserve_env serve` (and the `llmserve-env serve` console script); `--help` lists
+    the options and starts nothing."""
+    from llmserve_env.__main__ import serve
 
-    run(host=host, port=port or int(os.environ.get("PORT", "7860")))
+    return serve(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -21,7 +21,14 @@ import inspect
 from typing import Any
 
 from llmserve_env.runtime.episode import Episode, check_episode_id
-from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
+from llmserve_env.runtime.errors import (
+    EnvError,
+    EpisodeNotDoneError,
+    EpisodeRequiredError,
+    SimOnlyOptionError,
+    UnknownProfileRequestError,
+    UnknownSplitError,
+)
 from llmserve_env.runtime.verify import grade_own
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.episodes import EpisodeStore
@@ -59,10 +66,11 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
 
     # -- OpenEnv API ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str = DEFAULT_TASK,
-              **kwargs: Any) -> ServeObservation:
+              profile: str | None = None, caps: dict[str, Any] | None = None, **kwargs: Any) -> ServeObservation:
         if kwargs:
             raise EnvError(f"unknown reset argument(s): {', '.join(sorted(kwargs))}; "
-                           f"allowed: task_id, seed, episode_id")
+                           f"allowed: task_id, seed, episode_id, profile, caps")
+        sim_profile, sim_caps = self._sim_options(profile, caps)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
             raise EnvError(f"seed must be an integer with 0 <= seed < 2**63, got {_short(seed)}")
         if not isinstance(task_id, str):
@@ -72,7 +80,8 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             self.store.check_free(check_episode_id(episode_id))
         task_id = self.config.trace_task_id(task_id)
         task = resolve_task(task_id)
-        ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id)
+        ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id, profile=sim_profile,
+                           caps=sim_caps)
         try:
             self.store.put(ep)  # atomic check: two resets racing for one new id get one 409
         except EnvError:
@@ -83,6 +92,40 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
         self._episode = ep
         assert ep.last_observation is not None
         return ep.last_observation
+
+    def _sim_options(self, profile: Any, caps: Any) -> tuple[Any, Any]:
+        """`profile`: an id only (a folder of LLMSERVE_PROFILE_PATH or the user folder holds fitted ones;
+        a client never names a file). `caps`: real mode's request caps, applied by the simulator."""
+        if (profile is not None or caps is not None) and self.config.mode != "sim":
+            raise SimOnlyOptionError("profile and caps are sim-mode options; this server runs in real mode")
+        loaded = None
+        if profile is not None:
+            from llmserve_env.sim.profiles import (
+                InvalidProfileError,
+                UnknownProfileError,
+                list_profiles,
+                load_profile,
+            )
+
+            if not isinstance(profile, str) or "/" in profile or "\\" in profile or profile.endswith(".json"):
+                raise UnknownProfileRequestError(
+                    f"profile must be a profile id (one of {', '.join(list_profiles())}), got {profile!r}")
+            try:
+                loaded = load_profile(profile)
+            except (UnknownProfileError, InvalidProfileError) as exc:
+                raise UnknownProfileRequestError(str(exc)) from None
+        parsed = None
+        if caps is not None:
+            from llmserve_env.sim.caps import CapsError, RequestCaps
+
+            if not isinstance(caps, dict):
+                raise EnvError(f"caps must be an object of max_requests_per_step, max_prompt_tokens, "
+                               f"max_completion_tokens, got {caps!r}")
+            try:
+                parsed = RequestCaps.from_dict(caps)
+            except CapsError as exc:
+                raise EnvError(str(exc)) from None
+        return loaded, parsed
 
     def step(self, action: ServeAction, timeout_s: float | None = None, episode_id: str | None = None,
              request_id: str | None = None, **kwargs: Any) -> ServeObservation:
