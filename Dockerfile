@@ -28,4 +28,5 @@ USER 1000:1000
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
     CMD ["python", "-c", "import sys, urllib.request; sys.exit(urllib.request.urlopen('http://127.0.0.1:7860/health', timeout=4).status != 200)"]
-CMD ["uvicorn", "server.app:app", "--host", "0.0.0.0", "--port", "7860"]
+# uvicorn with the slow-client, connection and log bounds of server/serving.py (as `make serve`).
+CMD ["python", "-m", "llmserve_env.server.serving", "--host", "0.0.0.0", "--port", "7860"]

@@ -42,7 +42,7 @@ install-train: $(VENV)/.installed-train
 HOST ?= 127.0.0.1
 
 serve: install
-	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(VENV)/bin/uvicorn server.app:app --host $(HOST) --port $${PORT:-7860}
+	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env.server.serving --host $(HOST) --port $${PORT:-7860}
 
 # pytest's own -q comes from addopts (pyproject.toml): a second one here would hide the summary
 # line ("N passed, N skipped"), which is the last line printed.

@@ -53,8 +53,11 @@ def serve(argv: list[str]) -> int:
     os.environ["LLMSERVE_MODE"] = args.mode
     import uvicorn
     from llmserve_env.server.app import build_app
+    from llmserve_env.server.serving import quiet_repeated_errors, uvicorn_settings
 
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=args.log_level.lower())
+    quiet_repeated_errors()  # the same slow-client, connection and log bounds as make serve
+    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=args.log_level.lower(),
+                **uvicorn_settings())
     return 0
 
 

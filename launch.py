@@ -2,7 +2,7 @@
 
 `ThreadServer` runs an ASGI app under uvicorn in a daemon thread of this process, on a loopback
 socket bound before it starts (no port race); `ServerProcess` runs a server command (by default
-this project's server, `uvicorn llmserve_env.server.app:app`) as a child process on a free
+this project's server as `make serve` runs it, `python -m llmserve_env.server.serving`) as a child process on a free
 loopback port and waits until its health path answers 200. The child stays in the caller's
 session: with the kernel's autogroup scheduling a session of its own is scheduled as a separate
 group, which changed the benches' client/server round trips.
@@ -102,8 +102,8 @@ class ServerProcess:
                  cwd: Path | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        template = argv or [sys.executable, "-m", "uvicorn", APP, "--host", "127.0.0.1", "--port", "{port}",
-                            "--log-level", "warning"]
+        template = argv or [sys.executable, "-m", "llmserve_env.server.serving", "--host", "127.0.0.1",
+                            "--port", "{port}", "--log-level", "warning"]
         self.argv = [a.replace("{port}", str(self.port)) for a in template]
         self.env = dict(env) if env is not None else None
         self.cwd = cwd

@@ -1,8 +1,10 @@
-"""A throwaway server for the benches: this project's server on a free loopback port
-(llmserve_env.launch.ServerProcess, the helper tests and scripts use too)."""
+"""A throwaway server for the benches: this project's server (`python -m llmserve_env.server.serving`,
+the settings `make serve` and the Docker image use) on a free loopback port, through
+llmserve_env.launch.ServerProcess, the helper tests and scripts use too."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,7 +12,8 @@ from llmserve_env.launch import ServerProcess
 
 
 @contextmanager
-def own_server(start_timeout_s: float = 90.0) -> Iterator[tuple[str, int]]:
-    """Start the server, wait for /health, yield (url, pid); stop it afterwards."""
-    with ServerProcess(start_timeout_s=start_timeout_s) as server:
+def own_server(start_timeout_s: float = 90.0, env: dict[str, str] | None = None) -> Iterator[tuple[str, int]]:
+    """Start the server (with `env` added to this process's environment), wait for /health, yield
+    (url, pid); stop it afterwards."""
+    with ServerProcess(env={**os.environ, **(env or {})}, start_timeout_s=start_timeout_s) as server:
         yield server.url, server.pid

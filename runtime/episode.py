@@ -11,13 +11,14 @@ in-process users (runtime/inprocess.py) hold theirs directly.
 from __future__ import annotations
 
 import logging
+import re
+import secrets
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmserve_env.runtime.errors import BackendFailure, EnvError, EpisodeDoneError
+from llmserve_env.runtime.errors import BackendFailure, EnvError, EpisodeDoneError, EpisodeIdError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
@@ -27,6 +28,25 @@ from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 
 log = logging.getLogger("llmserve_env.runtime")
+
+# Episode ids, on every transport (HTTP body and query, WebSocket, web UI): short, and only
+# characters that need no escaping in a URL, a log line or a file name. Minted ids are 128 random
+# bits from `secrets`, so an id is a capability: nobody can guess another client's.
+EPISODE_ID_MAX_LEN = 128
+EPISODE_ID_PATTERN = r"^[A-Za-z0-9._:-]+$"
+_EPISODE_ID_RE = re.compile(r"[A-Za-z0-9._:-]+")
+
+
+def mint_episode_id() -> str:
+    return secrets.token_hex(16)
+
+
+def check_episode_id(episode_id: object) -> str:
+    """`episode_id` if it is a well-formed id, else EpisodeIdError (a 422) saying what is allowed."""
+    if (not isinstance(episode_id, str) or not 1 <= len(episode_id) <= EPISODE_ID_MAX_LEN
+            or _EPISODE_ID_RE.fullmatch(episode_id) is None):
+        raise EpisodeIdError(episode_id, EPISODE_ID_MAX_LEN)
+    return episode_id
 
 
 def make_backend(mode: str, task: TaskSpec, profile: Any = None, caps: Any = None) -> Backend:
@@ -117,9 +137,9 @@ class Episode:
               profile: Any = None,
               caps: Any = None) -> Episode:
         """`profile`, `caps`: sim mode only, see make_backend (UnknownProfileError / CapsError when bad)."""
+        episode_id = mint_episode_id() if episode_id is None else check_episode_id(episode_id)
         arrivals = generate_arrivals(task, seed)
         backend = make_backend(mode, task, profile, caps)
-        episode_id = episode_id or uuid.uuid4().hex
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
                 arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]

@@ -21,9 +21,9 @@ class EpisodeRequiredError(EnvError):
 
     def __init__(self, route: str):
         super().__init__(
-            f"{route} needs an 'episode_id': call POST /reset first and pass the episode_id it returns "
-            f"(in the JSON body for POST routes, as ?episode_id= for GET /state), or use the WebSocket /ws "
-            f"session, which keeps its own episode"
+            f"{route}: no episode to use. Over HTTP, call POST /reset first and pass the episode_id it returns "
+            f"(in the JSON body for POST routes, as ?episode_id= for GET /state); a WebSocket /ws session or "
+            f"the web playground (POST /web/reset, then /web/step) keeps its own episode: reset it first"
         )
 
 
@@ -35,6 +35,26 @@ class EpisodeNotFoundError(EnvError):
             f"episode_id {episode_id!r} is unknown or expired (idle episodes are dropped after the idle "
             f"timeout, and the least recently used when the store is full); call POST /reset for a new one"
         )
+
+
+class EpisodeIdError(EnvError):
+    status = 422
+
+    def __init__(self, episode_id: object, max_len: int):
+        shown = repr(episode_id)
+        shown = shown if len(shown) <= 80 else f"{shown[:80]}... ({len(str(episode_id))} characters)"
+        super().__init__(f"episode_id {shown} is not a valid id: 1 to {max_len} characters of A-Z a-z 0-9 "
+                         f". _ : - (or leave it out and the server mints one)")
+
+
+class EpisodeExistsError(EnvError):
+    """A client named an id that is already taken: ids are never reused, whatever the episode's state."""
+
+    status = 409
+
+    def __init__(self, episode_id: str):
+        super().__init__(f"episode_id {episode_id!r} is already in use; an id names one episode for good. "
+                         f"Leave episode_id out (the server mints an unguessable one) or pick a new id")
 
 
 class EpisodeDoneError(EnvError):

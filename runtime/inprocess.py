@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError
-from llmserve_env.shared.grader import GradeResult, grade_episode
+from llmserve_env.runtime.verify import grade_own
+from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 
@@ -50,7 +51,7 @@ class InProcessEnv:
         ep = self.episode
         if not ep.done or ep.failed is not None:
             raise EpisodeNotDoneError(ep.episode_id, ep.step_count, ep.task.horizon)
-        return grade_episode(ep.episode_log())
+        return grade_own(ep)
 
     def grade(self) -> dict[str, Any]:
         return self.grade_result().model_dump()

@@ -71,6 +71,9 @@ def rows() -> list[tuple[str, str, str, str]]:
             out.append((var, "real mode", default, f.description or doc_text))
     else:
         out += [(var, "real mode", default or "(unset)", text) for var, (default, text) in documented.items()]
+    from llmserve_env.sim.profiles import PROFILE_PATH_ENV, PROFILE_PATH_HELP
+
+    out.append((PROFILE_PATH_ENV, "simulator", "(unset)", PROFILE_PATH_HELP))
     return out
 
 

@@ -16,20 +16,23 @@ import os
 import sys
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError
 from llmserve_env.server import openapi
-from llmserve_env.server.bodies import StrictBodies
+from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
+from llmserve_env.server.frames import WebSocketFrames
 from llmserve_env.server.limits import BodySizeLimit
 from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.grader import GradeError
 from llmserve_env.shared.tasks import UnknownTaskError
-from llmserve_env.shared.traces import TraceError
+from llmserve_env.shared.traces import TraceError, parse_in_worker_process
 from openenv.core.env_server.http_server import create_app
 from starlette.routing import Mount
 
@@ -101,6 +104,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
 
         check_real_mode(t.window_s for t in TASKS.values())
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
+    parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 
     # Sim steps run inline on the event loop; real-mode steps block for a window of wall clock,
     # so they keep OpenEnv's thread pool (see InlineStepEnvironment).
@@ -131,6 +135,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # /state must find the episode by id; "/" points at the docs rather than redirecting.
     _drop_route(app, "/state", "GET")
     _drop_route(app, "/", "GET")
+    _drop_route(app, "/step", "POST")  # ours parses and validates the action once (server/routes.py)
     app.include_router(build_router(env_factory))
     if config.mode == "real":
         _wire_real_mode(app)
@@ -147,6 +152,17 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
         return JSONResponse(status_code=422, content={"detail": [
             {"type": "value_error", "loc": loc, "msg": str(exc), "input": None}]})
 
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes each error's input, and a NaN or a lone surrogate in it made
+        # the 422 itself fail as a 500: the same errors, made printable.
+        errors = [dict(e) for e in exc.errors()]
+        for e in errors:
+            e.pop("url", None)
+            if "ctx" in e:
+                e["ctx"] = {k: v if isinstance(v, str | int | bool) else str(v) for k, v in e["ctx"].items()}
+        return JSONResponse(status_code=422, content={"detail": printable(jsonable_encoder(errors))})
+
+    app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_exception_handler(EnvError, env_error)
     app.add_exception_handler(UnknownTaskError, unknown_task)
     app.add_exception_handler(TraceError, bad_value)
@@ -154,6 +170,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # Added last = runs first: the size limit applies before StrictBodies buffers a body.
     app.add_middleware(StrictBodies)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(WebSocketFrames)
     openapi.install(app)
     return app
 

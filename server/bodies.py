@@ -1,21 +1,32 @@
-"""The JSON bodies of POST /reset and POST /step as this server accepts them, checked strictly.
+"""Request bodies as this server accepts them: one validation layer in front of every JSON route.
 
 OpenEnv's own `ResetRequest`/`StepRequest` validate in pydantic's lax mode and allow any extra
 field, so `"seed": false` became seed 0 and `"seed": "7"` became 7, silently. `StrictBodies` (a
-pure ASGI middleware) validates these two bodies against the models below before OpenEnv's
-handlers parse them, and answers 422 in FastAPI's format (`loc` names the field) when they do not
-fit; a body that fits is replayed untouched, so OpenEnv's routes still do all the work. The same
-models document the bodies in /openapi.json (server/openapi.py), so the schema and the server
-agree. OpenEnv's /web/reset and /web/step get the same treatment. WebSocket messages do not pass here: `LLMServeEnvironment.reset/step` check their
-arguments themselves.
+pure ASGI middleware) checks every POST body before the route sees it:
+
+- /reset, /web/reset, /web/step: against the strict models below (one pydantic parse), 422 in
+  FastAPI's format (`loc` names the field) when they do not fit; a body that fits is replayed
+  untouched, so OpenEnv's routes still do the work.
+- /step: not here. Its route (server/routes.py) parses and validates the body once, with
+  `ServeStepRequest`, and steps the episode itself.
+- every other JSON body (/grader, OpenEnv's task API, /mcp): well-formed JSON only: no NaN or
+  Infinity (finite numbers only), no lone UTF-16 surrogate (it cannot be written back out as
+  UTF-8), no integer past Python's 4,300 digits, no nesting past DEPTH_LIMIT. Each of these was a
+  500 when a route echoed or stored it. The Gradio app under /web/ keeps its own protocol.
+
+The same models document the bodies in /openapi.json (server/openapi.py), so the schema and the
+server agree. WebSocket messages do not pass here: `LLMServeEnvironment.reset/step` check their
+arguments themselves, and `WebSocketFrames` answers frames that are not JSON objects.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
-from llmserve_env.server.environment import DEFAULT_TASK
+from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
+from llmserve_env.server.environment import DEFAULT_TASK, SEED_LIMIT
 from llmserve_env.shared.models import ServeAction
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -41,9 +52,11 @@ class ServeResetRequest(BaseModel):
     task_id: str = Field(DEFAULT_TASK, min_length=1, max_length=4096,
                          description="a task id from GET /tasks, or 'trace:PATH[?options]' (a trace file "
                                      "on the server)")
-    seed: int | None = Field(None, ge=0, description="fixes the whole arrival stream (default 0)")
-    episode_id: str | None = Field(None, max_length=255,
-                                   description="an id for the new episode (default: a fresh uuid)")
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT,
+                             description="fixes the whole arrival stream (default 0); 0 <= seed < 2**63")
+    episode_id: str | None = Field(None, min_length=1, max_length=EPISODE_ID_MAX_LEN, pattern=EPISODE_ID_PATTERN,
+                                   description="an id for the new episode, not one in use (409); default: "
+                                               "the server mints an unguessable one")
     profile: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
                                 description="sim mode: serve on this simulator profile id instead of the "
                                             "task's (a fitted one from LLMSERVE_PROFILE_PATH or the user folder)")
@@ -59,7 +72,7 @@ class ServeStepRequest(BaseModel):
     action: ServeAction
     # Optional here so that a missing id gets the environment's 400 saying how to get one;
     # /openapi.json lists it as required, which it is.
-    episode_id: str | None = Field(None, min_length=1, max_length=255,
+    episode_id: str | None = Field(None, min_length=1, max_length=EPISODE_ID_MAX_LEN, pattern=EPISODE_ID_PATTERN,
                                    description="the episode_id that POST /reset returned")
     timeout_s: float | None = Field(None, gt=0, description="OpenEnv's step timeout; the simulator "
                                                             "ignores it")
@@ -94,24 +107,95 @@ def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
         if "ctx" in e:
             item["ctx"] = {k: v if isinstance(v, (str, int, bool)) else str(v) for k, v in e["ctx"].items()}
         out.append(item)
+    return printable(out)
+
+
+def printable(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`errors` as JSON can carry them: an input that is not finite, not UTF-8-encodable (a lone
+    surrogate) or not JSON at all is shown as its (truncated, escaped) repr instead of a 500."""
     try:
-        json.dumps(out, allow_nan=False)
-    except (TypeError, ValueError):
-        for item in out:
-            item["input"] = repr(item["input"])[:200]
-    return out
+        json.dumps(errors, allow_nan=False, ensure_ascii=False).encode("utf-8")
+    except (TypeError, ValueError, UnicodeEncodeError):
+        for item in errors:
+            item["input"] = ascii(item.get("input"))[:200]
+            item["msg"] = ascii(item.get("msg"))[1:-1][:500] if not _safe(item.get("msg")) else item.get("msg")
+            item["loc"] = [p if _safe(p) else ascii(p) for p in item.get("loc", [])]
+    return errors
+
+
+def _safe(value: Any) -> bool:
+    if isinstance(value, str):
+        return _encodable(value)
+    return isinstance(value, int | bool) or value is None
+
+
+# Nesting deeper than this is no body any route takes (an episode log is 4 levels deep).
+DEPTH_LIMIT = 32
+# A JSON escape of a UTF-16 surrogate: only then can a decoded string hold a lone one.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_JSON_TYPES = (b"application/json", b"application/json-rpc", b"text/plain")
+
+
+def json_problem(body: bytes) -> str | None:
+    """Why `body` is not JSON this server takes (see the module docstring), or None."""
+    def no_constant(name: str) -> None:
+        raise ValueError(f"{name} is not a JSON number; finite numbers only")
+
+    try:
+        value = json.loads(body, parse_constant=no_constant)
+    except RecursionError:
+        return f"JSON nested deeper than {DEPTH_LIMIT} levels"
+    except UnicodeDecodeError:
+        return "the body is not UTF-8"
+    except ValueError as exc:  # malformed JSON, NaN/Infinity, an integer past 4,300 digits
+        return f"not valid JSON: {str(exc)[:200]}"
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    check_strings = _SURROGATE_ESCAPE.search(body) is not None
+    while stack:
+        item, depth = stack.pop()
+        if depth > DEPTH_LIMIT:
+            return f"JSON nested deeper than {DEPTH_LIMIT} levels"
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if check_strings and not _encodable(k):
+                    return "a string holds a lone UTF-16 surrogate (not a character)"
+                stack.append((v, depth + 1))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+        elif check_strings and isinstance(item, str) and not _encodable(item):
+            return "a string holds a lone UTF-16 surrogate (not a character)"
+    return None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _is_json(scope: Scope) -> bool:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            return value.split(b";")[0].strip().lower() in _JSON_TYPES
+    return True  # no content type: /mcp clients and curl often send none; it is read as JSON
 
 
 class StrictBodies:
-    """Check the JSON body of the POST routes in BODIES (path -> model) before the app sees it."""
+    """Check every POST body before the app sees it (see the module docstring)."""
 
     def __init__(self, app: Any):
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        model = BODIES.get(scope.get("path", "")) if scope["type"] == "http" else None
-        if model is None or scope.get("method") != "POST":
+        if scope["type"] != "http" or scope.get("method") != "POST":
             await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        model = BODIES.get(path)
+        if path == "/step" or (model is None and (path.startswith("/web/") or not _is_json(scope))):
+            await self.app(scope, receive, send)  # validated by its route / Gradio's / not JSON
             return
         chunks: list[bytes] = []
         while True:
@@ -123,11 +207,18 @@ class StrictBodies:
                 break
         body = b"".join(chunks)
         if body.strip():  # an empty /reset body means "all defaults": OpenEnv allows it
-            try:
-                model.model_validate_json(body)
-            except ValidationError as exc:
-                await _send_json(send, 422, {"detail": validation_errors(exc)})
-                return
+            if model is not None:
+                try:
+                    model.model_validate_json(body)
+                except ValidationError as exc:
+                    await _send_json(send, 422, {"detail": validation_errors(exc)})
+                    return
+            else:
+                problem = json_problem(body)
+                if problem is not None:
+                    await _send_json(send, 422, {"detail": [
+                        {"type": "json_invalid", "loc": ["body"], "msg": problem, "input": None}]})
+                    return
         replayed = False
 
         async def replay() -> dict[str, Any]:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from llmserve_env.runtime.episode import Episode
+from llmserve_env.runtime.episode import Episode, check_episode_id
 from llmserve_env.runtime.errors import (
     EnvError,
     EpisodeNotDoneError,
@@ -29,9 +29,10 @@ from llmserve_env.runtime.errors import (
     UnknownProfileRequestError,
     UnknownSplitError,
 )
+from llmserve_env.runtime.verify import grade_own
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.episodes import EpisodeStore
-from llmserve_env.shared.grader import GradeResult, grade_episode
+from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import TASKS, TaskSpec
 from llmserve_env.shared.workloads import resolve_task
@@ -39,6 +40,12 @@ from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import EnvironmentMetadata
 
 DEFAULT_TASK = "static_workload"
+SEED_LIMIT = 2**63  # seeds are 0 <= seed < 2**63 (what an episode log and numpy's SeedSequence hold)
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:60]}... ({len(text)} characters)"
 TASK_SPLIT = "test"
 DESCRIPTION = (
     "Set an LLM inference server's policy each window (batch cap, KV budget, speculation depth, "
@@ -64,17 +71,24 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             raise EnvError(f"unknown reset argument(s): {', '.join(sorted(kwargs))}; "
                            f"allowed: task_id, seed, episode_id, profile, caps")
         sim_profile, sim_caps = self._sim_options(profile, caps)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-            raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+            raise EnvError(f"seed must be an integer with 0 <= seed < 2**63, got {_short(seed)}")
         if not isinstance(task_id, str):
-            raise EnvError(f"task_id must be a string, got {task_id!r}")
+            raise EnvError(f"task_id must be a string, got {_short(task_id)}")
+        if episode_id is not None:
+            # Checked before any work: a malformed id is a 422, a taken one a 409 (never a takeover).
+            self.store.check_free(check_episode_id(episode_id))
         task_id = self.config.trace_task_id(task_id)
         task = resolve_task(task_id)
-        if self._episode is not None:
-            self._episode.close()
         ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id, profile=sim_profile,
                            caps=sim_caps)
-        self.store.put(ep)
+        try:
+            self.store.put(ep)  # atomic check: two resets racing for one new id get one 409
+        except EnvError:
+            ep.close()
+            raise
+        if self._episode is not None:
+            self._episode.close()
         self._episode = ep
         assert ep.last_observation is not None
         return ep.last_observation
@@ -192,7 +206,7 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
         ep = self._resolve(episode_id, "POST /grader")
         if not ep.done or ep.failed is not None:
             raise EpisodeNotDoneError(ep.episode_id, ep.step_count, ep.task.horizon)
-        return grade_episode(ep.episode_log())
+        return grade_own(ep)
 
     def _resolve(self, episode_id: str | None, route: str) -> Episode:
         if episode_id:

@@ -13,7 +13,7 @@ import time
 from collections import OrderedDict
 
 from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EpisodeNotFoundError
+from llmserve_env.runtime.errors import EpisodeExistsError, EpisodeNotFoundError
 
 
 class EpisodeStore:
@@ -28,21 +28,34 @@ class EpisodeStore:
     def __len__(self) -> int:
         return len(self._items)
 
+    def check_free(self, episode_id: str) -> None:
+        """EpisodeExistsError (409) if `episode_id` names a stored episode, running or done."""
+        with self._lock:
+            if episode_id in self._items:
+                raise EpisodeExistsError(episode_id)
+
     def put(self, ep: Episode) -> None:
+        """Register a new episode; EpisodeExistsError (409) if its id is taken (never replaced:
+        an id is its owner's handle, and a reset naming someone else's must not take it over)."""
         dropped: list[Episode] = []
         now = time.monotonic()
         ep.last_used = now  # registered now: idle from now on, not from when it was built
+        taken = False
         with self._lock:
             self._expire_locked(now, dropped)
-            old = self._items.pop(ep.episode_id, None)
-            if old is not None and old is not ep:
-                dropped.append(old)
-            self._items[ep.episode_id] = ep
-            while len(self._items) > self.max_episodes:
-                _, lru = self._items.popitem(last=False)
-                dropped.append(lru)
+            held = self._items.get(ep.episode_id)
+            if held is not None and held is not ep:
+                taken = True
+            else:
+                self._items[ep.episode_id] = ep
+                self._items.move_to_end(ep.episode_id)
+                while len(self._items) > self.max_episodes:
+                    _, lru = self._items.popitem(last=False)
+                    dropped.append(lru)
         for old_ep in dropped:
             old_ep.close()
+        if taken:
+            raise EpisodeExistsError(ep.episode_id)
 
     def get(self, episode_id: str) -> Episode:
         now = time.monotonic()

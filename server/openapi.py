@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
+from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.server.bodies import BODIES, OPTIONAL_BODIES
 from pydantic import BaseModel
 
@@ -33,7 +34,8 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones), or a profile id this "
                                 "server does not hold"),
                          (403, "trace:PATH outside LLMSERVE_TRACE_DIR"),
-                         (409, "profile or caps given to a real-mode server")],
+                         (409, "the episode_id named is already in use, or profile or caps given to a "
+                               "real-mode server")],
     ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
                         (404, "unknown or expired episode_id"),
                         (409, "the episode is done: grade it or reset"),
@@ -42,8 +44,10 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/grader"): [(404, "unknown episode_id, or the episode_log's task_id is unknown"),
                           (409, "the episode is not finished"),
                           (403, "the episode_log's trace:PATH is outside LLMSERVE_TRACE_DIR")],
-    ("get", "/baseline"): [(404, "unknown task_id")],
-    ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)")],
+    ("get", "/baseline"): [(404, "unknown task_id"),
+                           (503, "use_openai=true but the server has no OPENAI_API_KEY")],
+    ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
+                             (409, "the episode_id named is already in use")],
     ("post", "/web/step"): [(400, "no episode yet: POST /web/reset first"),
                             (409, "the episode is done: reset")],
     ("get", "/web/state"): [(400, "no episode yet: POST /web/reset first")],
@@ -64,6 +68,10 @@ def _add_model(schemas: dict[str, Any], model: type[BaseModel]) -> dict[str, str
     return {"$ref": f"#/components/schemas/{model.__name__}"}
 
 
+EPISODE_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": EPISODE_ID_MAX_LEN,
+                     "pattern": EPISODE_ID_PATTERN}
+
+
 def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
     """Apply the changes described in the module docstring to a FastAPI-generated schema."""
     schemas = schema.setdefault("components", {}).setdefault("schemas", {})
@@ -79,13 +87,14 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
     if "ServeStepRequest" in schemas:
         schemas["ServeStepRequest"]["required"] = ["action", "episode_id"]
         schemas["ServeStepRequest"]["properties"]["episode_id"] = {
-            "type": "string", "minLength": 1, "maxLength": 255,
+            **EPISODE_ID_SCHEMA,
             "description": "the episode_id that POST /reset returned"}
     for method, path in REQUIRED_EPISODE_ID:
         for param in paths.get(path, {}).get(method, {}).get("parameters", []):
             if param["name"] == "episode_id":
                 param["required"] = True
-                param["schema"] = {"type": "string", "minLength": 1, "maxLength": 255}
+                param["schema"] = dict(EPISODE_ID_SCHEMA)
+    _add_links(paths)
     for path, ops in paths.items():
         for method, op in ops.items():
             errors = ERRORS.get((method, path), []) + (BODY_ERRORS if "requestBody" in op else [])
@@ -96,6 +105,31 @@ def rewrite(schema: dict[str, Any]) -> dict[str, Any]:
                     "description": why,
                     "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
     return schema
+
+
+# An action that any task takes: the links below step with it, so a chain reaches a real episode.
+LINK_ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
+               "prefill_decode_split": False, "priority_routing": False}
+EPISODE_FROM_RESET = "$response.body#/observation/episode_id"
+
+
+def _add_links(paths: dict[str, Any]) -> None:
+    """OpenAPI links: reset -> step -> step/state/grade on the episode reset returned, so clients
+    generated from the schema and Schemathesis's stateful phase can chain real calls."""
+    def link(path: str, method: str, status: str, name: str, target: dict[str, Any]) -> None:
+        op = paths.get(path, {}).get(method)
+        if op is not None:
+            op.setdefault("responses", {}).setdefault(status, {"description": "OK"}).setdefault(
+                "links", {})[name] = target
+
+    step = {"operationId": "step_step_post", "requestBody": {"action": LINK_ACTION, "episode_id": EPISODE_FROM_RESET}}
+    link("/reset", "post", "200", "StepTheEpisode", step)
+    link("/reset", "post", "200", "StateOfTheEpisode",
+         {"operationId": "state_state_get", "parameters": {"query.episode_id": EPISODE_FROM_RESET}})
+    link("/step", "post", "200", "StepAgain", {"operationId": "step_step_post", "requestBody": {
+        "action": LINK_ACTION, "episode_id": "$request.body#/episode_id"}})
+    link("/step", "post", "200", "GradeTheEpisode", {"operationId": "grader_grader_post", "requestBody": {
+        "episode_id": "$request.body#/episode_id"}})
 
 
 def install(app: FastAPI) -> None:

@@ -76,6 +76,9 @@ class GradeResult(BaseModel):
     reference: dict[str, Any]
     task_id: str
     episode_id: str
+    verified: bool = Field(False, description="true when the graded metrics were produced by this code: an "
+                           "episode the server played, or a sim-mode log replayed window by window "
+                           "(llmserve_env.runtime.verify); false for a real-mode log, graded as submitted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,9 +299,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     ref = sub.add_parser("references", help="print the floor and upper bound of a task and seed")
     ref.add_argument("--task", required=True)
     ref.add_argument("--seed", type=int, default=0)
-    grade = sub.add_parser("grade", help="grade an EpisodeLog JSON file")
+    grade = sub.add_parser("grade", help="grade an EpisodeLog JSON file as written (unverified)")
     grade.add_argument("log")
+    verify = sub.add_parser("verify", help="replay a sim-mode EpisodeLog JSON file and grade the replay "
+                                           "(what POST /grader does); exit 2 when it does not replay")
+    verify.add_argument("log")
     args = parser.parse_args(argv)
+    if args.cmd == "verify":
+        # The replay needs the simulator, which lives above shared/: delegate to the runtime's CLI.
+        from llmserve_env.runtime.verify import verify_file
+
+        return verify_file(args.log)
     if args.cmd == "references":
         task = resolve_task(args.task)
         refs = compute_references(task, args.seed)

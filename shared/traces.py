@@ -24,18 +24,32 @@ import csv
 import json
 import math
 import os
+import threading
+import time
+from array import array
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 CSV_COLUMNS = ("arrived_at", "num_prefill_tokens", "num_decode_tokens")
 JSONL_KEYS = ("timestamp", "input_length", "output_length")
-# Guards against replaying something that is not a trace (or a file meant to exhaust memory).
+# Guards against replaying something that is not a trace (or a file meant to exhaust memory or
+# time). Each is checked while the file streams in, before the bytes past it are held: the file
+# is read line by line (never whole), a line longer than MAX_LINE_BYTES is refused unread, and
+# rows go into flat arrays (24 bytes each), so loading costs at most MAX_TRACE_ROWS x 24 bytes.
 MAX_TRACE_BYTES = 256 * 1024 * 1024
 MAX_TRACE_ROWS = 2_000_000
-
+MAX_LINE_BYTES = 64 * 1024
+# A request's prompt or output: more tokens than any model's context holds is not a request
+# (1e19 tokens overflowed the simulator's int64 counters), so it is refused with its line.
+MAX_REQUEST_TOKENS = 1 << 20
+# Parsing stops with a TraceError past this much wall clock (checked every few thousand rows):
+# a 2 M-row file parses in about 5 s on one core; a slower file is not worth a server's time.
+MAX_PARSE_S = 20.0
 
 class TraceError(ValueError):
     """A trace file that is missing, unreadable or malformed (the message names file and line)."""
@@ -86,36 +100,136 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 @lru_cache(maxsize=16)
 def _load_cached(resolved: str, size: int, mtime_ns: int, shown: str) -> Trace:
     del size, mtime_ns  # part of the cache key only: a rewritten file is read again
+    fmt, t, prompt, output = _parse_elsewhere(resolved, shown) if _worker.enabled else _parse_file(resolved, shown)
+    order = np.argsort(t, kind="stable")
+    return Trace(path=shown, fmt=fmt, arrival_s=t[order], prompt_tokens=prompt[order], output_tokens=output[order])
+
+
+def _parse_file(resolved: str, shown: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """(format, arrival times, prompt tokens, output tokens) of a file, in file order."""
     try:
-        text = Path(resolved).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise TraceError(f"trace file {shown!r}: not UTF-8 text") from None
+        with open(resolved, "rb") as f:
+            fmt = _detect_format(resolved, f.read(MAX_LINE_BYTES))
+            f.seek(0)
+            rows = _Rows(shown)
+            lines = _lines(f, shown, rows.deadline)
+            _parse_jsonl(lines, rows) if fmt == "jsonl" else _parse_csv(lines, rows)
     except OSError as exc:
         raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    fmt = _detect_format(resolved, text)
-    rows = _parse_jsonl(text, shown) if fmt == "jsonl" else _parse_csv(text, shown)
-    if not rows:
+    if not len(rows.t):
         raise TraceError(f"trace file {shown!r}: no requests in it")
-    arr = np.array(rows, dtype=np.float64)
-    order = np.argsort(arr[:, 0], kind="stable")
-    arr = arr[order]
-    return Trace(
-        path=shown,
-        fmt=fmt,
-        arrival_s=arr[:, 0].copy(),
-        prompt_tokens=arr[:, 1].astype(np.int64),
-        output_tokens=arr[:, 2].astype(np.int64),
-    )
+    return (fmt, np.frombuffer(rows.t, dtype=np.float64), np.frombuffer(rows.prompt, dtype=np.int64),
+            np.frombuffer(rows.output, dtype=np.int64))
 
 
-def _detect_format(path: str, text: str) -> str:
+class _Worker:
+    """Trace files parse in a child process for a server (see `parse_in_worker_process`)."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.slots = threading.BoundedSemaphore(2)  # parses at once; the others wait their turn
+
+
+_worker = _Worker()
+
+
+def parse_in_worker_process(enabled: bool = True) -> None:
+    """Parse trace files in a child process instead of the calling thread (the server turns this on).
+
+    Parsing is pure Python: in a thread of the server it held the GIL against the event loop (four
+    bad traces refused at once put /health's p99 at ~150 ms), and a thread cannot be stopped. A
+    child (`python -m llmserve_env.shared.traces`) costs the server nothing but the wait, is killed
+    at its time limit, and at most two run at once, so memory stays two files' worth.
+    """
+    _worker.enabled = enabled
+
+
+def _parse_elsewhere(resolved: str, shown: str) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    import io
+    import subprocess
+    import sys
+
+    with _worker.slots:
+        try:
+            done = subprocess.run([sys.executable, "-m", "llmserve_env.shared.traces", resolved, shown],
+                                  capture_output=True, timeout=MAX_PARSE_S + 10, check=False)
+        except subprocess.TimeoutExpired:
+            raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s") from None
+    if done.returncode == 2:
+        raise TraceError(done.stderr.decode("utf-8", "replace").strip()[-500:])
+    if done.returncode != 0:
+        raise TraceError(f"trace file {shown!r}: the trace parser process failed (exit {done.returncode})")
+    with np.load(io.BytesIO(done.stdout)) as z:
+        return str(z["fmt"]), z["t"], z["prompt"], z["output"]
+
+
+def _child(argv: list[str]) -> int:
+    """`python -m llmserve_env.shared.traces RESOLVED SHOWN`: parse, write the arrays (npz) to stdout;
+    a TraceError's message to stderr with exit 2."""
+    import sys
+
+    resolved, shown = argv
+    try:
+        fmt, t, prompt, output = _parse_file(resolved, shown)
+    except TraceError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    np.savez(sys.stdout.buffer, fmt=np.array(fmt), t=t, prompt=prompt, output=output)
+    return 0
+
+
+def _detect_format(path: str, head: bytes) -> str:
     suffix = Path(path).suffix.lower()
     if suffix == ".csv":
         return "csv"
     if suffix in (".jsonl", ".json", ".ndjson"):
         return "jsonl"
-    stripped = text.lstrip()
-    return "jsonl" if stripped.startswith("{") else "csv"
+    return "jsonl" if head.lstrip().startswith(b"{") else "csv"
+
+
+class _Rows:
+    """The rows read so far, in flat arrays, with the row cap and the time limit."""
+
+    def __init__(self, shown: str):
+        self.shown = shown
+        self.t = array("d")
+        self.prompt = array("q")
+        self.output = array("q")
+        self.deadline = time.monotonic() + MAX_PARSE_S
+
+    def add(self, t: float, prompt: int, output: int) -> None:
+        self.t.append(t)
+        self.prompt.append(prompt)
+        self.output.append(output)
+        n = len(self.t)
+        if n > MAX_TRACE_ROWS:
+            raise TraceError(f"trace file {self.shown!r}: more than {MAX_TRACE_ROWS} requests")
+        if n % 4096 == 0 and time.monotonic() > self.deadline:
+            raise TraceError(f"trace file {self.shown!r}: not parsed within {MAX_PARSE_S:g} s "
+                             f"(stopped at request {n})")
+
+
+def _lines(f: BinaryIO, shown: str, deadline: float) -> Iterator[str]:
+    """The file's lines as text, each at most MAX_LINE_BYTES, the total at most MAX_TRACE_BYTES,
+    read before `deadline` (checked here too: blank lines add no rows)."""
+    total = 0
+    line_no = 0
+    while True:
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        line_no += 1
+        total += len(raw)
+        if line_no % 65536 == 0 and time.monotonic() > deadline:
+            raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s (stopped at line {line_no})")
+        if total > MAX_TRACE_BYTES:
+            raise TraceError(f"trace file {shown!r}: more than the {MAX_TRACE_BYTES} bytes allowed")
+        if len(raw) > MAX_LINE_BYTES:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: longer than {MAX_LINE_BYTES} bytes")
+        try:
+            yield raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise TraceError(f"trace file {shown!r}, line {line_no}: not UTF-8 text") from None
 
 
 def _time(value: object, shown: str, line: int, name: str, scale: float) -> float:
@@ -123,7 +237,7 @@ def _time(value: object, shown: str, line: int, name: str, scale: float) -> floa
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be a number")
     try:
         t = float(value) * scale  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise TraceError(f"trace file {shown!r}, line {line}: {name} is not a number") from None
     if not math.isfinite(t) or t < 0:
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be finite and >= 0")
@@ -138,22 +252,31 @@ def _tokens(value: object, shown: str, line: int, name: str) -> int:
     else:
         try:
             f = float(value)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer") from None
         if not math.isfinite(f) or f != int(f):
             raise TraceError(f"trace file {shown!r}, line {line}: {name} is not an integer")
         n = int(f)
     if n < 0:
         raise TraceError(f"trace file {shown!r}, line {line}: {name} must be >= 0")
+    if n > MAX_REQUEST_TOKENS:
+        raise TraceError(f"trace file {shown!r}, line {line}: {name} is above {MAX_REQUEST_TOKENS} tokens")
     return max(1, n)
 
 
-def _parse_csv(text: str, shown: str) -> list[tuple[float, int, int]]:
-    reader = csv.reader(text.splitlines())
+def _parse_csv(lines: Iterator[str], rows: _Rows) -> None:
+    shown = rows.shown
+    reader = csv.reader(lines)
     header: list[str] | None = None
-    rows: list[tuple[float, int, int]] = []
     idx: tuple[int, int, int] = (0, 0, 0)
-    for line_no, fields in enumerate(reader, start=1):
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error:
+            raise TraceError(f"trace file {shown!r}, line {reader.line_num}: not a well-formed CSV row") from None
+        line_no = reader.line_num
         if not fields or all(not f.strip() for f in fields):
             continue
         if header is None:
@@ -170,40 +293,34 @@ def _parse_csv(text: str, shown: str) -> list[tuple[float, int, int]]:
             raise TraceError(
                 f"trace file {shown!r}, line {line_no}: {len(fields)} fields, the header has {len(header)}"
             )
-        rows.append((
+        rows.add(
             _time(fields[idx[0]].strip(), shown, line_no, CSV_COLUMNS[0], 1.0),
             _tokens(fields[idx[1]].strip(), shown, line_no, CSV_COLUMNS[1]),
             _tokens(fields[idx[2]].strip(), shown, line_no, CSV_COLUMNS[2]),
-        ))
-        if len(rows) > MAX_TRACE_ROWS:
-            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
+        )
     if header is None:
         raise TraceError(f"trace file {shown!r}: empty (expected a header {','.join(CSV_COLUMNS)})")
-    return rows
 
 
-def _parse_jsonl(text: str, shown: str) -> list[tuple[float, int, int]]:
-    rows: list[tuple[float, int, int]] = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+def _parse_jsonl(lines: Iterator[str], rows: _Rows) -> None:
+    shown = rows.shown
+    for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # bad JSON, an integer past 4300 digits, deep nesting
             raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
         if not isinstance(obj, dict):
             raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
         missing = [k for k in JSONL_KEYS if k not in obj]
         if missing:
             raise TraceError(f"trace file {shown!r}, line {line_no}: missing key(s) {', '.join(missing)}")
-        rows.append((
+        rows.add(
             _time(obj["timestamp"], shown, line_no, "timestamp", 1e-3),
             _tokens(obj["input_length"], shown, line_no, "input_length"),
             _tokens(obj["output_length"], shown, line_no, "output_length"),
-        ))
-        if len(rows) > MAX_TRACE_ROWS:
-            raise TraceError(f"trace file {shown!r}: more than {MAX_TRACE_ROWS} requests")
-    return rows
+        )
 
 
 def replay_slice(trace: Trace, duration_s: float, speedup: float = 1.0, start_s: float | None = None) -> TraceSlice:
@@ -230,3 +347,9 @@ def replay_slice(trace: Trace, duration_s: float, speedup: float = 1.0, start_s:
 def packaged_trace_path(name: str) -> Path:
     """A trace shipped in shared/data (see shared/data/PROVENANCE.md)."""
     return Path(__file__).resolve().parent / "data" / name
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(_child(sys.argv[1:]))

@@ -245,18 +245,38 @@ def resolve_task(task_id: str) -> TaskSpec:
 
 
 _TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms"}
+# Each option's allowed range: what a replay can mean (a 1e-310 speedup or a 1e-320 s window
+# overflowed the horizon arithmetic). start_s is seconds into the trace (0 allowed).
+_OPTION_RANGES = {"speedup": (1e-3, 1e6), "start_s": (0.0, 1e12), "horizon": (1, MAX_HORIZON),
+                  "window_s": (1e-3, 3600.0), "ttft_ms": (1e-3, 1e7), "tpot_ms": (1e-3, 1e7)}
+# Most requests one window of a replay may hold: the simulator serves a window's requests on the
+# calling thread, and a 2 M-request window took 22 s. The built-in tasks peak below 70 per window
+# (5 seeds each); this leaves room for a 50x denser trace and bounds one step to tens of ms.
+MAX_REQUESTS_PER_WINDOW = 4096
 
 
 def _option(options: dict[str, str], name: str, default: float, spec: str) -> float:
     if name not in options:
         return default
+    lo, hi = _OPTION_RANGES[name]
     try:
         x = float(options[name])
-    except ValueError:
-        raise TraceError(f"{spec!r}: option {name} must be a number") from None
-    if not math.isfinite(x) or x < 0 or (x == 0 and name != "start_s"):
-        raise TraceError(f"{spec!r}: option {name} must be a positive number")
+    except (ValueError, OverflowError):
+        raise TraceError(f"{spec!r}: option {name} must be a number in [{lo:g}, {hi:g}]") from None
+    if not (math.isfinite(x) and lo <= x <= hi):
+        raise TraceError(f"{spec!r}: option {name} must be a number in [{lo:g}, {hi:g}]")
     return x
+
+
+def check_window_load(sl: TraceSlice, window_s: float, spec: str) -> None:
+    """TraceError when one window of the replay holds more than MAX_REQUESTS_PER_WINDOW requests."""
+    if len(sl) == 0:
+        return
+    per_window = np.bincount((sl.arrival_s // window_s).astype(np.int64))
+    k = int(per_window.argmax())
+    if per_window[k] > MAX_REQUESTS_PER_WINDOW:
+        raise TraceError(f"{spec!r}: window {k} of the replay holds {int(per_window[k])} requests, more than "
+                         f"the {MAX_REQUESTS_PER_WINDOW} allowed per window (lower speedup or window_s)")
 
 
 def trace_task(task_id: str) -> TaskSpec:
@@ -283,10 +303,11 @@ def trace_task(task_id: str) -> TaskSpec:
     span_s = (float(trace.arrival_s[-1]) - t_first) / speedup
     if span_s < 0:
         raise TraceError(f"{task_id!r}: start_s is after the trace's last request")
-    horizon = int(min(horizon_opt, max(1, math.floor(span_s / window_s) + 1)))
+    horizon = int(min(horizon_opt, max(1, math.floor(min(span_s / window_s, MAX_HORIZON)) + 1)))
     sl = replay_slice(trace, horizon * window_s, speedup=speedup, start_s=start_s)
     if len(sl) == 0:
         raise TraceError(f"{task_id!r}: no request of the trace falls in the replayed {horizon * window_s:g} s")
+    check_window_load(sl, window_s, task_id)
     tenant = TenantSpec(
         "trace", 1, 1.0,
         ttft_slo_ms=_option(options, "ttft_ms", TRACE_DEFAULT_TTFT_MS, task_id),

@@ -205,6 +205,8 @@ def profile_from_dict(d: dict[str, Any]) -> Profile:
 
 
 PROFILE_PATH_ENV = "LLMSERVE_PROFILE_PATH"
+PROFILE_PATH_HELP = ("folders (separated by `:`) searched for `<id>.json` profiles after the package's own and "
+                     "before the user folder (~/.local/share/llmserve_env/profiles); a built-in id cannot be shadowed")
 
 
 def user_profile_dir() -> Path:

@@ -181,7 +181,7 @@ def test_serves_server_app_on_port_7860_in_sim_mode():
     df = parse_dockerfile()
     assert df.expose == [SPACE_PORT]
     assert df.env.get("LLMSERVE_MODE") == "sim"
-    assert df.cmd[:2] == ["uvicorn", "server.app:app"]
+    assert df.cmd[:3] == ["python", "-m", "llmserve_env.server.serving"]  # uvicorn with its bounds
     assert df.cmd[df.cmd.index("--host") + 1] == "0.0.0.0"
     assert df.cmd[df.cmd.index("--port") + 1] == SPACE_PORT
 
