@@ -1,23 +1,36 @@
 """Fit simulator profiles from measured kernel latencies, or re-fit them from measured requests.
 
-    python -m llmserve_env.sim.calibrate kernels [--profile ID|all]
+Profiles are written to the user folder (~/.local/share/llmserve_env/profiles, see
+sim.profiles.user_profile_dir) unless told where: never into the source tree by default.
+
+    python -m llmserve_env.sim.calibrate kernels [--profile ID|all] [--out-dir DIR]
         Fit each profile's kernel-time coefficients (GEMM per dtype, decode and prefill attention per
         KV-cache dtype, all-reduce, KV transfer) to the kernel tables in sim/data (held-out shapes
         excluded), fit t_fixed to the measured batch-1 decode step (scaled by layer count for the
-        other profiles), write sim/profiles/<id>.json and a fit report.
+        other profiles), write DIR/<id>.json and a fit report. The shipped profiles are
+        `kernels --profile all --out-dir sim/profiles` (bit for bit).
 
-    python -m llmserve_env.sim.calibrate records --profile ID --records FILE.jsonl [--out NEW_ID]
-        Re-fit t_fixed and gpu_time_scale of a profile from request records measured by the real-mode
-        gateway (one JSON object per line with the RequestRecord fields plus dispatch_s, first_token_s,
-        finish_s, prompt_tokens, output_tokens), and write the profile and a fit report.
+    python -m llmserve_env.sim.calibrate records --profile ID --records FILE.jsonl --action JSON|--actions FILE
+                                                 [--out PATH.json|NEW_ID] [caps]
+        Fit the iteration time of the engine behind a real-mode recording (sim/record_fit.py: fixed
+        per iteration, per decoding sequence, per token, per token of context) by replaying it through
+        the simulator, starting from profile ID. Writes the fitted profile only if its replay beats ID's
+        (exit 1 and why otherwise).
 
-    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID]
+    python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile ID|PATH --action JSON|--actions FILE
+        The recording's arrivals and actions through the simulator on the profile, under the same
+        caps: TTFT / TPOT / throughput error per window and overall (sim/replay.py).
+
+    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID] [--out-dir DIR]
         Score a profile against whole iterations measured on a GPU (scripts/measure_gpu_steps.py
         writes FILE.csv), re-fit t_fixed and gpu_time_scale to them, write a fit report, and, with
         --out, the re-fitted profile.
 
     python -m llmserve_env.sim.calibrate extract --src /path/to/data/kernels
         Rebuild the kernel-table subsets in sim/data from the full tables.
+
+Caps (records, replay): real mode's --max-requests-per-step, --max-prompt-tokens and
+--max-completion-tokens as the recorded run used them (defaults: the gateway's defaults).
 """
 
 from __future__ import annotations
@@ -29,11 +42,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim import fitting
+from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.forms import RooflineFit
 from llmserve_env.sim.profile_specs import SPECS, base_profile
-from llmserve_env.sim.profiles import PROFILE_DIR, Profile, load_profile, profile_from_dict
-from llmserve_env.sim.record_fit import fit_records, read_records
+from llmserve_env.sim.profiles import (
+    Profile,
+    UnknownProfileError,
+    load_profile,
+    profile_from_dict,
+    user_profile_dir,
+)
+from llmserve_env.sim.record_fit import RecordFit, fit_records, load_runs, read_actions
+from llmserve_env.sim.replay import replay
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
@@ -142,13 +164,31 @@ def batch1_decode_s(profile: dict[str, Any], context: int = ANCHOR_CONTEXT) -> f
     return StepTimeModel(profile_from_dict(profile), "FP16").iteration_s(1, float(context), 0, [], 0, 0)
 
 
+# Significant digits kept of a fitted coefficient: the least squares' last bits change with the BLAS
+# and its threads (1e-12..1e-10 relative was seen between two runs on one machine), and the shipped
+# profiles must come out bit for bit from `kernels --out-dir sim/profiles`. Six digits is far below
+# the fits' ~8 % error.
+FIT_DIGITS = 6
+
+
+def round_sig(obj: Any, digits: int = FIT_DIGITS) -> Any:
+    """`obj` with every float rounded to `digits` significant digits (dicts and lists walked)."""
+    if isinstance(obj, dict):
+        return {k: round_sig(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [round_sig(v, digits) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    return obj
+
+
 def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[str, Any]:
     """The full profile dict for `profile_id`, fitted from the kernel tables."""
     prof = base_profile(profile_id)
     hw = prof["hardware"]
     dtypes = {t["gemm"] for t in prof["quantization"].values()} | {"bfloat16"}
     fits, scores = fit_kernels(hw["gpu"], hw["tp"], dtypes)
-    prof["fits"] = fits
+    prof["fits"] = round_sig(fits)
     prof["engine"]["t_fixed_s"] = 0.0
     gpu_only = batch1_decode_s(prof)
     if t_fixed_s is None:
@@ -179,10 +219,10 @@ def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[s
     return prof
 
 
-def write_profile(prof: dict[str, Any], directory: Path = PROFILE_DIR) -> Path:
+def write_profile(prof: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{prof['id']}.json"
     path.write_text(json.dumps(prof, indent=2) + "\n")
-    load_profile.cache_clear()
     return path
 
 
@@ -205,7 +245,7 @@ def kernel_report(profiles: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_kernels(profile_ids: list[str], report_path: Path, out_dir: Path = PROFILE_DIR) -> list[dict[str, Any]]:
+def run_kernels(profile_ids: list[str], report_path: Path, out_dir: Path) -> list[dict[str, Any]]:
     anchor = next(pid for pid, s in SPECS.items() if s.get("anchor"))
     ordered = [anchor] + [p for p in profile_ids if p != anchor]
     out: dict[str, dict[str, Any]] = {}
@@ -235,20 +275,49 @@ def write_refit(base: Profile, out_id: str, t_fixed_s: float, gpu_time_scale: fl
     return prof
 
 
-def run_records(profile_id: str, records_path: Path, out_id: str | None, report_path: Path,
-                out_dir: Path = PROFILE_DIR) -> dict[str, Any]:
-    base = load_profile(profile_id)
-    records = read_records(records_path)
-    result = fit_records(base, records)
-    prof = write_refit(base, out_id or profile_id, result.t_fixed_s, result.gpu_time_scale, "records",
-                       f"{len(records)} measured request records ({records_path.name})", result.to_dict(),
-                       out_dir)
-    report_path.write_text(result.report(prof["id"], records_path.name))
-    return prof
+class FitRefusedError(RuntimeError):
+    """The fitted profile does not replay the records better than the profile it started from."""
 
 
-def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path: Path,
-              out_dir: Path = PROFILE_DIR) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def out_path(out: str | None, default_id: str) -> Path:
+    """--out as given: a path (ends in .json or names a folder) or an id written to the user folder."""
+    if out is None:
+        return user_profile_dir() / f"{default_id}.json"
+    if out.endswith(".json") or "/" in out:
+        return Path(out).expanduser()
+    return user_profile_dir() / f"{out}.json"
+
+
+def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction], out: Path, *,
+                window_s: float = 1.0, windows: int | None = None, caps: RequestCaps | None = None,
+                episode: str | None = None) -> tuple[dict[str, Any], RecordFit]:
+    """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile."""
+    base = load_profile(profile_ref)
+    runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
+    result = fit_records(base, runs)
+    if not result.improved:
+        b, a = result.before_summary, result.after_summary
+        raise FitRefusedError(
+            f"the fit does not beat {base.id} on {records_path.name} (TTFT / TPOT median error "
+            f"{b['ttft_err_pct']:.1f} / {b['tpot_err_pct']:.1f} % before, {a['ttft_err_pct']:.1f} / "
+            f"{a['tpot_err_pct']:.1f} % after); nothing written")
+    prof = json.loads(json.dumps(base.raw))
+    prof["id"] = out.stem
+    prof["description"] = f"{base.id} timed by the engine recorded in {records_path.name} ({base.description})"
+    prof["engine"]["measured_step"] = result.coefficients.to_dict()
+    prof.setdefault("provenance", {})["records_fit"] = (
+        f"engine.measured_step fitted to {sum(len(r.rows) for r in runs)} request records "
+        f"({records_path.name}) by replaying them through the simulator: python -m llmserve_env.sim.calibrate "
+        "records; model shapes, memory, tiers and prices are the base profile's")
+    prof.setdefault("fit_error", {})["records"] = result.to_dict()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(prof, indent=2) + "\n")
+    out.with_name(f"{out.stem}.records_fit.md").write_text(
+        result.report(prof["id"], base.id, f"{records_path.name}"))
+    return prof, result
+
+
+def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Fit report of `profile_id` on measured iterations; the re-fitted profile when `out_id` is given."""
     base = load_profile(profile_id)
     data = read_steps(steps_path)
@@ -262,23 +331,57 @@ def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path
     return result.to_dict(), prof
 
 
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", type=Path, required=True, help="a real-mode recording (LLMSERVE_REAL_RECORD)")
+    acts = p.add_mutually_exclusive_group(required=True)
+    acts.add_argument("--action", help="the action played in every window, as ServeAction JSON")
+    acts.add_argument("--actions", type=Path, help="JSONL: one ServeAction per window")
+    p.add_argument("--window-s", type=float, default=1.0, help="window length of the recorded task (s)")
+    p.add_argument("--windows", type=int, default=None, help="windows played (default: one per action, "
+                   "or up to the last recorded event)")
+    p.add_argument("--episode", default=None, help="replay only this episode (episode_id, or EPISODE:SEED)")
+    p.add_argument("--max-requests-per-step", type=int, default=64, help="real mode's cap [64]")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="real mode's cap [4096]")
+    p.add_argument("--max-completion-tokens", type=int, default=512, help="real mode's cap [512]")
+
+
+def _replay_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[ServeAction], RequestCaps]:
+    try:
+        actions = read_actions(args.actions) if args.actions else [ServeAction.model_validate_json(args.action)]
+    except (OSError, ValueError) as e:
+        ap.error(f"--action/--actions: {e}")
+    if not args.window_s > 0:
+        ap.error(f"--window-s must be > 0, got {args.window_s}")
+    if args.windows is not None and args.windows < 1:
+        ap.error(f"--windows must be >= 1, got {args.windows}")
+    try:
+        caps = RequestCaps(args.max_requests_per_step, args.max_prompt_tokens, args.max_completion_tokens)
+    except ValueError as e:
+        ap.error(str(e))
+    return actions, caps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    user = user_profile_dir()
     k = sub.add_parser("kernels", help="fit profiles from the kernel tables")
     k.add_argument("--profile", default="all", help="profile id or 'all'")
-    k.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the profiles and report")
-    r = sub.add_parser("records", help="re-fit a profile from measured request records (JSONL)")
-    r.add_argument("--profile", required=True)
-    r.add_argument("--records", type=Path, required=True)
-    r.add_argument("--out", default=None, help="id of the profile to write (default: overwrite --profile)")
-    r.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the profile and report")
+    k.add_argument("--out-dir", type=Path, default=user, help=f"where to write the profiles and report [{user}]")
+    r = sub.add_parser("records", help="fit a profile's iteration time to a real-mode recording (JSONL)")
+    r.add_argument("--profile", required=True, help="the profile to start from (id or path)")
+    r.add_argument("--out", default=None, help="where to write the fitted profile: a .json path, or an id "
+                   f"written to {user} [<profile>-records]")
+    _replay_args(r)
+    rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
+    rp.add_argument("--profile", required=True, help="profile id or path")
+    _replay_args(rp)
     s = sub.add_parser("steps", help="score and re-fit a profile on iterations measured on a GPU (CSV)")
     s.add_argument("--profile", required=True)
     s.add_argument("--steps", type=Path, required=True)
     s.add_argument("--out", default=None, help="also write the re-fitted profile under this id")
-    s.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the report (and profile)")
+    s.add_argument("--out-dir", type=Path, default=user, help=f"where to write the report (and profile) [{user}]")
     e = sub.add_parser("extract", help="rebuild sim/data from the full kernel tables")
     e.add_argument("--src", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -287,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [i for i in ids if i not in SPECS]
         if unknown:
             ap.error(f"unknown profile {unknown[0]!r}; built-in: {', '.join(SPECS)}")
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         report = args.out_dir / REPORT_NAME
         for prof in run_kernels(ids, report, args.out_dir):
             fe = prof["fit_error"]
@@ -295,15 +399,47 @@ def main(argv: list[str] | None = None) -> int:
                   f"{prof['engine']['t_fixed_s'] * 1e3:.3f} ms, batch-1 decode "
                   f"{fe['batch1_decode_ms_at_1k_context']:.2f} ms")
         print(f"report: {report}")
-    elif args.cmd == "records":
-        report = args.out_dir / f"{args.out or args.profile}.records_fit.md"
-        prof = run_records(args.profile, args.records, args.out, report, args.out_dir)
-        fe = prof["fit_error"]["records"]
-        print(f"{prof['id']}: t_fixed {prof['engine']['t_fixed_s'] * 1e3:.3f} ms, gpu_time_scale "
-              f"{prof['engine']['gpu_time_scale']:.4f}, TPOT median error {fe['before_median_abs_error_pct']:.1f} % "
-              f"-> {fe['after_median_abs_error_pct']:.1f} %")
-        print(f"report: {report}")
+    elif args.cmd in ("records", "replay"):
+        actions, caps = _replay_inputs(ap, args)
+        try:
+            if args.cmd == "records":
+                base_id = load_profile(args.profile).id
+                out = out_path(args.out, f"{base_id}-records")
+                prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
+                                        windows=args.windows, caps=caps, episode=args.episode)
+            else:
+                profile = load_profile(args.profile)
+                runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,
+                                 episode=args.episode)
+        except (UnknownProfileError, OSError, ValueError) as exc:
+            msg = str(exc) if not isinstance(exc, UnknownProfileError) else f"--profile: {exc}"
+            print(f"error: {msg}", file=sys.stderr)
+            return 2
+        except FitRefusedError as exc:
+            print(f"refused: {exc}", file=sys.stderr)
+            return 1
+        if args.cmd == "records":
+            b, a = fit.before_summary, fit.after_summary
+            c = fit.coefficients
+            print(f"{prof['id']}: per iteration {c.step_s * 1e3:.2f} ms + {c.seq_s * 1e3:.3f} ms per decoding "
+                  f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; "
+                  f"replay TTFT median error {b['ttft_err_pct']:.1f} % -> {a['ttft_err_pct']:.1f} %, TPOT "
+                  f"{b['tpot_err_pct']:.1f} % -> {a['tpot_err_pct']:.1f} %")
+            print(f"profile: {out}")
+            print(f"report: {out.with_name(out.stem + '.records_fit.md')}")
+        else:
+            results = []
+            for run in runs:
+                cmp = replay(run, profile)
+                results.append(cmp)
+                print(f"episode {run.key} on {profile.id}:")
+                print(cmp.table())
+            w = [c.n_ttft + c.n_tpot for c in results]
+            keys = ("ttft_err_pct", "tpot_err_pct", "throughput_err_pct")
+            print(json.dumps({k: round(float(np.average([c.summary()[k] for c in results], weights=w)), 2)
+                              for k in keys}))
     elif args.cmd == "steps":
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         report = args.out_dir / f"{args.out or args.profile}.steps_fit.md"
         fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
         print(f"{args.profile} on {args.steps.name}: median abs error {fit['before_median_abs_error_pct']:.1f} % "

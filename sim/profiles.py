@@ -10,6 +10,7 @@ fit errors, the provenance of every input, and the assumptions that no measureme
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -203,14 +204,73 @@ def profile_from_dict(d: dict[str, Any]) -> Profile:
     )
 
 
+PROFILE_PATH_ENV = "LLMSERVE_PROFILE_PATH"
+
+
+def user_profile_dir() -> Path:
+    """Where calibration writes profiles unless told otherwise: $XDG_DATA_HOME/llmserve_env/profiles
+    (~/.local/share/llmserve_env/profiles), never the source tree; searched after LLMSERVE_PROFILE_PATH."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "llmserve_env" / "profiles"
+
+
+def profile_dirs() -> list[Path]:
+    """Folders searched for `<id>.json`, in order: the package's (built-in ids cannot be shadowed), each
+    folder of LLMSERVE_PROFILE_PATH (os.pathsep-separated), the user folder."""
+    extra = [Path(d).expanduser() for d in os.environ.get(PROFILE_PATH_ENV, "").split(os.pathsep) if d]
+    return [PROFILE_DIR, *extra, user_profile_dir()]
+
+
 def list_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILE_DIR.glob("*.json"))
+    seen: dict[str, None] = {}
+    for d in profile_dirs():
+        if d.is_dir():
+            seen.update(dict.fromkeys(p.stem for p in d.glob("*.json")))
+    return sorted(seen)
+
+
+def _is_path(ref: str) -> bool:
+    return ref.endswith(".json") or "/" in ref or os.sep in ref
+
+
+def resolve_profile_path(ref: str) -> Path:
+    """The file of profile `ref`: a path to a .json file, or an id looked up in `profile_dirs()`."""
+    if _is_path(ref):
+        path = Path(ref).expanduser()
+        if path.suffix != ".json" or not _is_file(path):
+            raise UnknownProfileError(ref)
+        return path.resolve()
+    for d in profile_dirs():
+        path = d / f"{ref}.json"
+        if _is_file(path):
+            return path
+    raise UnknownProfileError(ref)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except (OSError, ValueError):  # a name too long for the filesystem, a NUL byte: no such profile
+        return False
+
+
+def load_profile(ref: str) -> Profile:
+    """Profile `ref`: a built-in id, an id in LLMSERVE_PROFILE_PATH or the user folder, or a path to a
+    profile JSON file (what `calibrate records --out PATH` writes). Cached per file and modification time."""
+    path = resolve_profile_path(ref)
+    return _load_file(str(path), path.stat().st_mtime_ns)
 
 
 @lru_cache(maxsize=32)
-def load_profile(profile_id: str) -> Profile:
-    """The profile `profile_id` from sim/profiles/<id>.json (cached; profiles are immutable)."""
-    path = PROFILE_DIR / f"{profile_id}.json"
-    if "/" in profile_id or not path.is_file():
-        raise UnknownProfileError(profile_id)
-    return profile_from_dict(json.loads(path.read_text()))
+def _load_file(path: str, mtime_ns: int) -> Profile:
+    try:
+        d = json.loads(Path(path).read_text())
+        return profile_from_dict(d)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InvalidProfileError(path, exc) from None
+
+
+class InvalidProfileError(ValueError):
+    def __init__(self, path: str, cause: Exception):
+        super().__init__(f"profile file {path} is not a valid profile: {type(cause).__name__}: {cause}")
+
