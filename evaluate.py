@@ -6,7 +6,10 @@
 Every agent plays the same evaluation seeds (1,000,000 + i, never used by training or the
 tuned-static search), so scores pair up episode by episode; with several agents the table also
 gives each agent's paired difference to the first agent listed (`--agent ppo,...` puts PPO first).
-The episodes run in process in the simulator. The last line printed is one JSON object.
+The episodes run in the simulator, in process or in parallel (`--workers N`: a process pool, or Ray
+when the `ray` extra is installed; `--ray-address auto|ray://host:10001` for an existing Ray
+cluster); every runner gives the same scores (agents/parallel.py). The last line printed is one
+JSON object.
 `--agent all` plays every agent; `llm` only when OPENAI_API_KEY is set (otherwise listed as skipped).
 """
 
@@ -20,6 +23,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve_env.agents.parallel import (
+    Runner,
+    SerialRunner,
+    add_runner_arguments,
+    registry_job,
+    runner_from_args,
+)
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
@@ -47,12 +57,22 @@ class AgentScores:
 
 
 def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | None = None,
-                   **options: Any) -> AgentScores:
-    """`agent` on the first `episodes` evaluation seeds of `task_id`."""
-    env = env or InProcessEnv()
+                   runner: Runner | None = None, **options: Any) -> AgentScores:
+    """`agent` on the first `episodes` evaluation seeds of `task_id`.
+
+    Each episode is an independent job (a fresh policy; the random agent seeded by the episode's
+    seed) played by `runner` (default: in this process). With `env` given, or for the `llm` agent
+    (one client and one tally of its replies across episodes), the episodes play one after another
+    on `env` with one policy instead."""
     seeds = eval_seeds(episodes)
-    policy = make_policy(agent, task_id, **options)
     t0 = time.perf_counter()
+    if env is None and agent != "llm":
+        make_policy(agent, task_id, **options)  # fail here, with the registry's error, if it cannot be built
+        runner = runner or SerialRunner()
+        outcomes = runner.map([registry_job(agent, task_id, s, **options) for s in seeds])
+        return AgentScores(agent, task_id, seeds, [o.score for o in outcomes], time.perf_counter() - t0, {})
+    env = env or InProcessEnv()
+    policy = make_policy(agent, task_id, **options)
     scores = [play_episode(env, policy, task_id, s).score for s in seeds]
     extra = policy.stats.as_dict() if hasattr(policy, "stats") else {}
     return AgentScores(agent, task_id, seeds, scores, time.perf_counter() - t0, extra)
@@ -71,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--episodes", type=int, default=20)
     ap.add_argument("--model", default=None, help="chat model for the llm agent")
     ap.add_argument("--output", default=None, help="also write per-episode scores as JSON here")
+    add_runner_arguments(ap)
     args = ap.parse_args(argv)
 
     agents = list(AGENTS) if args.agent == "all" else [a.strip() for a in args.agent.split(",") if a.strip()]
@@ -81,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = parse_task_ids(args.task)
     except UnknownTaskError as exc:
         ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)} (or 'all')")
-    env = InProcessEnv()
+    runner = runner_from_args(ap, args)
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}
     for agent in agents:
@@ -92,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"model": args.model} if agent == "llm" else {}
         for task_id in tasks:
             try:
-                r = evaluate_agent(agent, task_id, args.episodes, env, **options)
+                r = evaluate_agent(agent, task_id, args.episodes, runner=runner, **options)
             except (WeightsNotFoundError, NotTunedError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
@@ -117,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 for t in tasks
             )
             print(f"{agent:<14}{cells}")
+    runner.close()
     for what, why in skipped.items():
         print(f"skipped {what}: {why}")
 

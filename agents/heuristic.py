@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from llmserve_env.agents.base import make_action
@@ -40,6 +41,9 @@ from llmserve_env.agents.search import coordinate_descent, git_commit, load_tune
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS, TaskSpec, get_task
+
+if TYPE_CHECKING:
+    from llmserve_env.agents.parallel import Runner
 
 TUNED_PATH = Path(__file__).resolve().parent / "heuristic_tuned.json"
 NEVER = 10**9
@@ -127,8 +131,10 @@ def heuristic(task_id: str) -> HeuristicPolicy:
     return HeuristicPolicy(get_task(task_id), tuned_params(task_id))
 
 
-def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[HeuristicParams, float, int]:
-    """Coordinate descent over TUNING_GRID from the defaults; mean score on `seeds`."""
+def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print,
+         runner: Runner | None = None) -> tuple[HeuristicParams, float, int]:
+    """Coordinate descent over TUNING_GRID from the defaults; mean score on `seeds` (played on `env`,
+    or as parallel jobs on `runner`)."""
     task = get_task(task_id)
     names = list(TUNING_GRID)
 
@@ -136,6 +142,11 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[He
         return HeuristicParams(**{n: TUNING_GRID[n][i] for n, i in zip(names, point, strict=True)})
 
     def score(point: tuple[int, ...]) -> float:
+        if runner is not None:
+            from llmserve_env.agents.parallel import EpisodeJob
+
+            build = functools.partial(HeuristicPolicy, task, params_at(point))
+            return float(np.mean([o.score for o in runner.map([EpisodeJob(build, task_id, s) for s in seeds])]))
         policy = HeuristicPolicy(task, params_at(point))
         return float(np.mean([play_episode(env, policy, task_id, s).score for s in seeds]))
 
@@ -155,22 +166,26 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--task", default="all", help="a task id or 'all'")
     ap.add_argument("--seeds", type=int, default=8, help="training seeds per candidate")
     ap.add_argument("--output", type=Path, default=TUNED_PATH)
-    args = ap.parse_args(argv)
-    # The CLI plays episodes in process; the policy itself needs nothing from the server.
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
     from llmserve_env.runtime.inprocess import InProcessEnv
+
+    add_runner_arguments(ap)
+    args = ap.parse_args(argv)
+    runner = runner_from_args(ap, args)
 
     command = "python -m agents.heuristic " + " ".join(sys.argv[1:] if argv is None else argv)
     stored = load_tuned(args.output)
     env = InProcessEnv()
     for task_id in list(TASKS) if args.task == "all" else [args.task]:
         t0 = time.perf_counter()
-        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds))
+        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds), runner=runner)
         stored["tasks"][task_id] = {"params": dataclasses.asdict(params), "train_score": round(score, 6),
                                     "train_seeds": train_seeds(args.seeds), "candidates_evaluated": evaluated,
                                     "search_wall_s": round(time.perf_counter() - t0, 1), "command": command,
                                     "git_commit": git_commit()}
         print(f"{task_id}: {dataclasses.asdict(params)} train score {score:.4f} ({evaluated} candidates)")
         args.output.write_text(json.dumps(stored, indent=2) + "\n")
+    runner.close()
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ best (every value of one knob at a time, repeated until no knob improves) on mor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
@@ -28,6 +30,9 @@ from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TASKS
+
+if TYPE_CHECKING:
+    from llmserve_env.agents.parallel import Runner
 
 TUNED_PATH = Path(__file__).resolve().parent / "tuned_static.json"
 
@@ -56,13 +61,20 @@ class SearchResult:
     wall_s: float
 
 
-def mean_score(env: EpisodeEnv, task_id: str, action: ServeAction, seeds: Sequence[int]) -> float:
+def mean_score(env: EpisodeEnv, task_id: str, action: ServeAction, seeds: Sequence[int],
+               runner: Runner | None = None) -> float:
+    """Mean score of a fixed `action` on `seeds`: on `env`, or as parallel jobs on `runner`."""
+    if runner is not None:
+        from llmserve_env.agents.parallel import EpisodeJob
+
+        jobs = [EpisodeJob(functools.partial(StaticPolicy, action), task_id, s) for s in seeds]
+        return float(np.mean([o.score for o in runner.map(jobs)]))
     policy = StaticPolicy(action)
     return float(np.mean([play_episode(env, policy, task_id, s).score for s in seeds]))
 
 
 def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, rng_seed: int = 0,
-           log: Callable[[str], None] = print) -> SearchResult:
+           log: Callable[[str], None] = print, runner: Runner | None = None) -> SearchResult:
     """Random grid sample on the first quarter of `seeds`, then coordinate descent on all of them."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(rng_seed)
@@ -72,7 +84,7 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
     def score(idx: tuple[int, ...], on: Sequence[int]) -> float:
         key = (*idx, len(on))
         if key not in cache:
-            cache[key] = mean_score(env, task_id, decode_action(idx), on)
+            cache[key] = mean_score(env, task_id, decode_action(idx), on, runner)
         return cache[key]
 
     candidates = {tuple(int(i) for i in encode_action(VLLM_DEFAULT))}
@@ -95,9 +107,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=8, help="training seeds per configuration (descent stage)")
     ap.add_argument("--random", type=int, default=96, help="random grid configurations in the first stage")
     ap.add_argument("--output", type=Path, default=TUNED_PATH)
-    args = ap.parse_args(argv)
-    # The CLI plays episodes in process; the policy itself needs nothing from the server.
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
     from llmserve_env.runtime.inprocess import InProcessEnv
+
+    add_runner_arguments(ap)
+    args = ap.parse_args(argv)
+    runner = runner_from_args(ap, args)
 
     tasks = list(TASKS) if args.task == "all" else [args.task]
     stored = load_tuned(args.output)
@@ -105,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     commit = git_commit()
     env = InProcessEnv()
     for task_id in tasks:
-        r = search(env, task_id, train_seeds(args.seeds), args.random)
+        r = search(env, task_id, train_seeds(args.seeds), args.random, runner=runner)
         stored["tasks"][task_id] = {
             "action": r.action.knobs(),
             "train_score": round(r.score, 6),
@@ -117,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         print(f"{task_id}: {r.action.knobs()} train score {r.score:.4f} ({r.evaluated} evals, {r.wall_s:.0f} s)")
         args.output.write_text(json.dumps(stored, indent=2) + "\n")
+    runner.close()
 
 
 if __name__ == "__main__":
