@@ -6,7 +6,10 @@
 Every agent plays the same evaluation seeds (1,000,000 + i, never used by training or the
 tuned-static search), so scores pair up episode by episode; with several agents the table also
 gives each agent's paired difference to the first agent listed (`--agent ppo,...` puts PPO first).
-The episodes run in process in the simulator. The last line printed is one JSON object.
+The episodes run in the simulator, in process or in parallel (`--workers N`: a process pool, or Ray
+when the `ray` extra is installed; `--ray-address auto|ray://host:10001` for an existing Ray
+cluster); every runner gives the same scores (agents/parallel.py). The last line printed is one
+JSON object.
 `--agent all` plays every agent; `llm` only when OPENAI_API_KEY is set (otherwise listed as skipped).
 """
 
@@ -21,6 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from llmserve_env import cli
+from llmserve_env.agents.parallel import (
+    Runner,
+    SerialRunner,
+    add_runner_arguments,
+    registry_job,
+    runner_from_args,
+)
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
@@ -47,12 +57,22 @@ class AgentScores:
 
 
 def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | None = None,
-                   quiet: bool = True, **options: Any) -> AgentScores:
-    """`agent` on the first `episodes` evaluation seeds of `task_id` (a progress bar unless `quiet`)."""
-    env = env or InProcessEnv()
+                   runner: Runner | None = None, quiet: bool = True, **options: Any) -> AgentScores:
+    """`agent` on the first `episodes` evaluation seeds of `task_id` (a progress bar unless `quiet`).
+
+    Each episode is an independent job (a fresh policy; the random agent seeded by the episode's
+    seed) played by `runner` (default: in this process). With `env` given, or for the `llm` agent
+    (one client and one tally of its replies across episodes), the episodes play one after another
+    on `env` with one policy instead."""
     seeds = eval_seeds(episodes)
-    policy = make_policy(agent, task_id, **options)
     t0 = time.perf_counter()
+    if env is None and agent != "llm":
+        make_policy(agent, task_id, **options)  # fail here, with the registry's error, if it cannot be built
+        runner = runner or SerialRunner()
+        outcomes = runner.map([registry_job(agent, task_id, s, **options) for s in seeds])
+        return AgentScores(agent, task_id, seeds, [o.score for o in outcomes], time.perf_counter() - t0, {})
+    env = env or InProcessEnv()
+    policy = make_policy(agent, task_id, **options)
     episodes_bar = cli.progress(seeds, desc=f"{agent} {task_id}", unit="ep", quiet=quiet)
     scores = [play_episode(env, policy, task_id, s).score for s in episodes_bar]
     extra = policy.stats.as_dict() if hasattr(policy, "stats") else {}
@@ -75,12 +95,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="chat model for the llm agent")
     ap.add_argument("--output", type=cli.writable_file, default=None,
                     help="also write per-episode scores as JSON here (checked before the evaluation starts)")
+    add_runner_arguments(ap)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
 
     agents, tasks = args.agent, args.task
-    env = InProcessEnv()
+    runner = runner_from_args(ap, args)
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}
     for agent in agents:
@@ -91,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"model": args.model} if agent == "llm" else {}
         for task_id in tasks:
             try:
-                r = evaluate_agent(agent, task_id, args.episodes, env, quiet=args.quiet, **options)
+                r = evaluate_agent(agent, task_id, args.episodes, runner=runner, quiet=args.quiet, **options)
             except (WeightsNotFoundError, NotTunedError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
@@ -116,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                 for t in tasks
             )
             print(f"{agent:<14}{cells}")
+    runner.close()
     for what, why in skipped.items():
         print(f"skipped {what}: {why}")
 

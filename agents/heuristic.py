@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import logging
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from llmserve_env.agents.base import make_action
@@ -41,6 +42,9 @@ from llmserve_env.agents.search import coordinate_descent, git_commit, load_tune
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec, get_task
+
+if TYPE_CHECKING:
+    from llmserve_env.agents.parallel import Runner
 
 TUNED_PATH = Path(__file__).resolve().parent / "heuristic_tuned.json"
 NEVER = 10**9
@@ -128,8 +132,10 @@ def heuristic(task_id: str) -> HeuristicPolicy:
     return HeuristicPolicy(get_task(task_id), tuned_params(task_id))
 
 
-def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[HeuristicParams, float, int]:
-    """Coordinate descent over TUNING_GRID from the defaults; mean score on `seeds`."""
+def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print,
+         runner: Runner | None = None) -> tuple[HeuristicParams, float, int]:
+    """Coordinate descent over TUNING_GRID from the defaults; mean score on `seeds` (played on `env`,
+    or as parallel jobs on `runner`)."""
     task = get_task(task_id)
     names = list(TUNING_GRID)
 
@@ -137,6 +143,11 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[He
         return HeuristicParams(**{n: TUNING_GRID[n][i] for n, i in zip(names, point, strict=True)})
 
     def score(point: tuple[int, ...]) -> float:
+        if runner is not None:
+            from llmserve_env.agents.parallel import EpisodeJob
+
+            build = functools.partial(HeuristicPolicy, task, params_at(point))
+            return float(np.mean([o.score for o in runner.map([EpisodeJob(build, task_id, s) for s in seeds])]))
         policy = HeuristicPolicy(task, params_at(point))
         return float(np.mean([play_episode(env, policy, task_id, s).score for s in seeds]))
 
@@ -153,15 +164,18 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[He
 
 def main(argv: list[str] | None = None) -> None:
     from llmserve_env import cli
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 
     ap = argparse.ArgumentParser(prog="python -m agents.heuristic", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
     ap.add_argument("--seeds", type=cli.int_at_least(1), default=8, help="training seeds per candidate")
     ap.add_argument("--output", type=cli.writable_file, default=TUNED_PATH, help="tuned thresholds file (JSON)")
+    add_runner_arguments(ap)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
+    runner = runner_from_args(ap, args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
     from llmserve_env.runtime.inprocess import InProcessEnv
 
@@ -170,7 +184,8 @@ def main(argv: list[str] | None = None) -> None:
     for task_id in args.task:
         t0 = time.perf_counter()
         env = cli.EpisodeCounter(InProcessEnv(), f"tuning {task_id}", quiet=args.quiet)
-        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds), log=logging.getLogger(__name__).info)
+        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds), log=logging.getLogger(__name__).info,
+                                        runner=runner)
         env.close()
         stored["tasks"][task_id] = {"params": dataclasses.asdict(params), "train_score": round(score, 6),
                                     "train_seeds": train_seeds(args.seeds), "candidates_evaluated": evaluated,
@@ -178,6 +193,7 @@ def main(argv: list[str] | None = None) -> None:
                                     "git_commit": git_commit()}
         print(f"{task_id}: {dataclasses.asdict(params)} train score {score:.4f} ({evaluated} candidates)")
         args.output.write_text(json.dumps(stored, indent=2) + "\n")
+    runner.close()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ best (every value of one knob at a time, repeated until no knob improves) on mor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
@@ -28,6 +30,9 @@ from llmserve_env.agents.search import coordinate_descent, git_commit, load_tune
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
+
+if TYPE_CHECKING:
+    from llmserve_env.agents.parallel import Runner
 
 TUNED_PATH = Path(__file__).resolve().parent / "tuned_static.json"
 
@@ -56,13 +61,20 @@ class SearchResult:
     wall_s: float
 
 
-def mean_score(env: EpisodeEnv, task_id: str, action: ServeAction, seeds: Sequence[int]) -> float:
+def mean_score(env: EpisodeEnv, task_id: str, action: ServeAction, seeds: Sequence[int],
+               runner: Runner | None = None) -> float:
+    """Mean score of a fixed `action` on `seeds`: on `env`, or as parallel jobs on `runner`."""
+    if runner is not None:
+        from llmserve_env.agents.parallel import EpisodeJob
+
+        jobs = [EpisodeJob(functools.partial(StaticPolicy, action), task_id, s) for s in seeds]
+        return float(np.mean([o.score for o in runner.map(jobs)]))
     policy = StaticPolicy(action)
     return float(np.mean([play_episode(env, policy, task_id, s).score for s in seeds]))
 
 
 def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, rng_seed: int = 0,
-           log: Callable[[str], None] = print) -> SearchResult:
+           log: Callable[[str], None] = print, runner: Runner | None = None) -> SearchResult:
     """Random grid sample on the first quarter of `seeds`, then coordinate descent on all of them."""
     t0 = time.perf_counter()
     rng = np.random.default_rng(rng_seed)
@@ -72,7 +84,7 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
     def score(idx: tuple[int, ...], on: Sequence[int]) -> float:
         key = (*idx, len(on))
         if key not in cache:
-            cache[key] = mean_score(env, task_id, decode_action(idx), on)
+            cache[key] = mean_score(env, task_id, decode_action(idx), on, runner)
         return cache[key]
 
     candidates = {tuple(int(i) for i in encode_action(VLLM_DEFAULT))}
@@ -91,6 +103,7 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
 
 def main(argv: list[str] | None = None) -> None:
     from llmserve_env import cli
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 
     ap = argparse.ArgumentParser(prog="python -m agents.tuned_static", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
@@ -100,9 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--random", type=cli.int_at_least(0), default=96,
                     help="random grid configurations in the first stage")
     ap.add_argument("--output", type=cli.writable_file, default=TUNED_PATH, help="tuned configurations file (JSON)")
+    add_runner_arguments(ap)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
+    runner = runner_from_args(ap, args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
     from llmserve_env.runtime.inprocess import InProcessEnv
 
@@ -112,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     commit = git_commit()
     for task_id in tasks:
         env = cli.EpisodeCounter(InProcessEnv(), f"searching {task_id}", quiet=args.quiet)
-        r = search(env, task_id, train_seeds(args.seeds), args.random, log=logging.getLogger(__name__).info)
+        r = search(env, task_id, train_seeds(args.seeds), args.random, log=logging.getLogger(__name__).info,
+                   runner=runner)
         env.close()
         stored["tasks"][task_id] = {
             "action": r.action.knobs(),
@@ -125,6 +141,7 @@ def main(argv: list[str] | None = None) -> None:
         }
         print(f"{task_id}: {r.action.knobs()} train score {r.score:.4f} ({r.evaluated} evals, {r.wall_s:.0f} s)")
         args.output.write_text(json.dumps(stored, indent=2) + "\n")
+    runner.close()
 
 
 if __name__ == "__main__":

@@ -1,10 +1,12 @@
 """The benchmark table: every available agent on every task, mean grader score ± 95 % CI.
 
-    python bench/score_table.py                      # default: 50 held-out seeds, 2 processes
+    python bench/score_table.py                      # default: 50 held-out seeds, 2 workers
     python bench/score_table.py --episodes 40 --workers 2 --agents random,starve,vllm_default
+    python bench/score_table.py --ray-address auto   # on an existing Ray cluster (pip install -e '.[ray]')
 
 Every agent plays the same held-out evaluation seeds (`agents.seeds.eval_seeds`, never used by
-training or tuning), in process, in the simulator. Agents come from `agents.registry`: the
+training or tuning), in the simulator; each episode is one job for the runner (agents/parallel.py:
+a local process pool, or Ray when installed or asked for), and every runner gives the same table. Agents come from `agents.registry`: the
 aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
 weights, `tuned_static` without a tuned entry) is listed as skipped for that task.
@@ -21,24 +23,19 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 from llmserve_env import cli
+from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
-from llmserve_env.agents.registry import POLICIES
+from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci
 from llmserve_env.agents.tuned_static import NotTunedError
-from llmserve_env.evaluate import evaluate_agent
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}
 # The agents the table always has first, in this order.
 CORE = ("random", "starve", "vllm_default")
-# Seed of the random agent's own action stream (its episodes' workloads come from the eval seeds).
-RANDOM_AGENT_SEED = 0
-
-
 def available_agents() -> tuple[list[str], dict[str, str]]:
     """Agents to play, and the agents left out with why."""
     agents = list(CORE) + [a for a in POLICIES if a not in CORE and a not in ALIASES]
@@ -49,13 +46,25 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     return agents, skipped
 
 
-def play_cell(agent: str, task_id: str, episodes: int) -> tuple[str, str, list[float] | None, str, float]:
-    """(agent, task, scores or None, skip reason, wall seconds) for one table cell (evaluate.py's run)."""
-    try:
-        r = evaluate_agent(agent, task_id, episodes, seed=RANDOM_AGENT_SEED)
-    except (WeightsNotFoundError, NotTunedError) as exc:
-        return agent, task_id, None, str(exc), 0.0
-    return agent, task_id, r.scores, "", r.wall_s
+def play_table(agents: list[str], tasks: list[str], episodes: int, runner) -> tuple[
+        dict[tuple[str, str], list[float]], dict[str, str]]:
+    """Every (agent, task) cell's scores on the evaluation seeds, and the cells skipped with why."""
+    seeds = eval_seeds(episodes)
+    skipped: dict[str, str] = {}
+    cells = []
+    for agent in agents:
+        for task_id in tasks:
+            try:
+                make_policy(agent, task_id)
+            except (WeightsNotFoundError, NotTunedError) as exc:
+                skipped[f"{agent}/{task_id}"] = str(exc)
+                continue
+            cells.append((agent, task_id))
+    jobs = [registry_job(a, t, s) for a, t in cells for s in seeds]
+    outcomes = runner.map(jobs)
+    scores = {cell: [o.score for o in outcomes[i * len(seeds):(i + 1) * len(seeds)]]
+              for i, cell in enumerate(cells)}
+    return scores, skipped
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,10 +72,10 @@ def main(argv: list[str] | None = None) -> int:
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--episodes", type=cli.int_at_least(2), default=50,
                     help="held-out seeds per cell (the same for every agent)")
-    ap.add_argument("--workers", type=cli.int_at_least(1), default=2, help="processes (one cell per process at a time)")
     ap.add_argument("--agents", type=cli.names_from(POLICIES, ["all"]), default="all",
                     help="comma-separated agent names, or 'all'")
     ap.add_argument("--tasks", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
+    add_runner_arguments(ap, default_workers=2)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
@@ -78,23 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     seeds = eval_seeds(args.episodes)
 
     t_start = time.perf_counter()
-    cells: dict[tuple[str, str], list[float]] = {}
-    jobs = [(a, t) for a in agents for t in tasks]
-    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
-        futures = [pool.submit(play_cell, a, t, args.episodes) for a, t in jobs]
-        for fut in cli.progress(futures, desc="cells", quiet=args.quiet):
-            agent, task_id, scores, reason, wall = fut.result()
-            if scores is None:
-                skipped[f"{agent}/{task_id}"] = reason
-                continue
-            cells[(agent, task_id)] = scores
-            ci = mean_ci(scores)
-            print(f"  {agent:<13} {task_id:<24} {ci}  ({wall:.1f} s)", file=sys.stderr)
+    runner = runner_from_args(ap, args)
+    try:
+        cells, cell_skips = play_table(agents, tasks, args.episodes, runner)
+    finally:
+        runner.close()
+    skipped.update(cell_skips)
+    for (agent, task_id), scores in cells.items():
+        print(f"  {agent:<13} {task_id:<24} {mean_ci(scores)}", file=sys.stderr)
     wall_s = time.perf_counter() - t_start
 
     print(f"Mean grader score ± 95 % CI over {len(seeds)} held-out seeds "
           f"({seeds[0]}..{seeds[-1]}, the same for every agent); `python bench/score_table.py "
-          f"--episodes {args.episodes}`, {wall_s:.0f} s on {args.workers} processes.\n")
+          f"--episodes {args.episodes}`, {wall_s:.0f} s, {args.workers} workers ({runner.name} runner).\n")
     print("| agent | " + " | ".join(tasks) + " |")
     print("|---|" + "---|" * len(tasks))
     for agent in agents:
