@@ -88,7 +88,7 @@ def export(module, task: str, out_dir: Path, meta: dict[str, Any]) -> Path:
     ActorWeights.from_arrays(arrays, meta)  # shapes must fit the encoder and grid, or this raises
     out_dir.mkdir(parents=True, exist_ok=True)
     npz = out_dir / f"{task}.npz"
-    np.savez(npz, **arrays)
+    np.savez(npz, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as its allow_pickle flag
     npz.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
     return npz
 

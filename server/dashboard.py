@@ -577,7 +577,7 @@ def build_dashboard(
             on_connect, inputs=connect_inputs, outputs=python_md)
         seed_in.change(on_connect, inputs=connect_inputs, outputs=python_md)
         for knob in knob_inputs:
-            knob.change(on_connect, inputs=connect_inputs, outputs=python_md)
+            knob.change(on_connect, inputs=connect_inputs, outputs=python_md)  # type: ignore[attr-defined]  # every knob is an input component; the list is typed by their base class
         dashboard.load(on_connect, inputs=connect_inputs, outputs=python_md)
         new_btn.click(on_new, inputs=[task_in, seed_in, policy_in], outputs=outputs)
         step_btn.click(

@@ -77,7 +77,7 @@ class RateLimitFilter(logging.Filter):
 def bounded(protocol_cls: type) -> type:
     """`protocol_cls` (uvicorn's h11 or httptools protocol) with the read timeout and connection cap."""
 
-    class Bounded(protocol_cls):  # type: ignore[misc, valid-type]
+    class Bounded(protocol_cls):
         read_timeout_s = READ_TIMEOUT_S
         connection_cap = max_connections()
 
@@ -128,11 +128,16 @@ def bounded(protocol_cls: type) -> type:
 
 
 def http_protocol() -> type:
+    base: type
     try:
         import httptools  # noqa: F401
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base = HttpToolsProtocol
     except ImportError:
-        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+        from uvicorn.protocols.http.h11_impl import H11Protocol
+
+        base = H11Protocol
     return bounded(base)
 
 

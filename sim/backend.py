@@ -16,14 +16,14 @@ from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
-from llmserve_env.sim.step_time import StepTimeModel
+from llmserve_env.sim.step_time import IterationModel
 
 # Step-time models are pure functions of (profile, tier, lane) and take ~2 ms each to tabulate; the
 # server builds one backend per episode, so they are kept per profile object across backends.
-_MODELS: dict[str, tuple[Profile, dict[tuple[str, str], StepTimeModel]]] = {}
+_MODELS: dict[str, tuple[Profile, dict[tuple[str, str], IterationModel]]] = {}
 
 
-def _models_for(profile: Profile) -> dict[tuple[str, str], StepTimeModel]:
+def _models_for(profile: Profile) -> dict[tuple[str, str], IterationModel]:
     cached = _MODELS.get(profile.id)
     if cached is None or cached[0] is not profile:  # a re-loaded or hand-made profile gets fresh models
         # a profile fitted to another engine's records brings its own iteration times (sim/measured_step.py)

@@ -41,7 +41,7 @@ from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
-from llmserve_env.sim.step_time import StepTimeModel, lane_shares
+from llmserve_env.sim.step_time import IterationModel, StepTimeModel, lane_shares
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2
@@ -97,7 +97,7 @@ class WindowMeasurements:
 class Engine:
     """One simulated serving engine (a replica: one GPU group). Drive it window by window."""
 
-    def __init__(self, profile: Profile, seed: int, models: dict[tuple[str, str], StepTimeModel]):
+    def __init__(self, profile: Profile, seed: int, models: dict[tuple[str, str], IterationModel]):
         self.profile = profile
         self.models = models
         self.rng = np.random.default_rng([int(seed), 0x5EED51])  # engine stream, separate from the workload's
@@ -130,9 +130,9 @@ class Engine:
         self.dt = 1.0
         # Step-time models: the unified lane's (FP16 until `configure` picks the tier) and, while
         # prefill and decode are split, each lane's (built only then; None before the first split).
-        self.unified_model: StepTimeModel = self._model("FP16", "unified")
-        self.prefill_model: StepTimeModel | None = None
-        self.decode_model: StepTimeModel | None = None
+        self.unified_model: IterationModel = self._model("FP16", "unified")
+        self.prefill_model: IterationModel | None = None
+        self.decode_model: IterationModel | None = None
 
     # ----------------------------------------------------------------------------------- policy
 
@@ -173,7 +173,7 @@ class Engine:
                 self._preempt(victim, now)  # a prefilling victim's blocks leave kv.used_fixed here
         self.pre_blocked = False
 
-    def _model(self, tier: str, lane: str) -> StepTimeModel:
+    def _model(self, tier: str, lane: str) -> IterationModel:
         key = (tier, lane)
         m = self.models.get(key)
         if m is None:
@@ -365,7 +365,7 @@ class Engine:
         self.decode_tokens_per_iter += r.e
         heapq.heappush(self.fin_heap, (r.finish_iter, r.rid, r.gen, r))
 
-    def _complete_prefill(self, r: SimRequest, t: float, model: StepTimeModel, split: bool) -> None:
+    def _complete_prefill(self, r: SimRequest, t: float, model: IterationModel, split: bool) -> None:
         """The last chunk ran: the request samples a token (its first, or the next after recompute)."""
         self.prefilling.remove(r)
         self.kv.used_fixed -= r.blocks
@@ -501,7 +501,7 @@ class Engine:
             budget -= c
         return chunks
 
-    def _run_chunks(self, chunks: list[tuple[SimRequest, int]], t: float, model: StepTimeModel, n: int,
+    def _run_chunks(self, chunks: list[tuple[SimRequest, int]], t: float, model: IterationModel, n: int,
                     split: bool) -> float:
         """Execute one iteration with `chunks` (and `n` decoding requests); return its duration."""
         g = self.depth
@@ -562,7 +562,7 @@ class Engine:
                 break
         return bool(victims)
 
-    def _decode_run(self, t: float, t_end: float, model: StepTimeModel, horizon: float,
+    def _decode_run(self, t: float, t_end: float, model: IterationModel, horizon: float,
                     unified: bool) -> float | None:
         """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
         h = self.fin_heap

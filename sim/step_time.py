@@ -23,6 +23,7 @@ step times t_j = A + B * j and the engine sums them in closed form.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Protocol
 
 import numpy as np
 from llmserve_env.sim.forms import (
@@ -184,6 +185,18 @@ class StepTimeModel:
     def transfer_s(self, tokens: int) -> float:
         """Moving one request's KV (`tokens` tokens) from the prefill to the decode partition."""
         return self.xfer_c0 + tokens * self.xfer_per_token
+
+
+class IterationModel(Protocol):
+    """What the engine asks of an iteration-time model: `StepTimeModel` (kernel fits) or
+    `sim.measured_step.MeasuredStepModel` (a profile fitted to another engine's records)."""
+
+    def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
+                    prefill_tokens: int, sampled_prefills: int) -> float: ...
+
+    def decode_slope(self, depth: int) -> float: ...
+
+    def transfer_s(self, tokens: int) -> float: ...
 
 
 def lane_shares(p: Profile, lane: str) -> tuple[float, float]:
