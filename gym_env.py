@@ -27,6 +27,11 @@ Start: each `reset` starts an episode of the task on a fresh episode seed drawn 
 training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is reproducible;
 `options={"episode_seed": n}` plays a chosen episode instead (evaluation).
 
+Forking (model-based RL, planning): `env.unwrapped.runtime` is the `InProcessEnv` behind the
+wrapper; `runtime.fork()` returns an independent environment continuing from the current state
+(bit-identical to the original under the same actions), `runtime.save()` / `runtime.restore(saved)`
+snapshot and roll back the episode (runtime/inprocess.py).
+
 Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: the
 horizon is part of the task (the step index is observed and the final backlog is charged in the
 last reward), so there is nothing to bootstrap past it. `info["score"]` then holds the grader's
@@ -62,7 +67,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.view = FeatureView(task, self.task.horizon, advice)
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
-        self._env = InProcessEnv("sim")
+        self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it
         self.episode_seed: int | None = None
         self.last_observation: ServeObservation | None = None  # the raw observation behind the features
 
@@ -72,21 +77,21 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self.episode_seed = int(options["episode_seed"])
         else:
             self.episode_seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
-        obs = self._env.reset(seed=self.episode_seed, task_id=self.task_id)
+        obs = self.runtime.reset(seed=self.episode_seed, task_id=self.task_id)
         self.last_observation = obs
         self.view.reset()
         return self.view.features(obs), {"episode_seed": self.episode_seed}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        obs = self._env.step(self.view.decode(action))
+        obs = self.runtime.step(self.view.decode(action))
         self.last_observation = obs
         info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
-            info["score"] = self._env.grade_result().score
+            info["score"] = self.runtime.grade_result().score
         return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
 
     def close(self) -> None:
-        self._env.close()
+        self.runtime.close()
 
 
 gymnasium.register(id=ENV_ID, entry_point="llmserve_env.gym_env:LLMServeGymEnv")

@@ -3,6 +3,7 @@
     ep = Episode.start(task, seed, mode)      # ep.last_observation is the reset observation
     obs = ep.step(action)                     # one window served; obs.reward, obs.done
     ep.episode_log()                          # what the grader reads
+    copy = ep.fork()                          # an independent copy in the same state (sim mode)
 
 The server keeps HTTP episodes in its store (server/episodes.py); WebSocket sessions and
 in-process users (runtime/inprocess.py) hold theirs directly.
@@ -10,6 +11,7 @@ in-process users (runtime/inprocess.py) hold theirs directly.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -17,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError
+from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError, ForkUnsupportedError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
@@ -150,6 +152,28 @@ class Episode:
             if self.done:
                 self.close()
             return obs
+
+    def fork(self, episode_id: str | None = None) -> Episode:
+        """An independent copy of this episode in its current state: the backend (engine, queues,
+        KV cache, clocks, random stream), the metrics tracker, the step log and the reward so far.
+        Stepping the copy with an action gives bit-for-bit the observation and reward the original
+        gives with that action, and never changes the original. The task, the arrival windows and
+        the logged steps (immutable) are shared. ForkUnsupportedError for a backend without `fork`
+        (real mode: a live engine's state cannot be copied)."""
+        with self.lock:
+            fork_backend = getattr(self.backend, "fork", None)
+            if fork_backend is None or self.failed is not None:
+                raise ForkUnsupportedError(self.episode_id, self.mode, self.failed)
+            clone = copy.copy(self)
+            clone.episode_id = episode_id or uuid.uuid4().hex
+            clone.backend = fork_backend()
+            clone.tracker = self.tracker.fork()
+            clone.steps = list(self.steps)
+            clone.lock = threading.Lock()
+            clone.last_used = time.monotonic()
+            if self.last_observation is not None:
+                clone.last_observation = self.last_observation.model_copy(update={"episode_id": clone.episode_id})
+            return clone
 
     def episode_log(self) -> EpisodeLog:
         return EpisodeLog(

@@ -145,6 +145,13 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
     def episode(self) -> Episode:
         return self._resolve(None, "this call")
 
+    def fork(self, episode_id: str) -> ServeState:
+        """POST /fork: a new episode continuing from `episode_id`'s current state (sim mode only),
+        registered in the store like any episode (its count limit and idle timeout apply)."""
+        clone = self._resolve(episode_id, "POST /fork").fork()
+        self.store.put(clone)
+        return self.state_of(clone.episode_id)
+
     def grade(self, episode_id: str | None = None) -> GradeResult:
         ep = self._resolve(episode_id, "POST /grader")
         if not ep.done or ep.failed is not None:

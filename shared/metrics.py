@@ -26,6 +26,7 @@ goodput = requests met per second, and their output tokens per second.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -329,6 +330,13 @@ class MetricsTracker:
             quality=float(report.quality),
             per_tenant=per_tenant,
         )
+
+    def fork(self) -> MetricsTracker:
+        """An independent copy: the requests still open and flagged are copied, the task shared."""
+        clone = copy.copy(self)
+        clone._open = dict(self._open)  # values are immutable tuples
+        clone._flagged = set(self._flagged)
+        return clone
 
     @property
     def outstanding(self) -> int:
