@@ -33,8 +33,8 @@ wrapper; `runtime.fork()` returns an independent environment continuing from the
 snapshot and roll back the episode (runtime/inprocess.py).
 
 Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: the
-horizon is part of the task (the step index is observed and the final backlog is charged in the
-last reward), so there is nothing to bootstrap past it. `info["score"]` then holds the grader's
+horizon is part of the task (the step index is observed, and the last reward holds the engine's
+drain after the horizon under the last action: every request is judged by its real outcome), so there is nothing to bootstrap past it. `info["score"]` then holds the grader's
 score for the episode.
 """
 

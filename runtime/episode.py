@@ -22,7 +22,7 @@ from typing import Any
 from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError, ForkUnsupportedError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
+from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.reward import compute_reward
 from llmserve_env.shared.tasks import TaskSpec
@@ -75,6 +75,7 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
             "applied": applied,
             "backend_notes": notes,
             "truncated": ep.done,
+            "drain_windows": m.drain_windows,
         },
     )
 
@@ -98,6 +99,9 @@ class Episode:
     last_observation: ServeObservation | None = None
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # windows the engine may drain after the horizon (0: none, the backlog at the horizon is missed,
+    # as before issue 13; kept for measuring what the drain changes)
+    drain_max_windows: int = DRAIN_MAX_WINDOWS
 
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
@@ -131,8 +135,12 @@ class Episode:
             k = self.step_count
             arrivals = self.windows[k]
             dt = self.task.window_s
+            last = k + 1 >= self.task.horizon
             try:
                 report = self.backend.run_window(action, arrivals, k * dt, dt)
+                m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
+                if last and not self.tracker.closed:
+                    m = with_drain(m, self._drain(action))
             except Exception as exc:  # one episode's backend failing must not take the server down
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self.done = True
@@ -141,8 +149,7 @@ class Episode:
                 raise BackendFailure(f"the {self.mode} backend failed at step {k}: {self.failed}; "
                                      f"this episode has ended, call POST /reset for a new one") from exc
             self.step_count = k + 1
-            self.done = self.step_count >= self.task.horizon
-            m = self.tracker.observe(report, arrivals, final=self.done)
+            self.done = last
             reward, terms = compute_reward(m, self.task)
             self.cumulative_reward += reward
             self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
@@ -152,6 +159,22 @@ class Episode:
             if self.done:
                 self.close()
             return obs
+
+    def _drain(self, action: ServeAction) -> list[WindowMetrics]:
+        """After the last window: no more arrivals, the engine keeps serving under the last action
+        until every request is settled (at most DRAIN_MAX_WINDOWS windows; what is left then is
+        missed). Each drained window costs what a served one does (shared/metrics.py says why)."""
+        dt = self.task.window_s
+        t = self.task.horizon * dt
+        out: list[WindowMetrics] = []
+        limit = self.drain_max_windows
+        while self.tracker.outstanding and len(out) < limit:
+            report = self.backend.run_window(action, [], t, dt)
+            out.append(self.tracker.observe(report, [], final=len(out) + 1 == limit))
+            t += dt
+        if not self.tracker.closed:
+            self.tracker.close()
+        return out
 
     def fork(self, episode_id: str | None = None) -> Episode:
         """An independent copy of this episode in its current state: the backend (engine, queues,

@@ -3,8 +3,8 @@
 Action space: `ServeAction` (shared/models.py). Observation space: `ServeObservation`.
 Reward: `shared.reward.compute_reward`, per window, bounded. Start: `reset(task_id, seed)` fixes
 the task's whole arrival stream from (task, seed) and an empty server. Episode end: `done` after
-the task's horizon of windows (a time limit, so the episode is truncated: requests still waiting
-count as SLO misses in the last window and in the grade).
+the task's horizon of windows; arrivals stop there and the engine drains under the last action
+(bounded, its cost charged), the last window's metrics and reward holding what the drain settled.
 
 Where the episode lives: an instance holds the episode it reset (WebSocket sessions, in-process
 use). Over stateless HTTP, OpenEnv builds a fresh instance per call, so `step`/`state` take the

@@ -12,8 +12,9 @@
 
 met / missed are the requests settled in the window (`shared.metrics`): missed includes failed
 requests, requests still waiting past their TTFT SLO (charged once, in the window where that
-becomes certain) and, in the episode's last window, every request left unsettled, so an
-end-of-episode backlog is charged too. Normalising by D keeps the reward in [-1, 1] whatever
+becomes certain); the episode's last window also holds what the engine's drain after the
+horizon settled, and costs (shared.metrics.with_drain), so the last arrivals are judged by their
+real outcome and the drain's GPU time is charged. Normalising by D keeps the reward in [-1, 1] whatever
 the load, so a lull and a burst weigh alike. `cost` is 0 when no token was produced (nothing was
 served to price; in sim mode the GPU is priced per wall-clock second, so the term charges
 windows that hold the GPU yet produce few tokens). QUALITY_TOLERANCE = 0.05 is shared with the
