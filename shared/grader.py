@@ -184,7 +184,7 @@ def _number(step: int, metrics: dict[str, Any], key: str, integer: bool = False)
 
 
 @dataclass(slots=True)
-class _Totals:
+class Totals:
     met: int = 0
     missed: int = 0
     output_tokens: float = 0.0
@@ -192,10 +192,10 @@ class _Totals:
     cost_usd: float = 0.0
 
 
-def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[_Totals, dict[str, list[int]]]:
+def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[Totals, dict[str, list[int]]]:
     """Sum the log's metrics, checking them against the regenerated arrivals."""
     names = [t.name for t in task.tenants]
-    tot = _Totals()
+    tot = Totals()
     by_tenant = {n: [0, 0, 0] for n in names}  # arrived, met, missed
     for k, step in enumerate(log.steps):
         if step.step_index != k:
@@ -236,6 +236,46 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) ->
     return tot, by_tenant
 
 
+def add_window(tot: Totals, met_by_tenant: dict[str, int], metrics: dict[str, Any]) -> None:
+    """Fold one window's metrics (WindowMetrics.to_dict(), already validated) into running totals:
+    what `objective` reads. For callers that score partial episodes (agents/planner.py)."""
+    tot.met += metrics["slo_met"]
+    tot.missed += metrics["slo_missed"]
+    out = metrics["output_tokens"]
+    tot.output_tokens += out
+    tot.quality_tokens += metrics["quality"] * out
+    tot.cost_usd += metrics["cost_usd"]
+    for n, entry in metrics["per_tenant"].items():
+        met_by_tenant[n] += entry["met"]
+
+
+def objective(task: TaskSpec, tot: Totals, met_by_tenant: dict[str, int],
+              ref: References) -> tuple[float, dict[str, float], float, float]:
+    """The grade's formula (module docstring) on totals and references: (score, terms, mean quality,
+    cost per 1k tokens). grade_episode applies it to a whole log; a planner to an episode so far."""
+    g = _normalised(tot.met, ref.floor_met, ref.upper_met)
+    terms = {"goodput": g}
+    if len(task.tenants) > 1:
+        terms["worst_tenant"] = min(
+            _normalised(met_by_tenant[n], ref.floor_met_by_tenant[n], ref.upper_met_by_tenant[n])
+            for n in met_by_tenant
+            if ref.arrivals_by_tenant[n] > 0
+        )
+        base = math.sqrt(g * terms["worst_tenant"])
+    else:
+        base = g
+    q_mean = tot.quality_tokens / tot.output_tokens if tot.output_tokens else 1.0
+    terms["quality"] = min(1.0, max(0.0, 1.0 - (1.0 - q_mean) / QUALITY_TOLERANCE))
+    if tot.output_tokens:
+        cost_per_1k = 1e3 * tot.cost_usd / tot.output_tokens
+        terms["cost"] = min(1.0, task.cost_budget_per_1k / cost_per_1k) if cost_per_1k > 0 else 1.0
+    else:
+        cost_per_1k = 0.0
+        terms["cost"] = 0.0 if tot.cost_usd > 0 else 1.0
+    score = base * terms["quality"] * terms["cost"]
+    return min(1.0, max(0.0, score)), terms, q_mean, cost_per_1k
+
+
 def grade_episode(log: EpisodeLog) -> GradeResult:
     """Grade a finished episode (see the module docstring); GradeError if it cannot be graded."""
     task = resolve_task(log.task_id)  # UnknownTaskError / TraceError propagate
@@ -254,27 +294,7 @@ def grade_episode(log: EpisodeLog) -> GradeResult:
         raise GradeError(f"{tot.met} met + {tot.missed} missed requests, but {len(arrivals)} arrived: "
                          f"every request must be settled by the end of the episode")
     ref = compute_references(task, log.seed, cap, arrivals)
-
-    g = _normalised(tot.met, ref.floor_met, ref.upper_met)
-    terms = {"goodput": g}
-    if len(task.tenants) > 1:
-        terms["worst_tenant"] = min(
-            _normalised(by_tenant[n][1], ref.floor_met_by_tenant[n], ref.upper_met_by_tenant[n])
-            for n in by_tenant
-            if ref.arrivals_by_tenant[n] > 0
-        )
-        base = math.sqrt(g * terms["worst_tenant"])
-    else:
-        base = g
-    q_mean = tot.quality_tokens / tot.output_tokens if tot.output_tokens else 1.0
-    terms["quality"] = min(1.0, max(0.0, 1.0 - (1.0 - q_mean) / QUALITY_TOLERANCE))
-    if tot.output_tokens:
-        cost_per_1k = 1e3 * tot.cost_usd / tot.output_tokens
-        terms["cost"] = min(1.0, task.cost_budget_per_1k / cost_per_1k) if cost_per_1k > 0 else 1.0
-    else:
-        cost_per_1k = 0.0
-        terms["cost"] = 0.0 if tot.cost_usd > 0 else 1.0
-    score = base * terms["quality"] * terms["cost"]
+    score, terms, q_mean, cost_per_1k = objective(task, tot, {n: v[1] for n, v in by_tenant.items()}, ref)
     reference = {
         **asdict(ref),
         "capacity": cap.describe(),
@@ -285,7 +305,7 @@ def grade_episode(log: EpisodeLog) -> GradeResult:
         "cost_budget_per_1k": task.cost_budget_per_1k,
         "quality_tolerance": QUALITY_TOLERANCE,
     }
-    return GradeResult(score=min(1.0, max(0.0, score)), terms=terms, reference=reference,
+    return GradeResult(score=score, terms=terms, reference=reference,
                        task_id=task.task_id, episode_id=log.episode_id)
 
 
