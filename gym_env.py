@@ -21,7 +21,8 @@ beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEAT
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
 4, 4, 3, 3])`, 0 = follow); see agents/advice.py.
 
-Reward: the environment's own per-window reward (`shared.reward`), unchanged.
+Reward: the environment's own step reward (`shared.reward`), unchanged: the grade's decomposition,
+so an episode's rewards sum to its grade.
 
 Start: each `reset` starts an episode of the task on a fresh episode seed drawn from the
 training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is reproducible;

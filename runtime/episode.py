@@ -22,9 +22,10 @@ from typing import Any
 from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError, ForkUnsupportedError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
+from llmserve_env.shared.grader import compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.reward import compute_reward
+from llmserve_env.shared.reward import GradeReward
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 
@@ -91,6 +92,7 @@ class Episode:
     backend: Backend
     windows: list[list[Arrival]]
     tracker: MetricsTracker
+    reward: GradeReward
     step_count: int = 0
     done: bool = False
     failed: str | None = None
@@ -116,6 +118,7 @@ class Episode:
             backend=backend,
             windows=windows(arrivals, task),
             tracker=MetricsTracker(task),
+            reward=GradeReward(task, compute_references(task, seed, arrivals=arrivals)),
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
@@ -150,7 +153,7 @@ class Episode:
                                      f"this episode has ended, call POST /reset for a new one") from exc
             self.step_count = k + 1
             self.done = last
-            reward, terms = compute_reward(m, self.task)
+            reward, terms = self.reward.step(m)
             self.cumulative_reward += reward
             self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
                                          reward_terms=terms))
@@ -191,6 +194,7 @@ class Episode:
             clone.episode_id = episode_id or uuid.uuid4().hex
             clone.backend = fork_backend()
             clone.tracker = self.tracker.fork()
+            clone.reward = self.reward.fork()
             clone.steps = list(self.steps)
             clone.lock = threading.Lock()
             clone.last_used = time.monotonic()

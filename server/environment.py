@@ -1,7 +1,8 @@
 """LLMServeEnvironment: the OpenEnv `Environment` an agent plays.
 
 Action space: `ServeAction` (shared/models.py). Observation space: `ServeObservation`.
-Reward: `shared.reward.compute_reward`, per window, bounded. Start: `reset(task_id, seed)` fixes
+Reward: `shared.reward.GradeReward`, per window: the grade's decomposition (an episode's rewards
+sum to its grade). Start: `reset(task_id, seed)` fixes
 the task's whole arrival stream from (task, seed) and an empty server. Episode end: `done` after
 the task's horizon of windows; arrivals stop there and the engine drains under the last action
 (bounded, its cost charged), the last window's metrics and reward holding what the drain settled.

@@ -58,10 +58,13 @@ from typing import Any
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.episode import EpisodeLog
 from llmserve_env.shared.metrics import SLO_EPS_S
-from llmserve_env.shared.reward import QUALITY_TOLERANCE
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from pydantic import BaseModel, Field
+
+# A tier that loses this much quality against FP16 scores 0 on quality (the grade) and earns the
+# whole quality term (the reward's window terms, shared.reward).
+QUALITY_TOLERANCE = 0.05
 
 
 class GradeError(ValueError):
@@ -167,7 +170,7 @@ def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | No
 FLOOR_CAP = 0.5
 
 
-def _normalised(met: float, floor: int, upper: int) -> float:
+def _normalised(met: float, floor: float, upper: float) -> float:
     lo = min(float(floor), FLOOR_CAP * upper)
     return min(1.0, max(0.0, (met - lo) / max(upper - lo, 1.0)))
 
@@ -234,6 +237,18 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) ->
         if (sum_met, sum_missed) != (met, missed):
             raise GradeError(f"step {k}: per-tenant met/missed do not add up to slo_met/slo_missed")
     return tot, by_tenant
+
+
+def scaled_references(ref: References, share: float) -> References:
+    """`ref` with its floor and upper counts scaled by `share` of the episode (fractional counts):
+    the references of the episode so far, for the grade-decomposing step reward (shared.reward)."""
+    return References(
+        arrivals=ref.arrivals, feasible=ref.feasible,
+        floor_met=ref.floor_met * share, upper_met=ref.upper_met * share,  # type: ignore[arg-type]
+        arrivals_by_tenant=ref.arrivals_by_tenant,
+        floor_met_by_tenant={n: v * share for n, v in ref.floor_met_by_tenant.items()},  # type: ignore[misc]
+        upper_met_by_tenant={n: v * share for n, v in ref.upper_met_by_tenant.items()},  # type: ignore[misc]
+    )
 
 
 def add_window(tot: Totals, met_by_tenant: dict[str, int], metrics: dict[str, Any]) -> None:
