@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError, ForkUnsupportedError
+from llmserve_env.runtime.errors import BackendFailure, EnvError, EpisodeDoneError, ForkUnsupportedError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.grader import compute_references
@@ -108,17 +108,27 @@ class Episode:
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
         arrivals = generate_arrivals(task, seed)
+        # the grader's references: of the arrivals as generated (the grader regenerates them)
+        references = compute_references(task, seed, arrivals=arrivals)
         backend = make_backend(mode, task)
-        backend.reset(seed)
+        episode_id = episode_id or uuid.uuid4().hex
+        if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
+            try:
+                arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]
+            except ValueError as exc:  # a window the step timeout cannot hold (a trace task's window_s)
+                backend.close()
+                raise EnvError(str(exc)) from None
+        else:
+            backend.reset(seed)
         ep = cls(
-            episode_id=episode_id or uuid.uuid4().hex,
+            episode_id=episode_id,
             task=task,
             seed=seed,
             mode=mode,
             backend=backend,
             windows=windows(arrivals, task),
             tracker=MetricsTracker(task),
-            reward=GradeReward(task, compute_references(task, seed, arrivals=arrivals)),
+            reward=GradeReward(task, references),
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
