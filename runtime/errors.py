@@ -75,6 +75,17 @@ class ForkUnsupportedError(EnvError):
                    f"copied; forking needs sim mode (LLMSERVE_MODE=sim)")
         super().__init__(f"episode {episode_id!r} cannot be forked: {why}")
 
+class UnknownProfileRequestError(EnvError):
+    """POST /reset named a profile this server cannot serve (not an id it holds, or a broken file)."""
+
+    status = 404
+
+
+class SimOnlyOptionError(EnvError):
+    """A sim-mode option (profile, caps) given to a real-mode server."""
+
+    status = 409
+
 
 class BackendFailure(EnvError):
     """The backend of one episode failed; that episode ends, others are untouched."""
