@@ -21,17 +21,23 @@ beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEAT
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
 4, 4, 3, 3])`, 0 = follow); see agents/advice.py.
 
-Reward: the environment's own per-window reward (`shared.reward`), unchanged.
+Reward: the environment's own step reward (`shared.reward`), unchanged: the grade's decomposition,
+so an episode's rewards sum to its grade.
 
 Start: each `reset` starts an episode of the task on a fresh episode seed drawn from the
 training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is reproducible;
 `options={"episode_seed": n}` plays a chosen episode instead (evaluation).
 
-Episode end: after the task's horizon of windows, a time limit, so `step` returns `truncated`
-(never `terminated`: no serving state ends the process; the server would go on serving). The same
-word as the wire's `metadata["truncated"]` and the server's docstring. Requests still waiting are
-charged as SLO misses in the last reward and in the grade. `info["score"]` then holds the
-grader's score for the episode.
+Forking (model-based RL, planning): `env.unwrapped.runtime` is the `InProcessEnv` behind the
+wrapper; `runtime.fork()` returns an independent environment continuing from the current state
+(bit-identical to the original under the same actions), `runtime.save()` / `runtime.restore(saved)`
+snapshot and roll back the episode (runtime/inprocess.py).
+
+Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: arrivals
+stop at the horizon and the last reward holds the engine's drain under the last action (every
+request is judged by its real outcome), and the step index is observed, so nothing lies past the
+end to bootstrap from. The wire's `metadata["terminated"]` says the same. `info["score"]` then
+holds the grader's score for the episode.
 """
 
 from __future__ import annotations
@@ -63,7 +69,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.view = FeatureView(task, self.task.horizon, advice)
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
-        self._env = InProcessEnv("sim")
+        self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it
         self.episode_seed: int | None = None
         self.last_observation: ServeObservation | None = None  # the raw observation behind the features
 
@@ -73,21 +79,21 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
             self.episode_seed = int(options["episode_seed"])
         else:
             self.episode_seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
-        obs = self._env.reset(seed=self.episode_seed, task_id=self.task_id)
+        obs = self.runtime.reset(seed=self.episode_seed, task_id=self.task_id)
         self.last_observation = obs
         self.view.reset()
         return self.view.features(obs), {"episode_seed": self.episode_seed}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        obs = self._env.step(self.view.decode(action))
+        obs = self.runtime.step(self.view.decode(action))
         self.last_observation = obs
         info: dict[str, Any] = {}
         if obs.done and self.grade_on_done:
-            info["score"] = self._env.grade_result().score
-        return self.view.features(obs), float(obs.reward or 0.0), False, bool(obs.done), info
+            info["score"] = self.runtime.grade_result().score
+        return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
 
     def close(self) -> None:
-        self._env.close()
+        self.runtime.close()
 
 
 gymnasium.register(id=ENV_ID, entry_point="llmserve_env.gym_env:LLMServeGymEnv")

@@ -10,6 +10,8 @@
 | heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
 | llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
 | ppo           | the trained actor in weights/<task>.npz, numpy only                |
+| planner       | model-predictive planning on forks, sampled futures (agents/planner.py) |
+| clairvoyant   | the planner seeing the true future arrivals: an upper bound, not a policy |
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.planner import PlannerPolicy
 from llmserve_env.agents.ppo_policy import PPOPolicy
 from llmserve_env.agents.random_policy import RandomPolicy
 from llmserve_env.agents.static import starve, vllm_default
@@ -53,6 +56,8 @@ POLICIES: dict[str, PolicyFactory] = {
     "heuristic": lambda task_id, **_: heuristic(task_id),
     "llm": lambda task_id, model=None, **kw: _llm_policy(task_id, model, **kw),
     "ppo": lambda task_id, **_: PPOPolicy(task_id),
+    "planner": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "sampled", seed=seed, **kw),
+    "clairvoyant": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "clairvoyant", seed=seed, **kw),
 }
 
 

@@ -3,6 +3,7 @@
     ep = Episode.start(task, seed, mode)      # ep.last_observation is the reset observation
     obs = ep.step(action)                     # one window served; obs.reward, obs.done
     ep.episode_log()                          # what the grader reads
+    copy = ep.fork()                          # an independent copy in the same state (sim mode)
 
 The server keeps HTTP episodes in its store (server/episodes.py); WebSocket sessions and
 in-process users (runtime/inprocess.py) hold theirs directly.
@@ -10,6 +11,7 @@ in-process users (runtime/inprocess.py) hold theirs directly.
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 import secrets
@@ -18,13 +20,20 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmserve_env.runtime.errors import BackendFailure, EnvError, EpisodeDoneError, EpisodeIdError
+from llmserve_env.runtime.errors import (
+    BackendFailure,
+    EnvError,
+    EpisodeDoneError,
+    EpisodeIdError,
+    ForkUnsupportedError,
+)
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
+from llmserve_env.shared.grader import compute_references
+from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.reward import compute_reward
-from llmserve_env.shared.tasks import TaskSpec
+from llmserve_env.shared.reward import GradeReward
+from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 
 log = logging.getLogger("llmserve_env.runtime")
@@ -106,7 +115,8 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
             "reward_terms": terms,
             "applied": applied,
             "backend_notes": notes,
-            "truncated": ep.done,
+            "terminated": ep.done,
+            "drain_windows": m.drain_windows,
         },
     )
 
@@ -122,6 +132,7 @@ class Episode:
     backend: Backend
     windows: list[list[Arrival]]
     tracker: MetricsTracker
+    reward: GradeReward
     step_count: int = 0
     done: bool = False
     failed: str | None = None
@@ -131,6 +142,9 @@ class Episode:
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     profile: str = ""  # the simulator profile served (sim mode), else the task's
+    # windows the engine may drain after the horizon (0: none, the backlog at the horizon is missed,
+    # as before issue 13; kept for measuring what the drain changes)
+    drain_max_windows: int = DRAIN_MAX_WINDOWS
 
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None, *,
@@ -140,6 +154,10 @@ class Episode:
         episode_id = mint_episode_id() if episode_id is None else check_episode_id(episode_id)
         arrivals = generate_arrivals(task, seed)
         backend = make_backend(mode, task, profile, caps)
+        # the grader's references: of the arrivals as generated (the grader regenerates them), on the
+        # capacity of the profile served (as the grader reads it from the log)
+        served = _served_profile(backend, task)
+        references = compute_references(task, seed, PROFILE_CAPACITY.get(served) or task.capacity(), arrivals)
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
                 arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]
@@ -156,7 +174,8 @@ class Episode:
             backend=backend,
             windows=windows(arrivals, task),
             tracker=MetricsTracker(task),
-            profile=_served_profile(backend, task),
+            reward=GradeReward(task, references),
+            profile=served,
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
@@ -176,8 +195,12 @@ class Episode:
             k = self.step_count
             arrivals = self.windows[k]
             dt = self.task.window_s
+            last = k + 1 >= self.task.horizon
             try:
                 report = self.backend.run_window(action, arrivals, k * dt, dt)
+                m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
+                if last and not self.tracker.closed:
+                    m = with_drain(m, self._drain(action))
             except Exception as exc:  # one episode's backend failing must not take the server down
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self.done = True
@@ -186,9 +209,8 @@ class Episode:
                 raise BackendFailure(f"the {self.mode} backend failed at step {k}: {self.failed}; "
                                      f"this episode has ended, call POST /reset for a new one") from exc
             self.step_count = k + 1
-            self.done = self.step_count >= self.task.horizon
-            m = self.tracker.observe(report, arrivals, final=self.done)
-            reward, terms = compute_reward(m, self.task)
+            self.done = last
+            reward, terms = self.reward.step(m)
             self.cumulative_reward += reward
             self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
                                          reward_terms=terms))
@@ -197,6 +219,45 @@ class Episode:
             if self.done:
                 self.close()
             return obs
+
+    def _drain(self, action: ServeAction) -> list[WindowMetrics]:
+        """After the last window: no more arrivals, the engine keeps serving under the last action
+        until every request is settled (at most DRAIN_MAX_WINDOWS windows; what is left then is
+        missed). Each drained window costs what a served one does (shared/metrics.py says why)."""
+        dt = self.task.window_s
+        t = self.task.horizon * dt
+        out: list[WindowMetrics] = []
+        limit = self.drain_max_windows
+        while self.tracker.outstanding and len(out) < limit:
+            report = self.backend.run_window(action, [], t, dt)
+            out.append(self.tracker.observe(report, [], final=len(out) + 1 == limit))
+            t += dt
+        if not self.tracker.closed:
+            self.tracker.close()
+        return out
+
+    def fork(self, episode_id: str | None = None) -> Episode:
+        """An independent copy of this episode in its current state: the backend (engine, queues,
+        KV cache, clocks, random stream), the metrics tracker, the step log and the reward so far.
+        Stepping the copy with an action gives bit-for-bit the observation and reward the original
+        gives with that action, and never changes the original. The task, the arrival windows and
+        the logged steps (immutable) are shared. ForkUnsupportedError for a backend without `fork`
+        (real mode: a live engine's state cannot be copied)."""
+        with self.lock:
+            fork_backend = getattr(self.backend, "fork", None)
+            if fork_backend is None or self.failed is not None:
+                raise ForkUnsupportedError(self.episode_id, self.mode, self.failed)
+            clone = copy.copy(self)
+            clone.episode_id = mint_episode_id() if episode_id is None else check_episode_id(episode_id)
+            clone.backend = fork_backend()
+            clone.tracker = self.tracker.fork()
+            clone.reward = self.reward.fork()
+            clone.steps = list(self.steps)
+            clone.lock = threading.Lock()
+            clone.last_used = time.monotonic()
+            if self.last_observation is not None:
+                clone.last_observation = self.last_observation.model_copy(update={"episode_id": clone.episode_id})
+            return clone
 
     def episode_log(self) -> EpisodeLog:
         return EpisodeLog(

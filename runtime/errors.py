@@ -84,6 +84,17 @@ class UnknownSplitError(EnvError):
         super().__init__(f"unknown split {split!r}; this environment has one split, {valid!r}, holding every task")
 
 
+class ForkUnsupportedError(EnvError):
+    status = 409
+
+    def __init__(self, episode_id: str, mode: str, failed: str | None = None):
+        if failed is not None:
+            why = f"its backend failed ({failed}); call POST /reset for a new episode"
+        else:
+            why = (f"its {mode} backend serves real requests on a real engine, whose state cannot be "
+                   f"copied; forking needs sim mode (LLMSERVE_MODE=sim)")
+        super().__init__(f"episode {episode_id!r} cannot be forked: {why}")
+
 class UnknownProfileRequestError(EnvError):
     """POST /reset named a profile this server cannot serve (not an id it holds, or a broken file)."""
 

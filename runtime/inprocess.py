@@ -6,6 +6,10 @@
         obs = env.step(action)
     env.grade()                                   # the grader's result as a dict
 
+    branch = env.fork()                           # another InProcessEnv, continuing from this state
+    saved = env.save()                            # a snapshot (sim mode) ...
+    env.restore(saved)                            # ... to come back to, as often as needed
+
 It implements the `EpisodeEnv` protocol that `agents.rollout.play_episode` plays, and is what the
 Gymnasium wrapper, the trainer, the evaluator, the tuning searches and the benches use.
 """
@@ -46,6 +50,28 @@ class InProcessEnv:
 
     def step(self, action: ServeAction) -> ServeObservation:
         return self.episode.step(action)
+
+    def fork(self) -> InProcessEnv:
+        """A new environment holding an independent copy of this one's episode (see `Episode.fork`):
+        step either, the other is unchanged; both grade as ordinary episodes. Sim mode only
+        (ForkUnsupportedError otherwise)."""
+        branch = InProcessEnv(self.mode)
+        branch._episode = self.episode.fork()
+        return branch
+
+    def save(self) -> Episode:
+        """A snapshot of the episode's current state (a fork nobody steps), for `restore`."""
+        return self.episode.fork()
+
+    def restore(self, saved: Episode) -> ServeObservation:
+        """Continue from `saved` (from `save()`); the snapshot stays intact, so it can be restored
+        again. Returns the observation the episode had when saved."""
+        if not isinstance(saved, Episode):
+            raise EnvError(f"restore() takes what save() returned (an Episode), got {type(saved).__name__}")
+        self.close()
+        self._episode = saved.fork(episode_id=saved.episode_id)
+        assert self._episode.last_observation is not None
+        return self._episode.last_observation
 
     def grade_result(self) -> GradeResult:
         ep = self.episode

@@ -1,10 +1,11 @@
 """LLMServeEnvironment: the OpenEnv `Environment` an agent plays.
 
 Action space: `ServeAction` (shared/models.py). Observation space: `ServeObservation`.
-Reward: `shared.reward.compute_reward`, per window, bounded. Start: `reset(task_id, seed)` fixes
+Reward: `shared.reward.GradeReward`, per window: the grade's decomposition (an episode's rewards
+sum to its grade). Start: `reset(task_id, seed)` fixes
 the task's whole arrival stream from (task, seed) and an empty server. Episode end: `done` after
-the task's horizon of windows (a time limit, so the episode is truncated: requests still waiting
-count as SLO misses in the last window and in the grade).
+the task's horizon of windows; arrivals stop there and the engine drains under the last action
+(bounded, its cost charged), the last window's metrics and reward holding what the drain settled.
 
 Where the episode lives: an instance holds the episode it reset (WebSocket sessions, in-process
 use). Over stateless HTTP, OpenEnv builds a fresh instance per call, so `step`/`state` take the
@@ -201,6 +202,13 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
     @property
     def episode(self) -> Episode:
         return self._resolve(None, "this call")
+
+    def fork(self, episode_id: str) -> ServeState:
+        """POST /fork: a new episode continuing from `episode_id`'s current state (sim mode only),
+        registered in the store like any episode (its count limit and idle timeout apply)."""
+        clone = self._resolve(episode_id, "POST /fork").fork()
+        self.store.put(clone)
+        return self.state_of(clone.episode_id)
 
     def grade(self, episode_id: str | None = None) -> GradeResult:
         ep = self._resolve(episode_id, "POST /grader")

@@ -44,6 +44,8 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/grader"): [(404, "unknown episode_id, or the episode_log's task_id is unknown"),
                           (409, "the episode is not finished"),
                           (403, "the episode_log's trace:PATH is outside LLMSERVE_TRACE_DIR")],
+    ("post", "/fork"): [(404, "unknown or expired episode_id"),
+                        (409, "real mode (a live engine cannot be copied), or the episode failed, or the new id is in use")],
     ("get", "/baseline"): [(404, "unknown task_id"),
                            (503, "use_openai=true but the server has no OPENAI_API_KEY")],
     ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),

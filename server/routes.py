@@ -53,6 +53,14 @@ class GraderRequest(BaseModel):
         return self
 
 
+class ForkRequest(BaseModel):
+    """Fork the episode `episode_id`: a new episode continuing from its current state."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    episode_id: str = Field(..., min_length=1, max_length=255, description="the episode to copy")
+
+
 def build_router(env_factory: Any) -> APIRouter:
     router = APIRouter()
 
@@ -129,6 +137,16 @@ def build_router(env_factory: Any) -> APIRouter:
         finally:
             env.close()
         return Response(step_response_json(obs), media_type="application/json")
+
+    @router.post("/fork", response_model=ServeState, tags=["State Management"],
+                 summary="Copy an episode (sim mode): a new episode_id that continues from the same state")
+    async def fork(request: ForkRequest) -> ServeState:
+        # async: a fork is well under a millisecond of pure Python, not worth a thread-pool hop
+        env: LLMServeEnvironment = env_factory()
+        try:
+            return env.fork(request.episode_id)
+        finally:
+            env.close()
 
     @router.get("/baseline", tags=["Task API"], summary="Run the baseline suite in process")
     async def baseline(

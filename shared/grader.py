@@ -58,10 +58,13 @@ from typing import Any
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.episode import EpisodeLog
 from llmserve_env.shared.metrics import SLO_EPS_S
-from llmserve_env.shared.reward import QUALITY_TOLERANCE
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from pydantic import BaseModel, Field
+
+# A tier that loses this much quality against FP16 scores 0 on quality (the grade) and earns the
+# whole quality term (the reward's window terms, shared.reward).
+QUALITY_TOLERANCE = 0.05
 
 
 class GradeError(ValueError):
@@ -170,7 +173,7 @@ def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | No
 FLOOR_CAP = 0.5
 
 
-def _normalised(met: float, floor: int, upper: int) -> float:
+def _normalised(met: float, floor: float, upper: float) -> float:
     lo = min(float(floor), FLOOR_CAP * upper)
     return min(1.0, max(0.0, (met - lo) / max(upper - lo, 1.0)))
 
@@ -187,7 +190,7 @@ def _number(step: int, metrics: dict[str, Any], key: str, integer: bool = False)
 
 
 @dataclass(slots=True)
-class _Totals:
+class Totals:
     met: int = 0
     missed: int = 0
     output_tokens: float = 0.0
@@ -195,10 +198,10 @@ class _Totals:
     cost_usd: float = 0.0
 
 
-def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[_Totals, dict[str, list[int]]]:
+def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[Totals, dict[str, list[int]]]:
     """Sum the log's metrics, checking them against the regenerated arrivals."""
     names = [t.name for t in task.tenants]
-    tot = _Totals()
+    tot = Totals()
     by_tenant = {n: [0, 0, 0] for n in names}  # arrived, met, missed
     for k, step in enumerate(log.steps):
         if step.step_index != k:
@@ -239,6 +242,58 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) ->
     return tot, by_tenant
 
 
+def scaled_references(ref: References, share: float) -> References:
+    """`ref` with its floor and upper counts scaled by `share` of the episode (fractional counts):
+    the references of the episode so far, for the grade-decomposing step reward (shared.reward)."""
+    return References(
+        arrivals=ref.arrivals, feasible=ref.feasible,
+        floor_met=ref.floor_met * share, upper_met=ref.upper_met * share,  # type: ignore[arg-type]
+        arrivals_by_tenant=ref.arrivals_by_tenant,
+        floor_met_by_tenant={n: v * share for n, v in ref.floor_met_by_tenant.items()},  # type: ignore[misc]
+        upper_met_by_tenant={n: v * share for n, v in ref.upper_met_by_tenant.items()},  # type: ignore[misc]
+    )
+
+
+def add_window(tot: Totals, met_by_tenant: dict[str, int], metrics: dict[str, Any]) -> None:
+    """Fold one window's metrics (WindowMetrics.to_dict(), already validated) into running totals:
+    what `objective` reads. For callers that score partial episodes (agents/planner.py)."""
+    tot.met += metrics["slo_met"]
+    tot.missed += metrics["slo_missed"]
+    out = metrics["output_tokens"]
+    tot.output_tokens += out
+    tot.quality_tokens += metrics["quality"] * out
+    tot.cost_usd += metrics["cost_usd"]
+    for n, entry in metrics["per_tenant"].items():
+        met_by_tenant[n] += entry["met"]
+
+
+def objective(task: TaskSpec, tot: Totals, met_by_tenant: dict[str, int],
+              ref: References) -> tuple[float, dict[str, float], float, float]:
+    """The grade's formula (module docstring) on totals and references: (score, terms, mean quality,
+    cost per 1k tokens). grade_episode applies it to a whole log; a planner to an episode so far."""
+    g = _normalised(tot.met, ref.floor_met, ref.upper_met)
+    terms = {"goodput": g}
+    if len(task.tenants) > 1:
+        terms["worst_tenant"] = min(
+            _normalised(met_by_tenant[n], ref.floor_met_by_tenant[n], ref.upper_met_by_tenant[n])
+            for n in met_by_tenant
+            if ref.arrivals_by_tenant[n] > 0
+        )
+        base = math.sqrt(g * terms["worst_tenant"])
+    else:
+        base = g
+    q_mean = tot.quality_tokens / tot.output_tokens if tot.output_tokens else 1.0
+    terms["quality"] = min(1.0, max(0.0, 1.0 - (1.0 - q_mean) / QUALITY_TOLERANCE))
+    if tot.output_tokens:
+        cost_per_1k = 1e3 * tot.cost_usd / tot.output_tokens
+        terms["cost"] = min(1.0, task.cost_budget_per_1k / cost_per_1k) if cost_per_1k > 0 else 1.0
+    else:
+        cost_per_1k = 0.0
+        terms["cost"] = 0.0 if tot.cost_usd > 0 else 1.0
+    score = base * terms["quality"] * terms["cost"]
+    return min(1.0, max(0.0, score)), terms, q_mean, cost_per_1k
+
+
 def grade_episode(log: EpisodeLog) -> GradeResult:
     """Grade a finished episode (see the module docstring); GradeError if it cannot be graded."""
     task = resolve_task(log.task_id)  # UnknownTaskError / TraceError propagate
@@ -257,27 +312,7 @@ def grade_episode(log: EpisodeLog) -> GradeResult:
         raise GradeError(f"{tot.met} met + {tot.missed} missed requests, but {len(arrivals)} arrived: "
                          f"every request must be settled by the end of the episode")
     ref = compute_references(task, log.seed, cap, arrivals)
-
-    g = _normalised(tot.met, ref.floor_met, ref.upper_met)
-    terms = {"goodput": g}
-    if len(task.tenants) > 1:
-        terms["worst_tenant"] = min(
-            _normalised(by_tenant[n][1], ref.floor_met_by_tenant[n], ref.upper_met_by_tenant[n])
-            for n in by_tenant
-            if ref.arrivals_by_tenant[n] > 0
-        )
-        base = math.sqrt(g * terms["worst_tenant"])
-    else:
-        base = g
-    q_mean = tot.quality_tokens / tot.output_tokens if tot.output_tokens else 1.0
-    terms["quality"] = min(1.0, max(0.0, 1.0 - (1.0 - q_mean) / QUALITY_TOLERANCE))
-    if tot.output_tokens:
-        cost_per_1k = 1e3 * tot.cost_usd / tot.output_tokens
-        terms["cost"] = min(1.0, task.cost_budget_per_1k / cost_per_1k) if cost_per_1k > 0 else 1.0
-    else:
-        cost_per_1k = 0.0
-        terms["cost"] = 0.0 if tot.cost_usd > 0 else 1.0
-    score = base * terms["quality"] * terms["cost"]
+    score, terms, q_mean, cost_per_1k = objective(task, tot, {n: v[1] for n, v in by_tenant.items()}, ref)
     reference = {
         **asdict(ref),
         "capacity": cap.describe(),
@@ -288,7 +323,7 @@ def grade_episode(log: EpisodeLog) -> GradeResult:
         "cost_budget_per_1k": task.cost_budget_per_1k,
         "quality_tolerance": QUALITY_TOLERANCE,
     }
-    return GradeResult(score=min(1.0, max(0.0, score)), terms=terms, reference=reference,
+    return GradeResult(score=score, terms=terms, reference=reference,
                        task_id=task.task_id, episode_id=log.episode_id)
 
 

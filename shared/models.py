@@ -41,7 +41,7 @@ class ObservationBase(BaseModel):
 
     model_config = _WIRE_CONFIG
 
-    done: bool = Field(default=False, description="Whether the episode has ended (the task's horizon: a time limit, so truncated)")
+    done: bool = Field(default=False, description="Whether the episode has ended (at the task's horizon: arrivals stop, the engine drains, the episode terminates)")
     reward: bool | int | float | None = Field(default=None, description="Reward signal from the last action")
     metadata: dict[str, Any] = Field(default_factory=dict, description="Additional metadata for the observation")
 

@@ -1,4 +1,21 @@
-"""The per-window reward: goodput, minus what it cost to get it.
+"""The step reward: the grade's own decomposition; and the per-window health terms beside it.
+
+The reward of window k is the increase of the grade's formula over the episode so far:
+
+    reward_k = Phi_k - Phi_(k-1),   Phi_0 = 0
+    Phi_k    = shared.grader.objective(totals of windows 0..k, references x (k+1)/horizon)
+
+with the grader's own totals (requests met per tenant, output tokens, quality, cost) and its
+floor and ideal-server references scaled to the share of the episode served. The last window
+(its drain included) uses the full references, so Phi_horizon is the episode's grade and the
+rewards of an episode sum to its grade exactly: a policy that raises the summed reward raises
+the grade, and nothing else (issue 13 item 6: the previous reward, the weighted window terms
+below, tracked the grade with a rank correlation of 0.92-0.99 over policies but agreed in sign
+with the grade's change between nearby policies only 0.75-0.82 of the time). `GradeReward`
+computes it; the episode holds one.
+
+The window terms, reported beside the reward in `reward_terms` (and their weighted sum as
+`window`), say why a window went well or badly:
 
     D       = max(arrivals, met + missed, 1)           requests the window is accountable for
     goodput = met / D                                   in [0, 1]
@@ -8,12 +25,13 @@
     cost    = clip(cost_per_1k / budget - 1, 0, 1)      spending over task.cost_budget_per_1k
     quality = clip((1 - quality) / QUALITY_TOLERANCE, 0, 1)   quantization's quality loss
 
-    reward  = clip(goodput - 0.5 miss - 0.1 memory - 0.2 evict - 0.2 cost - 0.5 quality, -1, 1)
+    window  = clip(goodput - 0.5 miss - 0.1 memory - 0.2 evict - 0.2 cost - 0.5 quality, -1, 1)
 
 met / missed are the requests settled in the window (`shared.metrics`): missed includes failed
 requests, requests still waiting past their TTFT SLO (charged once, in the window where that
-becomes certain) and, in the episode's last window, every request left unsettled, so an
-end-of-episode backlog is charged too. Normalising by D keeps the reward in [-1, 1] whatever
+becomes certain); the episode's last window also holds what the engine's drain after the
+horizon settled, and costs (shared.metrics.with_drain), so the last arrivals are judged by their
+real outcome and the drain's GPU time is charged. Normalising by D keeps the reward in [-1, 1] whatever
 the load, so a lull and a burst weigh alike. `cost` is 0 when no token was produced (nothing was
 served to price; in sim mode the GPU is priced per wall-clock second, so the term charges
 windows that hold the GPU yet produce few tokens). QUALITY_TOLERANCE = 0.05 is shared with the
@@ -26,10 +44,12 @@ The terms dict returned beside the reward names each term before weighting
 
 from __future__ import annotations
 
+import copy
+
+from llmserve_env.shared.grader import QUALITY_TOLERANCE, References, Totals, objective, scaled_references
 from llmserve_env.shared.metrics import WindowMetrics
 from llmserve_env.shared.tasks import TaskSpec
 
-QUALITY_TOLERANCE = 0.05
 MEMORY_PRESSURE_FROM = 0.9
 WEIGHTS: dict[str, float] = {
     "goodput": 1.0,
@@ -46,7 +66,8 @@ def _clip(x: float, lo: float, hi: float) -> float:
 
 
 def compute_reward(m: WindowMetrics, task: TaskSpec) -> tuple[float, dict[str, float]]:
-    """The reward of one window and its unweighted terms (formula in the module docstring)."""
+    """The window score (`window` in the module docstring) and its unweighted terms: diagnostics
+    reported beside the step reward, which is GradeReward's."""
     d = max(m.arrivals, m.slo_met + m.slo_missed, 1)
     budget = task.cost_budget_per_1k
     terms = {
@@ -61,3 +82,42 @@ def compute_reward(m: WindowMetrics, task: TaskSpec) -> tuple[float, dict[str, f
     for name, w in WEIGHTS.items():
         r += w * terms[name]
     return _clip(r, -1.0, 1.0), terms
+
+
+class GradeReward:
+    """The step reward of one episode: the increase of the grade's formula (module docstring)."""
+
+    def __init__(self, task: TaskSpec, references: References):
+        self.task = task
+        self.references = references
+        self.totals = Totals()
+        self.met_by = {t.name: 0 for t in task.tenants}
+        self.windows = 0
+        self.phi = 0.0
+
+    def step(self, m: WindowMetrics) -> tuple[float, dict[str, float]]:
+        """(reward, terms) of the next window: terms are the window terms, `window` and `grade_so_far`."""
+        window, terms = compute_reward(m, self.task)
+        tot = self.totals
+        tot.met += m.slo_met
+        tot.missed += m.slo_missed
+        tot.output_tokens += m.output_tokens
+        tot.quality_tokens += m.quality * m.output_tokens
+        tot.cost_usd += m.cost_usd
+        for n, t in m.per_tenant.items():
+            self.met_by[n] += t.met
+        self.windows += 1
+        share = min(1.0, self.windows / self.task.horizon)
+        ref = self.references if share >= 1.0 else scaled_references(self.references, share)
+        phi = objective(self.task, tot, self.met_by, ref)[0]
+        reward = phi - self.phi
+        self.phi = phi
+        terms["window"] = window
+        terms["grade_so_far"] = phi
+        return reward, terms
+
+    def fork(self) -> GradeReward:
+        clone = copy.copy(self)
+        clone.totals = copy.copy(self.totals)
+        clone.met_by = dict(self.met_by)
+        return clone

@@ -7,6 +7,9 @@
 Deterministic: the same seed, arrivals and actions give bit-identical reports. The engine's own
 randomness (per-request speculative acceptance rates) comes from `reset(seed)` on a stream separate
 from the workload's, and is drawn for every arrival whatever the action.
+
+`fork()` returns an independent copy in the same state (sim/fork.py): what model-based planning
+and `Episode.fork` build on.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.sim.engine import Engine
+from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.step_time import IterationModel
@@ -64,6 +68,11 @@ class SimBackend:
             notes={"profile": p.id, "iterations": acc.iterations, "kv_blocks_total": eng.kv.total,
                    "kv_blocks_used": used, "rejected": acc.rejected},
         )
+
+    def fork(self) -> SimBackend:
+        """An independent copy in the same state (queues, KV cache, clocks, random stream): the same
+        window run on both gives bit-identical reports. The profile and step-time models are shared."""
+        return fork_engine(self, shared=(self._models, *self._models.values()))
 
     def close(self) -> None:
         self._engine = Engine(self.profile, 0, self._models)

@@ -50,9 +50,9 @@ def test_an_agent_that_always_follows_scores_exactly_as_the_heuristic(task):
     seed = 1_000_001
     env = LLMServeGymEnv(task, advice=True)
     env.reset(options={"episode_seed": seed})
-    truncated = False
-    while not truncated:
-        _, _, _, truncated, info = env.step(np.asarray(FOLLOW))
+    terminated = False
+    while not terminated:
+        _, _, terminated, _, info = env.step(np.asarray(FOLLOW))
     expect = play_episode(InProcessEnv(), heuristic(task), task, seed).score
     assert info["score"] == expect
 

@@ -30,10 +30,10 @@ def test_episode_plays_to_the_horizon_and_reports_the_grade():
     env = LLMServeGymEnv("adversarial_multitenant")
     obs, info = env.reset(seed=3)
     assert env.observation_space.contains(obs) and "episode_seed" in info
-    steps, total, truncated = 0, 0.0, False
-    while not truncated:  # the horizon is a time limit: truncation, never termination
+    steps, total, terminated = 0, 0.0, False
+    while not terminated:  # the horizon ends the episode (arrivals stop, the engine drains): termination
         obs, reward, terminated, truncated, info = env.step(env.action_space.sample())
-        assert env.observation_space.contains(obs) and np.isfinite(reward) and not terminated
+        assert env.observation_space.contains(obs) and np.isfinite(reward) and not truncated
         total += reward
         steps += 1
     assert steps == get_task("adversarial_multitenant").horizon

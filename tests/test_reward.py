@@ -90,7 +90,37 @@ def test_no_budget_means_no_cost_term():
 
 def test_docstring_formula_matches_the_weights():
     doc = reward_mod.__doc__ or ""
-    line = next(x for x in doc.splitlines() if x.strip().startswith("reward  = clip("))
+    line = next(x for x in doc.splitlines() if x.strip().startswith("window  = clip("))
     found = {name: -float(w) for w, name in re.findall(r"- ([0-9.]+) (\w+)", line)}
     found["goodput"] = 1.0
     assert found == WEIGHTS
+
+
+@pytest.mark.parametrize("task_id", list(TASKS))
+def test_step_rewards_sum_to_the_grade(task_id):
+    """The step reward decomposes the grade: any policy's summed reward is its score (issue 13 item 6)."""
+    from llmserve_env.agents.registry import make_policy
+    from llmserve_env.agents.rollout import play_episode
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    for name in ("random", "heuristic"):
+        result = play_episode(InProcessEnv(), make_policy(name, task_id, seed=1), task_id, 7)
+        assert result.total_reward == pytest.approx(result.score, abs=1e-9)
+
+
+def test_reward_terms_report_the_window_score_and_the_grade_so_far():
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    env = InProcessEnv()
+    env.reset("bursty_workload", 2)
+    action = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
+              "prefill_decode_split": False, "priority_routing": False}
+    from llmserve_env.shared.models import ServeAction
+
+    total = 0.0
+    for _ in range(5):
+        obs = env.step(ServeAction(**action))
+        total += obs.reward
+        terms = obs.metadata["reward_terms"]
+        assert set(WEIGHTS) < set(terms) and -1.0 <= terms["window"] <= 1.0
+        assert terms["grade_so_far"] == pytest.approx(total, abs=1e-12)

@@ -1,0 +1,128 @@
+"""How far every policy is from the best: the headroom table of every task.
+
+    python bench/headroom.py --episodes 20 --workers 2
+    python bench/headroom.py --task bursty_workload --episodes 6 --agents heuristic,planner
+
+For every task in shared.tasks.TASKS (tasks added later included) on held-out evaluation seeds
+(1,000,000 + i), each agent plays the same episodes: tuned_static, heuristic, ppo (where
+weights/<task>.npz exists), planner (sampled futures: a fair policy), clairvoyant (the planner
+seeing the true future arrivals: an upper bound on what its candidate set can reach, not a
+policy) and the grader's ideal-server bound (score 1.0 by construction: the ideal server meets
+every request the grader's upper reference counts, at FP16 and within budget). Scores are paired
+by seed against the heuristic, with 95 % CIs.
+
+`planner_ms_per_decision`: CPU time of one planner decision at its defaults on
+adversarial_multitenant (mean over the planner's evaluation episodes of that task, time.process_time
+in the worker), the issue's target being 100 ms on one core.
+
+Prints a table, then (last line) one flat JSON object: `<task>.<agent>.mean`, `<task>.<agent>.ci95`,
+`<task>.planner_minus_heuristic` (+ `.ci95`), `<task>.clairvoyant_minus_heuristic` (+ `.ci95`),
+`planner_ms_per_decision`, `episodes`, `wall_s`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from llmserve_env.agents.ppo_policy import WeightsNotFoundError
+from llmserve_env.agents.registry import make_policy
+from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.seeds import eval_seeds
+from llmserve_env.agents.stats import mean_ci, paired_diff_ci
+from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.shared.tasks import TASKS, UnknownTaskError
+
+AGENTS = ("tuned_static", "heuristic", "ppo", "planner", "clairvoyant")
+IDEAL = "ideal_bound"
+TIMED_TASK = "adversarial_multitenant"
+
+
+def play(job: tuple[str, str, int]) -> tuple[str, str, int, float | None, float, int]:
+    """(agent, task, seed, score or None when the agent does not exist for the task, CPU s, decisions)."""
+    agent, task_id, seed = job
+    try:
+        policy = make_policy(agent, task_id)
+    except (WeightsNotFoundError, NotTunedError):
+        return agent, task_id, seed, None, 0.0, 0
+    t0 = time.process_time()
+    result = play_episode(InProcessEnv(), policy, task_id, seed)
+    return agent, task_id, seed, result.score, time.process_time() - t0, result.steps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", default="all", help="comma-separated task ids, or 'all' (every task in TASKS)")
+    ap.add_argument("--agents", default=",".join(AGENTS))
+    ap.add_argument("--episodes", type=int, default=20)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
+    args = ap.parse_args()
+    tasks = list(TASKS) if args.task == "all" else [t.strip() for t in args.task.split(",") if t.strip()]
+    for t in tasks:
+        if t not in TASKS:
+            ap.error(str(UnknownTaskError(t)))
+    agents = [a.strip() for a in args.agents.split(",") if a.strip()]
+    for a in agents:
+        if a not in AGENTS:
+            ap.error(f"unknown agent {a!r}; choose from {', '.join(AGENTS)}")
+    seeds = eval_seeds(args.episodes)
+    # the slow agents first, so the pool's tail is short
+    jobs = [(a, t, s) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
+            for s in seeds]
+    t0 = time.perf_counter()
+    scores: dict[tuple[str, str], dict[int, float]] = {}
+    cpu: dict[tuple[str, str], list[tuple[float, int]]] = {}
+    with ProcessPoolExecutor(args.workers) as pool:
+        for agent, task_id, seed, score, cpu_s, steps in pool.map(play, jobs):
+            if score is not None:
+                scores.setdefault((agent, task_id), {})[seed] = score
+                cpu.setdefault((agent, task_id), []).append((cpu_s, steps))
+    wall = time.perf_counter() - t0
+
+    out: dict[str, float | int] = {"episodes": args.episodes}
+    cols = [a for a in agents if any((a, t) in scores for t in tasks)] + [IDEAL]
+    lines = ["| task | " + " | ".join(cols) + " | planner - heuristic | clairvoyant - heuristic |",
+             "|---|" + "---|" * (len(cols) + 2)]
+    for t in tasks:
+        cells = []
+        for a in cols:
+            if a == IDEAL:
+                out[f"{t}.{IDEAL}.mean"], out[f"{t}.{IDEAL}.ci95"] = 1.0, 0.0
+                cells.append("1 (by definition)")
+                continue
+            if (a, t) not in scores:
+                cells.append("-")
+                continue
+            ci = mean_ci([scores[(a, t)][s] for s in seeds])
+            out[f"{t}.{a}.mean"], out[f"{t}.{a}.ci95"] = round(ci.mean, 4), round(ci.half_width, 4)
+            cells.append(str(ci))
+        for a, key in (("planner", "planner_minus_heuristic"), ("clairvoyant", "clairvoyant_minus_heuristic")):
+            if (a, t) in scores and ("heuristic", t) in scores:
+                d = paired_diff_ci([scores[(a, t)][s] for s in seeds], [scores[("heuristic", t)][s] for s in seeds])
+                out[f"{t}.{key}"], out[f"{t}.{key}.ci95"] = round(d.mean, 4), round(d.half_width, 4)
+                cells.append(f"{d.mean:+.3f} ± {d.half_width:.3f}")
+            else:
+                cells.append("-")
+        lines.append(f"| {t} | " + " | ".join(cells) + " |")
+    timed = cpu.get(("planner", TIMED_TASK))
+    if timed:
+        out["planner_ms_per_decision"] = round(1e3 * sum(c for c, _ in timed) / sum(n for _, n in timed), 1)
+    out["wall_s"] = round(wall, 1)
+    print(f"mean score ± 95 % CI over {args.episodes} held-out seeds ({seeds[0]}..), paired differences "
+          f"against the heuristic; clairvoyant is an upper bound, not a policy")
+    print("\n".join(lines))
+    if "planner_ms_per_decision" in out:
+        print(f"planner: {out['planner_ms_per_decision']} ms CPU per decision on {TIMED_TASK} at its defaults")
+    print(f"wall {wall:.0f} s on {args.workers} workers")
+    if args.markdown:
+        args.markdown.write_text("\n".join(lines) + "\n")
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
