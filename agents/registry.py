@@ -10,6 +10,11 @@
 | heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
 | llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
 | ppo           | the trained actor in weights/<task>.npz, numpy only                |
+| hpa           | cluster tasks: Kubernetes HPA threshold autoscaling (agents/autoscale.py) |
+| dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
+
+`tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
+are imported on first use (the planner needs statsmodels, the `autoscale` extra).
 """
 
 from __future__ import annotations
@@ -47,7 +52,15 @@ POLICIES: dict[str, PolicyFactory] = {
     "llm": lambda task_id, model=None, **kw: LLMPolicy(task_id, model=model or DEFAULT_MODEL,
                                                        **{k: v for k, v in kw.items() if k != "seed"}),
     "ppo": lambda task_id, **_: PPOPolicy(task_id),
+    "hpa": lambda task_id, **_: _autoscale().hpa(task_id),
+    "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
 }
+
+
+def _autoscale():
+    from llmserve_env.agents import autoscale
+
+    return autoscale
 
 
 def make_policy(name: str, task_id: str, **options: Any) -> Policy:
