@@ -294,14 +294,28 @@ def _params(kind: str, task_id: str, path: Path = TUNED_PATH) -> dict[str, Any]:
     return dict(entry["params"]) if entry else {}
 
 
-def hpa(task_id: str) -> AutoscalePolicy:
+class NotClusterTaskError(KeyError):
+    """An autoscaler asked to play a single-server task (nothing to scale)."""
+
+    def __str__(self) -> str:
+        return f"{self.args[0]!r} is a single-server task: autoscalers play the cluster tasks only"
+
+
+def _cluster_task(task_id: str) -> TaskSpec:
     task = get_task(task_id)
+    if not task.is_cluster:
+        raise NotClusterTaskError(task_id)
+    return task
+
+
+def hpa(task_id: str) -> AutoscalePolicy:
+    task = _cluster_task(task_id)
     p = HPAParams(**_params("hpa", task_id))
     return AutoscalePolicy("hpa", task, HPAController(task, p), p.knobs)
 
 
 def dynamo_planner(task_id: str) -> AutoscalePolicy:
-    task = get_task(task_id)
+    task = _cluster_task(task_id)
     p = PlannerParams(**_params("dynamo_planner", task_id))
     return AutoscalePolicy("dynamo_planner", task, PlannerController(task, p), p.knobs)
 

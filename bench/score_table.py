@@ -7,7 +7,9 @@ Every agent plays the same held-out evaluation seeds (`agents.seeds.eval_seeds`,
 training or tuning), in process, in the simulator. Agents come from `agents.registry`: the
 aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
-weights, `tuned_static` without a tuned entry) is listed as skipped for that task.
+weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
+single-server task) is listed as skipped for that task. For each cluster task the last line also
+holds `<task>.best_rival` (the best of tuned_static, hpa and dynamo_planner by mean) and its mean.
 
 Prints a markdown table (rows: agents; columns: tasks; cells: mean ± half-width of the 95 %
 Student-t interval), then, as the last line, one flat JSON object with `<agent>.<task>.mean` and
@@ -23,18 +25,21 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.evaluate import evaluate_agent
-from llmserve_env.shared.tasks import UnknownTaskError, parse_task_ids
+from llmserve_env.shared.tasks import TASKS, UnknownTaskError, parse_task_ids
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}
 # The agents the table always has first, in this order.
 CORE = ("random", "starve", "vllm_default")
+# The production rivals a learner must beat on the cluster tasks (issue 14).
+CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
 # Seed of the random agent's own action stream (its episodes' workloads come from the eval seeds).
 RANDOM_AGENT_SEED = 0
 
@@ -53,7 +58,7 @@ def play_cell(agent: str, task_id: str, episodes: int) -> tuple[str, str, list[f
     """(agent, task, scores or None, skip reason, wall seconds) for one table cell (evaluate.py's run)."""
     try:
         r = evaluate_agent(agent, task_id, episodes, seed=RANDOM_AGENT_SEED)
-    except (WeightsNotFoundError, NotTunedError) as exc:
+    except (WeightsNotFoundError, NotTunedError, NotClusterTaskError) as exc:
         return agent, task_id, None, str(exc), 0.0
     return agent, task_id, r.scores, "", r.wall_s
 
@@ -111,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
         ci = mean_ci(scores)
         flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
         flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
+    for task_id in tasks:
+        played = {a: cells[(a, task_id)] for a in CLUSTER_RIVALS if (a, task_id) in cells}
+        if TASKS[task_id].is_cluster and played:
+            best = max(played, key=lambda a: mean_ci(played[a]).mean)
+            flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]
+            flat[f"{task_id}.best_rival_mean"] = round(mean_ci(played[best]).mean, 4)
     print(json.dumps(flat))
     return 0
 
