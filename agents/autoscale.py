@@ -126,7 +126,7 @@ class HPAController:
 
 
 HPA_GRID: dict[str, tuple[Any, ...]] = {
-    "target_in_system": (4.0, 8.0, 16.0, 32.0, 64.0, 128.0),
+    "target_in_system": (4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0),
     "stabilization": (1, 3, 6, 12, 30),
     "knobs": ("static", "heuristic"),
 }
@@ -271,7 +271,7 @@ class PlannerController:
 PLANNER_GRID: dict[str, tuple[Any, ...]] = {
     "interval": (1, 2, 3),
     "predictor": ("constant", "holt_winters"),
-    "headroom": (1.0, 1.5, 2.0, 2.5),
+    "headroom": (1.0, 1.5, 2.0, 2.5, 3.0, 4.0),
     "alpha": (0.5, 0.8),
     "beta": (0.1, 0.3),
     "knobs": ("static", "heuristic"),

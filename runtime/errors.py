@@ -87,4 +87,5 @@ class ReplicasOutOfRangeError(EnvError):
         allowed = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
         super().__init__(f"replicas={value} is outside task {task_id!r}'s range: replicas must be {allowed} "
                          f"(or left out to keep the current count); GET /tasks lists each task's range")
-        self.field = "replicas"
+        self.loc = ["body", "action", "replicas"]
+        self.input = value
