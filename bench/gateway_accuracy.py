@@ -12,13 +12,18 @@ are left out. The TTFT error splits into two legs on the machine's monotonic clo
 way in (client dispatch -> server has read it; grows when the server falls behind) and the first
 token's way out (server wrote it -> client timestamped it; grows with client event-loop lag).
 
+Every client LLMSERVE_REAL_CLIENT offers is measured in the same run, against the same stand-in
+process: `raw` (gateway/http11.py: asyncio protocol + httptools), `aiohttp`, and `sdk` (the OpenAI
+SDK on httpx2).
+
 Client and server run at a raised priority (nice -10, when permitted) because the machine is
 shared: other jobs' CPU would otherwise be measured as lag. The table shows the 1-minute load
 average and the client's CPU share, so a starved run is visible as one.
 
-    python bench/gateway_accuracy.py [--levels 1,50,100,200,500] [--client raw|sdk]
+    python bench/gateway_accuracy.py [--levels 1,50,100,200,500] [--clients raw,aiohttp,sdk]
 
-Prints a table, then one JSON line: ttft_p50_err_pct_<N>, itl_p50_err_pct_<N>, loop_lag_p99_ms_<N>.
+Prints a table, then one JSON line: ttft_p50_err_pct_<client>_<N>, itl_p50_err_pct_<client>_<N>,
+loop_lag_p99_ms_<client>_<N>, client_cpu_ms_per_req_<client>_<N>.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 from llmserve_env.gateway.backend import GatewayBackend
-from llmserve_env.gateway.config import GatewayConfig, Secret
+from llmserve_env.gateway.config import CLIENT_KINDS, GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
 from llmserve_env.shared.backend import Arrival
@@ -157,44 +162,52 @@ def run_level(base_url: str, client: str, n: int, ttft_s: float, itl_s: float, t
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,50,100,200,500")
-    ap.add_argument("--client", default="raw", choices=("raw", "sdk"))
+    ap.add_argument("--clients", default=",".join(CLIENT_KINDS),
+                    help=f"comma-separated, from {', '.join(CLIENT_KINDS)}")
     ap.add_argument("--ttft-ms", type=float, default=50.0)
     ap.add_argument("--itl-ms", type=float, default=40.0)
     ap.add_argument("--tokens", type=int, default=16, help="output tokens per stream")
     ap.add_argument("--measure-s", type=float, default=3.0, help="seconds of steady state measured per level")
     a = ap.parse_args()
     levels = [int(x) for x in a.levels.split(",")]
+    clients = [c.strip() for c in a.clients.split(",") if c.strip()]
+    bad = [c for c in clients if c not in CLIENT_KINDS]
+    if bad:
+        ap.error(f"--clients: unknown {bad}; choose from {', '.join(CLIENT_KINDS)}")
     _raise_priority()  # the stand-in inherits it
     port = free_port()
     proc = start_standin(port, a.ttft_ms, a.itl_ms)
     base_url = f"http://127.0.0.1:{port}/v1"
     rows = []
     try:
-        for n in levels:
-            rows.append(run_level(base_url, a.client, n, a.ttft_ms / 1e3, a.itl_ms / 1e3, a.tokens, a.measure_s))
+        for client in clients:
+            for n in levels:
+                row = run_level(base_url, client, n, a.ttft_ms / 1e3, a.itl_ms / 1e3, a.tokens, a.measure_s)
+                rows.append({"client": client, **row})
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(f"gateway accuracy: client={a.client}, true TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, "
+    print(f"gateway accuracy: clients {', '.join(clients)}, true TTFT {a.ttft_ms:g} ms, ITL {a.itl_ms:g} ms, "
           f"{a.tokens} tokens/stream, {os.cpu_count()} CPUs shared by client, server and whatever else runs "
           f"(load = 1-minute load average during the level; cpu% = the client process's CPU share)")
-    head = (f"{'N':>5} {'conc':>6} {'streams':>7} {'TTFT true':>9} {'meas p50':>8} {'p99':>8} {'err%':>6} "
+    head = (f"{'client':>7} {'N':>5} {'conc':>6} {'streams':>7} {'TTFT true':>9} {'meas p50':>8} {'p99':>8} {'err%':>6} "
             f"{'ITL true':>8} {'meas p50':>8} {'p99':>7} {'err%':>6} {'lag p99 ms':>10} {'bottleneck':>10} "
             f"{'req leg':>7} {'resp leg':>8} {'cpu%':>5} {'ms/req':>6} {'load':>5}")
     print(head)
     for r in rows:
-        print(f"{r['n']:>5} {r['concurrency']:>6.0f} {r['streams']:>7} {r['ttft_true_p50_ms']:>9.1f} "
+        print(f"{r['client']:>7} {r['n']:>5} {r['concurrency']:>6.0f} {r['streams']:>7} {r['ttft_true_p50_ms']:>9.1f} "
               f"{r['ttft_meas_p50_ms']:>8.1f} {r['ttft_meas_p99_ms']:>8.1f} {r['ttft_p50_err_pct']:>6.1f} "
               f"{r['itl_true_p50_ms']:>8.1f} {r['itl_meas_p50_ms']:>8.1f} {r['itl_meas_p99_ms']:>7.1f} "
               f"{r['itl_p50_err_pct']:>6.1f} {r['loop_lag_p99_ms']:>10.1f} {str(r['client_bottleneck']):>10} "
               f"{r['request_leg_p50_ms']:>7.1f} {r['response_leg_p50_ms']:>8.1f} "
               f"{r['client_cpu_pct']:>5.0f} {r['client_cpu_ms_per_req']:>6.2f} {r['load_avg_1m']:>5.1f}")
-    out: dict[str, object] = {"client": a.client}
+    out: dict[str, object] = {"clients": ",".join(clients)}
     for r in rows:
-        n = r["n"]
-        out[f"ttft_p50_err_pct_{n}"] = round(float(r["ttft_p50_err_pct"]), 2)
-        out[f"itl_p50_err_pct_{n}"] = round(float(r["itl_p50_err_pct"]), 2)
-        out[f"loop_lag_p99_ms_{n}"] = round(float(r["loop_lag_p99_ms"]), 2)
+        key = f"{r['client']}_{r['n']}"
+        out[f"ttft_p50_err_pct_{key}"] = round(float(r["ttft_p50_err_pct"]), 2)
+        out[f"itl_p50_err_pct_{key}"] = round(float(r["itl_p50_err_pct"]), 2)
+        out[f"loop_lag_p99_ms_{key}"] = round(float(r["loop_lag_p99_ms"]), 2)
+        out[f"client_cpu_ms_per_req_{key}"] = round(float(r["client_cpu_ms_per_req"]), 3)
     print(json.dumps(out))
 
 

@@ -1,11 +1,13 @@
 """`GatewayBackend`: real mode behind the same `Backend` protocol as the simulator.
 
-It owns one asyncio loop in a daemon thread for its whole life (requests stay in flight between
-steps and between `run_window` calls the gateway keeps serving under the last action: the wall
-clock does not pause while the agent thinks). `run_window` builds the window's prompts in the
-caller's thread (tiktoken work kept off the loop), hands the window to the dispatcher and blocks
-for `dt` wall-clock seconds, never more than LLMSERVE_REAL_STEP_TIMEOUT_S. The episode clock runs
-1:1 with the wall clock: scaling it would scale every measured latency with it.
+Every episode's backend is a dispatcher on the process's one gateway loop (gateway/service.py):
+requests stay in flight between steps, and between `run_window` calls the gateway keeps serving
+under the last action (the wall clock does not pause while the agent thinks). An idle episode
+costs no thread and no CPU. `run_window` builds the window's prompts in the caller's thread
+(tiktoken work kept off the loop), hands the window to the dispatcher and blocks until the
+window's end on the episode clock, never longer than LLMSERVE_REAL_STEP_TIMEOUT_S (which must
+exceed the window: a shorter step would compress the episode clock, so it is refused). The episode
+clock runs 1:1 with the wall clock: scaling it would scale every measured latency with it.
 
 Run real mode against the offline stand-in (no key needed on loopback; the tier table it writes
 maps the quantization tiers to its FP16/INT8/INT4 models, priced at 0):
@@ -17,30 +19,27 @@ maps the quantization tiers to its FP16/INT8/INT4 models, priced at 0):
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import gc
 import logging
 import os
-import threading
+import secrets
 import time
+import uuid
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import replace
 from typing import Any
 
-import openai
 from llmserve_env.gateway.config import GatewayConfig, is_loopback_url
 from llmserve_env.gateway.dispatcher import Dispatcher
-from llmserve_env.gateway.http11 import Http11Pool
 from llmserve_env.gateway.pricing import TierTable, load_tier_table
-from llmserve_env.gateway.recorder import JsonlRecorder
-from llmserve_env.gateway.streaming import RawStreamClient, SdkStreamClient, StreamClient
-from llmserve_env.gateway.tokens import PromptBuilder, count_tokens
+from llmserve_env.gateway.service import SERVICE, GatewayClosedError, GatewayService
+from llmserve_env.gateway.tokens import prompt_builder
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import ServeAction
 
 logger = logging.getLogger("llmserve_env.gateway")
 
-# batch_cap allows 512 in flight; leave room for connections still closing.
-MAX_CONNECTIONS = 1024
 PROXY_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy")
 # Time kept back from the step timeout to build and hand over the report.
 REPORT_MARGIN_S = 0.05
@@ -48,17 +47,6 @@ REPORT_MARGIN_S = 0.05
 
 class GatewayStepTimeout(RuntimeError):
     """The event loop could not hand back a window report within the step timeout."""
-
-
-def build_stream_client(config: GatewayConfig, http_client: Any = None) -> StreamClient:
-    """The configured client. `http_client` (an httpx/httpx2 AsyncClient for the SDK) is for tests (respx)."""
-    key = config.api_key.reveal()
-    if config.client == "sdk":
-        sdk = openai.AsyncOpenAI(api_key=key, base_url=config.base_url, max_retries=0, http_client=http_client)
-        return SdkStreamClient(sdk, config.stall_timeout_s)
-    if http_client is not None:
-        raise ValueError("http_client is for LLMSERVE_REAL_CLIENT=sdk; the raw client has its own pool")
-    return RawStreamClient(Http11Pool(config.base_url, MAX_CONNECTIONS), key, config.stall_timeout_s)
 
 
 _frozen = False
@@ -69,7 +57,7 @@ def _freeze_startup_objects() -> None:
     hundreds of thousands, and a pause of 0.4-0.7 s was measured at 200-500 streams, all of it landing
     in measured latencies. What is alive at the first real-mode start (modules, the app) lives as long
     as the process: take it out of the collector's sight. Later backends (one per episode) skip this,
-    so they neither pause other episodes' loops nor freeze their in-flight objects."""
+    so they neither pause other episodes nor freeze their in-flight objects."""
     global _frozen
     if not _frozen:
         gc.collect()
@@ -83,26 +71,26 @@ class GatewayBackend:
     name = "real"
 
     def __init__(self, config: GatewayConfig, *, tiers: TierTable | None = None, http_client: Any = None,
-                 lag_monitor: bool = True):
+                 lag_monitor: bool = True, service: GatewayService | None = None):
         self.config = config
         self.tiers = tiers or load_tier_table(config.tiers_path, config.model)
-        self._prompts = PromptBuilder()
-        self._recorder = JsonlRecorder(config.record_path) if config.record_path else None
+        self._service = service or SERVICE
+        self._prompts = prompt_builder()
         self._seed = 0
+        self._nonce = ""
+        self.episode_id = ""
         self._closed = False
         # Records that reached a terminal state after the last report: cancelled by reset/close,
         # or finished in between. They belong to the episode that just ended.
         self.last_flush: list[RequestRecord] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="llmserve-gateway", daemon=True)
-        self._thread.start()
-        self._dispatcher: Dispatcher = self._call(self._make_dispatcher(http_client, lag_monitor), timeout=30)
+        self._dispatcher: Dispatcher = self._service.call(
+            self._service.open_dispatcher(config, self.tiers, http_client, lag_monitor), timeout=30)
         _freeze_startup_objects()
-        logger.info("real mode: %s via %s client, tiers from %s", config.base_url, config.client, self.tiers.source)
+        logger.debug("real mode: %s via %s client, tiers from %s", config.base_url, config.client, self.tiers.source)
         proxied = [v for v in PROXY_VARS if os.environ.get(v)]
-        if config.client == "raw" and proxied and not is_loopback_url(config.base_url):
-            logger.warning("%s is set but the raw client connects directly; set LLMSERVE_REAL_CLIENT=sdk to "
-                           "go through the proxy", proxied[0])
+        if config.client != "sdk" and proxied and not is_loopback_url(config.base_url):
+            logger.warning("%s is set but the %s client connects directly; set LLMSERVE_REAL_CLIENT=sdk to "
+                           "go through the proxy", proxied[0], config.client)
 
     @classmethod
     def from_env(cls, environ: dict[str, str] | None = None, **kwargs: Any) -> GatewayBackend:
@@ -112,42 +100,54 @@ class GatewayBackend:
     def __repr__(self) -> str:
         return f"GatewayBackend(base_url={self.config.base_url!r}, client={self.config.client!r}, closed={self._closed})"
 
-    async def _make_dispatcher(self, http_client: Any, lag_monitor: bool) -> Dispatcher:
-        client = build_stream_client(self.config, http_client)
-        d = Dispatcher(self.config, client, self.tiers, count_tokens, recorder=self._recorder, lag_monitor=lag_monitor)
-        await d.start()
-        return d
+    def cap_arrivals(self, arrivals: list[Arrival]) -> list[Arrival]:
+        """The arrivals as real mode sends them: prompts cut to LLMSERVE_REAL_MAX_PROMPT_TOKENS and
+        max_tokens to LLMSERVE_REAL_MAX_COMPLETION_TOKENS (what the metrics should judge and replay)."""
+        c = self.config
+        return [a if a.prompt_tokens <= c.max_prompt_tokens and a.output_tokens <= c.max_completion_tokens
+                else replace(a, prompt_tokens=min(a.prompt_tokens, c.max_prompt_tokens),
+                             output_tokens=min(a.output_tokens, c.max_completion_tokens))
+                for a in arrivals]
 
-    def _call(self, coro: Any, timeout: float) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: list[Arrival]) -> list[Arrival]:
+        """Start an episode for the runtime: refuse a window the step timeout cannot hold
+        (GatewayConfigError), reset under the runtime's episode id, and return the arrivals as they
+        will be sent (`cap_arrivals`), so the metrics judge what the endpoint was asked to do."""
+        self.config.check_window(window_s)
+        self.reset(seed, episode_id=episode_id)
+        return self.cap_arrivals(arrivals)
 
     # ----------------------------------------------------------------- Backend protocol
 
-    def reset(self, seed: int) -> None:
+    def reset(self, seed: int, episode_id: str | None = None) -> None:
+        """A new episode: cancels (and records) what the previous one left. Prompts get a fresh random
+        nonce unless LLMSERVE_REAL_REUSE_PROMPTS asks for the same prompts every run."""
         self._check_open()
         self._seed = seed
-        self.last_flush = self._call(self._reset(seed), timeout=30)
+        self._nonce = "" if self.config.reuse_prompts else secrets.token_hex(6)
+        self.episode_id = episode_id or uuid.uuid4().hex
+        self.last_flush = self._service.call(self._reset(seed, self.episode_id), timeout=30)
 
-    async def _reset(self, seed: int) -> list[RequestRecord]:
+    async def _reset(self, seed: int, episode_id: str) -> list[RequestRecord]:
         flushed = await self._dispatcher.cancel_all("episode reset")
-        self._dispatcher.new_episode(seed)
+        self._dispatcher.new_episode(seed, episode_id)
         return flushed
 
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         self._check_open()
-        started = time.monotonic()
         c = self.config
+        c.check_window(dt)
+        started = time.monotonic()
         prompts = {
             a.request_id: self._prompts.build(min(a.prompt_tokens, c.max_prompt_tokens),
-                                              salt=a.request_id + 1_000_003 * self._seed)
+                                              salt=a.request_id + 1_000_003 * self._seed, nonce=self._nonce)
             for a in arrivals[: c.max_requests_per_step]
         }
         # Over-cap arrivals are rejected on release; they need no prompt.
         prompts.update({a.request_id: "" for a in arrivals[c.max_requests_per_step:]})
         remaining = c.step_timeout_s - (time.monotonic() - started)
-        wall = max(0.0, min(dt, remaining - REPORT_MARGIN_S))
-        future = asyncio.run_coroutine_threadsafe(
-            self._dispatcher.run_window(action, arrivals, prompts, t0, dt, wall_s=wall), self._loop)
+        wall = max(0.0, remaining - REPORT_MARGIN_S)
+        future = self._service.submit(self._dispatcher.run_window(action, arrivals, prompts, t0, dt, wall_s=wall))
         try:
             return future.result(timeout=max(0.0, c.step_timeout_s - (time.monotonic() - started)))
         except FutureTimeout:
@@ -156,26 +156,22 @@ class GatewayBackend:
                 f"the gateway's event loop did not return the window report within "
                 f"LLMSERVE_REAL_STEP_TIMEOUT_S={c.step_timeout_s:g} s; the client machine is overloaded"
             ) from None
+        except concurrent.futures.CancelledError:
+            raise GatewayStepTimeout("the window was cut short: real mode is shutting down") from None
 
     def close(self) -> None:
+        """Cancel (and record) everything this episode still has queued or in flight; idempotent."""
         if self._closed:
             return
         self._closed = True
-        try:
-            self.last_flush = self._call(self._shutdown(), timeout=30)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=10)
-            if not self._thread.is_alive():
-                self._loop.close()
-            if self._recorder is not None:
-                self._recorder.close()
-
-    async def _shutdown(self) -> list[RequestRecord]:
-        flushed = await self._dispatcher.stop()
-        await self._dispatcher.client.aclose()
-        return flushed
+        if self._dispatcher.closed is not None:
+            self.last_flush = []  # the service's shutdown already cancelled and recorded them
+            return
+        self.last_flush = self._service.call(
+            self._service.close_dispatcher(self._dispatcher, "backend closed"), timeout=30)
 
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("GatewayBackend is closed")
+        if self._dispatcher.closed is not None:
+            raise GatewayClosedError(f"this real-mode episode was ended: {self._dispatcher.closed}")

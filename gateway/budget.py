@@ -9,7 +9,7 @@ message below, and the backend reports it in the window's notes and logs it once
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class BudgetExceededError(RuntimeError):
@@ -60,3 +60,42 @@ class SpendGuard:
     def snapshot(self) -> dict[str, object]:
         return {"requests": self.requests, "tokens": self.tokens, "usd": round(self.usd, 6),
                 "exhausted": self.exhausted}
+
+
+@dataclass(slots=True, eq=False)
+class ProcessGuard:
+    """The server-wide caps, over every episode of the process: dollars spent and requests in flight.
+
+    Dollars are reserved and settled like the per-episode guard's (and checked before it), and stay
+    spent until the process restarts. In-flight slots are taken at admission and given back when
+    a request ends; episodes blocked on a full process wait in `waiting` and are woken when a slot
+    frees (all on the gateway's one loop, so no locks).
+    """
+
+    max_usd: float
+    max_inflight: int
+    usd: float = 0.0
+    inflight: int = 0
+    exhausted: str | None = None
+    waiting: set = field(default_factory=set)
+
+    def check(self, usd: float) -> None:
+        if self.exhausted is None and self.usd + usd > self.max_usd:
+            self.exhausted = f"${self.max_usd:.2f}"
+        if self.exhausted is not None:
+            raise BudgetExceededError(
+                f"real-mode spend limit reached ({self.exhausted} for the whole server: "
+                "LLMSERVE_REAL_MAX_USD_TOTAL); further requests are rejected until the server restarts")
+
+    def reserve(self, usd: float) -> Reservation:
+        self.check(usd)
+        self.usd += usd
+        return Reservation(0, usd)
+
+    def settle(self, reservation: Reservation, usd: float) -> None:
+        self.usd += usd - reservation.usd
+        reservation.usd = usd
+
+    @property
+    def full(self) -> bool:
+        return self.inflight >= self.max_inflight

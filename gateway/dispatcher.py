@@ -22,9 +22,20 @@ run it under looptime), so requests stay in flight across windows.
 - Terminal states: every request ends exactly once in ok / error / timeout / cancelled / rejected,
   is written to the recorder once, and appears in exactly one report (or in the records that
   `cancel_all` returns when the episode is reset or closed).
+- Abandonment: when no window follows the last one for LLMSERVE_REAL_ABANDON_S, the episode's
+  client is taken to be gone: its queued and in-flight requests end `cancelled` at once (recorded,
+  and carried by the next report if the client does come back).
+- Server-wide caps (gateway/budget.py's ProcessGuard, shared by every episode of the process):
+  requests in flight (LLMSERVE_REAL_MAX_INFLIGHT_TOTAL) and dollars (LLMSERVE_REAL_MAX_USD_TOTAL).
+- The model: every response's `model` is compared with the one requested; a mismatch (a server
+  that ignores the name) is counted in the report's notes, and the quantization tier is then not
+  reported as applied.
 
-Times: the loop clock inside; a request's episode-clock time for loop time x is
-arrival_s + (x - scheduled release), so every latency is a measured wall-clock duration.
+Times: the loop clock inside. The episode clock is anchored once per episode (loop time
+`anchor` is episode time 0) and window k covers [anchor + k*dt, anchor + (k+1)*dt): windows stay
+aligned to their boundaries however long the caller takes between steps (a late step releases its
+window's arrivals late, and the lateness shows in their latencies and in `window_late_ms`).
+A request's episode-clock time for loop time x is x - anchor.
 """
 
 from __future__ import annotations
@@ -33,10 +44,11 @@ import asyncio
 import bisect
 import logging
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from llmserve_env.gateway.budget import BudgetExceededError, Reservation, SpendGuard
+from llmserve_env.gateway.budget import BudgetExceededError, ProcessGuard, Reservation, SpendGuard
 from llmserve_env.gateway.config import GatewayConfig, Secret, redact
 from llmserve_env.gateway.looplag import LoopLagMonitor, lag_summary_ms
 from llmserve_env.gateway.pricing import TierPrice, TierTable
@@ -56,6 +68,15 @@ from llmserve_env.shared.models import ServeAction
 logger = logging.getLogger("llmserve_env.gateway")
 
 DECODE_LANE, PREFILL_LANE = 0, 1
+# OpenAI answers a request for "gpt-4.1" with the dated snapshot that served it, "gpt-4.1-2025-04-14".
+_SNAPSHOT = re.compile(r"-\d{4}-\d{2}-\d{2}")
+
+
+def same_model(requested: str, served: str | None) -> bool:
+    """True when `served` is the model asked for (or its dated snapshot); None (not said) counts as the same."""
+    if served is None or served == requested:
+        return True
+    return served.startswith(requested) and _SNAPSHOT.fullmatch(served[len(requested):]) is not None
 
 
 @dataclass(slots=True)
@@ -89,6 +110,8 @@ class Entry:
     usage_prompt_tokens: int | None = None
     finish_reason: str | None = None
     completion_id: str | None = None
+    served_model: str | None = None
+    step: int = 0  # the window it arrived in
     sort_key: tuple = ()
 
     def ep(self, t: float) -> float:
@@ -117,14 +140,31 @@ class Lanes:
 class Dispatcher:
     def __init__(self, config: GatewayConfig, client: StreamClient, tiers: TierTable,
                  count_tokens: Callable[[str], int], *, recorder: JsonlRecorder | None = None,
-                 lag_monitor: bool = True):
+                 lag_monitor: bool | LoopLagMonitor = True, process: ProcessGuard | None = None,
+                 on_endpoint: Callable[[bool, str | None], None] | None = None):
         self.config = config
         self.client = client
         self.tiers = tiers
         self.recorder = recorder
         self._secret: Secret = config.api_key
         self._count_tokens = count_tokens  # fallback when the server sends no usage
-        self._lag = LoopLagMonitor() if lag_monitor else None
+        # The process's monitor (gateway/service.py) or, standalone, one of its own.
+        self._lag = lag_monitor if isinstance(lag_monitor, LoopLagMonitor) else (LoopLagMonitor() if lag_monitor else None)
+        self._lag_held = False
+        self._lag_since = 0.0
+        self._process = process or ProcessGuard(config.max_usd_total, config.max_inflight_total)
+        self._on_endpoint = on_endpoint  # told of each attempt: reached the server or not (for /health)
+        self._anchor: float | None = None  # loop time of episode time 0
+        self._window_open = False
+        self._abandon_handle: asyncio.TimerHandle | None = None
+        self._abandon_task: asyncio.Task | None = None
+        self._window_task: asyncio.Task | None = None
+        self.episode_id = ""
+        self._step = 0
+        self._served: dict[str, str] = {}  # requested model -> model the server said answered
+        self._mismatch: str | None = None  # the first mismatch of the episode
+        self._cancel_reason = "cancelled"
+        self.closed: str | None = None  # why the service closed it (then it serves no more windows)
         self._action: ServeAction | None = None
         self._lanes: Lanes | None = None
         self._waiting: list[Entry] = []
@@ -150,66 +190,134 @@ class Dispatcher:
         return SpendGuard(c.max_requests_per_episode, c.max_tokens_per_episode, c.max_usd_per_episode)
 
     async def start(self) -> None:
-        if self._lag is not None:
-            self._lag.start()
+        """Nothing runs until a window does: an idle episode costs no CPU."""
 
-    async def stop(self) -> list[RequestRecord]:
-        flushed = await self.cancel_all("backend closed")
-        if self._lag is not None:
+    async def stop(self, reason: str = "backend closed") -> list[RequestRecord]:
+        flushed = await self.cancel_all(reason)
+        if self._window_task is not None:
+            self._window_task.cancel()  # a step blocked in its window (shutdown) gets its answer now
+        self._set_busy(force_idle=True)
+        if self._lag is not None and not self._lag.running:
             await self._lag.stop()
         return flushed
 
-    def new_episode(self, seed: int) -> None:
-        """Fresh counters, spend guard and back-off jitter stream (call after `cancel_all`)."""
+    def new_episode(self, seed: int, episode_id: str = "") -> None:
+        """Fresh counters, spend guard, clock and back-off jitter stream (call after `cancel_all`)."""
         self._seed = seed
         self._episode += 1
+        self.episode_id = episode_id
         self._rng = random.Random(seed)
         self._guard = self._new_guard()
         self._budget_logged = False
         self._window = WindowAccumulator()
-        if self._lag is not None:
-            self._lag.drain()
+        self._anchor = None
+        self._served = {}
+        self._mismatch = None
 
-    async def cancel_all(self, reason: str) -> list[RequestRecord]:
-        """Cancel everything not yet terminal; returns every terminal record no report has carried."""
+    @property
+    def busy(self) -> bool:
+        return bool(self._window_open or self._running or self._waiting or self._handles)
+
+    def _set_busy(self, force_idle: bool = False) -> None:
+        """Hold the process's lag monitor exactly while this episode has work."""
+        if self._lag is None:
+            return
+        busy = self.busy and not force_idle
+        if busy and not self._lag_held:
+            self._lag_held = True
+            self._lag.acquire()
+        elif not busy and self._lag_held:
+            self._lag_held = False
+            self._lag.release()
+
+    async def cancel_all(self, reason: str, take: bool = True) -> list[RequestRecord]:
+        """Cancel everything not yet terminal. With `take`, returns every terminal record no report has
+        carried (reset, close); without, they stay for the next report (abandonment)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
+        if self._abandon_handle is not None:
+            self._abandon_handle.cancel()
+            self._abandon_handle = None
         for handle, arrival in self._handles.values():
             handle.cancel()
-            rec = _record_for(arrival, prompt_tokens=arrival.prompt_tokens)
+            rec = _record_for(arrival, prompt_tokens=min(arrival.prompt_tokens, self.config.max_prompt_tokens),
+                              max_tokens=min(arrival.output_tokens, self.config.max_completion_tokens))
             self._terminal_unowned(rec, "cancelled", f"{reason} before it arrived", arrival.arrival_s)
         self._handles.clear()
-        for entry in self._waiting:
+        waiting, self._waiting = self._waiting, []
+        for entry in waiting:
             self._finish(entry, "cancelled", f"{reason} while queued", now)
-        self._waiting.clear()
         tasks = [e.task for e in self._running if e.task is not None]
+        self._cancel_reason = reason
         for task in tasks:
             task.cancel()
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
-        flushed = self._window.take().finished
+        # A task cancelled before its first step never runs its own handler: end those here, so no
+        # admitted request goes unrecorded.
+        for e in [e for e in self._running if e.record.status not in TERMINAL_STATUSES]:
+            self._finish(e, "cancelled", f"{reason} before it was sent", loop.time())
+        self._set_busy()
+        flushed = self._window.take().finished if take else []
         if self.recorder is not None:
             self.recorder.flush()
         return flushed
+
+    def _abandon(self) -> None:
+        """No step for LLMSERVE_REAL_ABANDON_S: stop sending this episode's requests."""
+        self._abandon_handle = None
+        if not (self._running or self._waiting or self._handles):
+            return
+        n = len(self._running) + len(self._waiting) + len(self._handles)
+        logger.info("episode %s: no step for %g s; cancelling its %d outstanding requests",
+                    self.episode_id or self._episode, self.config.abandon_s, n)
+        self._window.abandoned += n
+        # Held here: the loop keeps only a weak reference to a task.
+        self._abandon_task = asyncio.get_running_loop().create_task(self.cancel_all(
+            f"episode abandoned (no step for LLMSERVE_REAL_ABANDON_S={self.config.abandon_s:g} s)", take=False))
 
     # ----------------------------------------------------------------- one window
 
     async def run_window(self, action: ServeAction, arrivals: list[Arrival], prompts: dict[int, str],
                          t0: float, dt: float, wall_s: float | None = None) -> WindowReport:
-        """Serve one window: release `arrivals` over the next `wall_s` (default `dt`) seconds, then report."""
+        """Serve window [t0, t0 + dt) of the episode clock: release `arrivals` at their times, then report
+        at the window's end (or after `wall_s`, the most this call may take, if sooner)."""
         loop = asyncio.get_running_loop()
-        start = loop.time()
+        now = loop.time()
+        if self._abandon_handle is not None:
+            self._abandon_handle.cancel()
+            self._abandon_handle = None
+        if self._anchor is None:
+            self._anchor = now - t0
+        start = self._anchor + t0
+        late = max(0.0, now - start)
+        self._window_open = True
+        self._window_task = asyncio.current_task()
+        self._set_busy()
+        self._step = int(round(t0 / dt)) if dt > 0 else 0
         self._set_action(action)
-        cap = self.config.max_requests_per_step
+        c = self.config
+        cap = c.max_requests_per_step
+        sent = [min(a.prompt_tokens, c.max_prompt_tokens) for a in arrivals[:cap]]
         for i, arrival in enumerate(arrivals):
-            release_t = start + (arrival.arrival_s - t0)
+            release_t = self._anchor + arrival.arrival_s  # in the past when the step came late: released now
             prompt = prompts[arrival.request_id]
             over_cap = i >= cap
-            handle = loop.call_at(release_t, self._release, arrival, prompt, release_t, over_cap)
+            handle = loop.call_at(release_t, self._release, arrival, prompt, release_t, over_cap, self._step)
             self._handles[arrival.request_id] = (handle, arrival)
-        end = start + (dt if wall_s is None else wall_s)
-        await asyncio.sleep(max(0.0, end - loop.time()))
-        return self._report(action, t0, dt, loop.time())
+        end = start + dt if wall_s is None else min(start + dt, now + wall_s)
+        try:
+            await asyncio.sleep(max(0.0, end - loop.time()))
+        finally:
+            self._window_open = False
+            self._window_task = None
+        report = self._report(action, t0, dt, loop.time())
+        report.notes["window_late_ms"] = round(1e3 * late, 3)
+        report.notes["mean_prompt_tokens_sent"] = round(sum(sent) / len(sent), 3) if sent else None
+        self._set_busy()
+        if c.abandon_s > 0:
+            self._abandon_handle = loop.call_later(c.abandon_s, self._abandon)
+        return report
 
     # ----------------------------------------------------------------- admission
 
@@ -240,12 +348,13 @@ class Dispatcher:
             return PREFILL_LANE
         return DECODE_LANE
 
-    def _release(self, arrival: Arrival, prompt: str, release_t: float, over_cap: bool) -> None:
+    def _release(self, arrival: Arrival, prompt: str, release_t: float, over_cap: bool, step: int) -> None:
         self._handles.pop(arrival.request_id, None)
         c = self.config
         prompt_n = min(arrival.prompt_tokens, c.max_prompt_tokens)
-        entry = Entry(record=_record_for(arrival, prompt_tokens=prompt_n), prompt=prompt,
-                      max_tokens=min(arrival.output_tokens, c.max_completion_tokens), release_t=release_t)
+        max_tokens = min(arrival.output_tokens, c.max_completion_tokens)
+        entry = Entry(record=_record_for(arrival, prompt_tokens=prompt_n, max_tokens=max_tokens), prompt=prompt,
+                      max_tokens=max_tokens, release_t=release_t, step=step)
         entry.tokens = prompt_n + entry.max_tokens
         now = asyncio.get_running_loop().time()
         if over_cap:
@@ -269,16 +378,22 @@ class Dispatcher:
             return
         blocked = [False] * len(lanes.limits)
         admitted: list[Entry] = []
+        process = self._process
         for e in self._waiting:
             lane = self._lane_of(e)
             if blocked[lane]:
                 continue
+            if process.full:  # the whole server is at LLMSERVE_REAL_MAX_INFLIGHT_TOTAL: wait for a slot
+                process.waiting.add(self)
+                self._window.process_capped = True
+                break
             limits = lanes.limits[lane]
             running, used = self._lane_running[lane], self._lane_tokens[lane]
             if limits.admits(running, used, e.tokens):
                 e.lane = lane
                 self._lane_running[lane] += 1
                 self._lane_tokens[lane] += e.tokens
+                process.inflight += 1
                 admitted.append(e)
             else:
                 blocked[lane] = True
@@ -327,8 +442,11 @@ class Dispatcher:
         try:
             async with asyncio.timeout(c.request_timeout_s):
                 for attempt_no in range(1, c.max_attempts + 1):
+                    worst = e.price.cost(e.record.prompt_tokens, e.max_tokens)
                     try:
-                        reservation = self._guard.reserve(e.tokens, e.price.cost(e.record.prompt_tokens, e.max_tokens))
+                        self._process.check(worst)
+                        reservation = self._guard.reserve(e.tokens, worst)
+                        process_res = self._process.reserve(worst)
                     except BudgetExceededError as exc:
                         self._log_budget(str(exc))
                         self._finish(e, "rejected" if attempt_no == 1 else "error", str(exc), loop.time())
@@ -343,7 +461,8 @@ class Dispatcher:
                     try:
                         outcome = await self.client.stream(request, on_chunk)
                     except AttemptError as err:
-                        billed = self._settle(e, reservation, err.outcome)
+                        billed = self._settle(e, reservation, process_res, err.outcome)
+                        self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err)
                         e.completion_id = err.outcome.completion_id or e.completion_id
                         msg = redact(err.message, self._secret)
                         e.attempt_log.append(AttemptLog(e.ep(err.outcome.dispatch_t), e.ep(loop.time()), err.kind,
@@ -360,7 +479,9 @@ class Dispatcher:
                                     e.record.request_id, attempt_no, msg[:120], delay)
                         await asyncio.sleep(delay)
                         continue
-                    billed = self._settle(e, reservation, outcome)
+                    billed = self._settle(e, reservation, process_res, outcome)
+                    self._endpoint(True, None)
+                    self._check_model(e, outcome.served_model)
                     e.attempt_log.append(AttemptLog(e.ep(outcome.dispatch_t), e.ep(loop.time()), "ok", outcome.status_code))
                     e.usage_prompt_tokens = outcome.usage_prompt_tokens
                     e.completion_id = outcome.completion_id
@@ -371,7 +492,7 @@ class Dispatcher:
             self._finish(e, "timeout", f"request exceeded LLMSERVE_REAL_REQUEST_TIMEOUT_S={c.request_timeout_s:g}",
                          loop.time())
         except asyncio.CancelledError:
-            self._finish(e, "cancelled", "cancelled in flight (reset or close)", loop.time())
+            self._finish(e, "cancelled", f"{self._cancel_reason} while in flight", loop.time())
             raise
 
     def _backoff(self, attempt_no: int) -> float:
@@ -379,12 +500,41 @@ class Dispatcher:
         c = self.config
         return self._rng.uniform(0.0, min(c.backoff_cap_s, c.backoff_base_s * 2 ** (attempt_no - 1)))
 
-    def _settle(self, e: Entry, reservation: Reservation, outcome: AttemptOutcome) -> int | None:
+    def _endpoint(self, reached: bool, err: AttemptError | None) -> None:
+        if self._on_endpoint is not None:
+            self._on_endpoint(reached, None if err is None else redact(err.message, self._secret)[:200])
+
+    def _check_model(self, e: Entry, served: str | None) -> None:
+        assert e.price is not None
+        e.served_model = served
+        requested = e.price.model
+        if served is None:
+            return
+        self._served.setdefault(requested, served)
+        if not same_model(requested, served):
+            self._window.model_mismatches += 1
+            note = f"requested {requested!r}, the server answered as {served!r}"
+            self._window.model_mismatch = note
+            if self._mismatch is None:
+                self._mismatch = note
+                logger.warning("real mode: %s (the endpoint ignores the model name?)", note)
+
+    def _tier_applied(self) -> bool:
+        """The quantization tier changes the model only if the table maps tiers to different models and
+        the server answered each with the model asked for, and different ones with different models."""
+        if not self.tiers.distinct_models or self._mismatch is not None:
+            return False
+        served = list(self._served.values())
+        return len(set(served)) == len(served)
+
+    def _settle(self, e: Entry, reservation: Reservation, process_res: Reservation,
+                outcome: AttemptOutcome) -> int | None:
         """Charge an attempt what it used: nothing unless the server accepted it (HTTP 200). Returns the
         output tokens billed (usage first, else a tiktoken count of the text), None when not accepted."""
         assert e.price is not None
         if outcome.status_code != 200:
             self._guard.settle(reservation, 0, 0.0)
+            self._process.settle(process_res, 0.0)
             return None
         prompt = outcome.usage_prompt_tokens or e.record.prompt_tokens
         out = outcome.usage_completion_tokens
@@ -392,6 +542,7 @@ class Dispatcher:
             out = self._count_tokens(outcome.text) if outcome.text_parts else 0
         cost = e.price.cost(prompt, out)
         self._guard.settle(reservation, prompt + out, cost)
+        self._process.settle(process_res, cost)
         e.record.cost_usd += cost
         self._window.cost_usd += cost
         return out
@@ -421,10 +572,21 @@ class Dispatcher:
             self._lane_running[e.lane] -= 1
             self._lane_tokens[e.lane] -= e.tokens
             self._window.set_running(len(self._running), now)
+            self._free_process_slot()
         self._emit(rec, e)
         if self._lanes is not None:
             # Admission runs after the finishing task returns control; never from inside cancel_all.
             asyncio.get_running_loop().call_soon(self._pump)
+        self._set_busy()
+
+    def _free_process_slot(self) -> None:
+        process = self._process
+        process.inflight -= 1
+        if process.waiting:
+            loop = asyncio.get_running_loop()
+            waiting, process.waiting = process.waiting, set()
+            for d in waiting:
+                loop.call_soon(d._pump)
 
     def _terminal_unowned(self, rec: RequestRecord, status: str, error: str, t: float) -> None:
         rec.status, rec.finish_s, rec.error = status, t, error
@@ -432,12 +594,22 @@ class Dispatcher:
 
     def _emit(self, rec: RequestRecord, e: Entry | None) -> None:
         self._window.finished.append(rec)
+        w = self._window
+        if rec.status == "error":
+            w.errors += 1
+        elif rec.status == "timeout":
+            w.timeouts += 1
+        elif rec.status == "cancelled":
+            w.cancelled += 1
         if self.recorder is not None:
             self.recorder.write(rec, {
                 "mode": "real",
+                "episode_id": self.episode_id,
                 "episode": self._episode,
+                "step": e.step if e is not None else self._step,
                 "seed": self._seed,
                 "model": e.price.model if e is not None and e.price is not None else None,
+                "served_model": e.served_model if e is not None else None,
                 "tier": e.tier if e is not None else None,
                 "max_tokens": e.max_tokens if e is not None else None,
                 "usage_prompt_tokens": e.usage_prompt_tokens if e is not None else None,
@@ -465,7 +637,8 @@ class Dispatcher:
         pending = [_snapshot(e.record) for e in self._waiting] + [_snapshot(e.record) for e in self._running]
         pending.sort(key=lambda r: r.request_id)
         price = self.tiers.for_tier(action.quantization_tier)
-        lag = lag_summary_ms(self._lag.drain()) if self._lag is not None else {}
+        lag = lag_summary_ms(self._lag.since(self._lag_since)) if self._lag is not None else {}
+        self._lag_since = now
         bottleneck = bool(lag) and lag["loop_lag_p99_ms"] > self.config.lag_bottleneck_ms
         if bottleneck:
             logger.warning("client is the bottleneck: event-loop lag p99 %.1f ms over the window "
@@ -483,6 +656,15 @@ class Dispatcher:
             "attempts": got.attempts,
             "retries": got.retries,
             "rejected": got.rejected,
+            "errors": got.errors,
+            "timeouts": got.timeouts,
+            "cancelled": got.cancelled,
+            # An empty window has no TTFT: the observation's p50/p99_ttft_ms then read 0.0 by the shared
+            # metrics' convention for no samples; these say whether that 0.0 is a measurement.
+            "ttft_samples": len(got.first_tokens),
+            "itl_samples": len(got.itl_samples),
+            "served_model": self._served.get(price.model),
+            "model_mismatches": got.model_mismatches,
             "lanes": 2 if lanes.split else 1,
             **lag,
             "client_bottleneck": bottleneck,
@@ -490,8 +672,18 @@ class Dispatcher:
             "spend_tokens": self._guard.tokens,
             "spend_usd": round(self._guard.usd, 6),
         }
+        notes["server_in_flight"] = self._process.inflight
+        notes["server_spend_usd"] = round(self._process.usd, 6)
+        if got.process_capped:
+            notes["server_inflight_capped"] = True
+        if got.model_mismatch is not None:
+            notes["model_mismatch"] = got.model_mismatch
+        if got.abandoned:
+            notes["abandoned_cancelled"] = got.abandoned
         if self._guard.exhausted is not None:
             notes["budget_exhausted"] = f"spend limit reached: {self._guard.exhausted} per episode"
+        if self._process.exhausted is not None:
+            notes["budget_exhausted"] = f"spend limit reached: {self._process.exhausted} for the whole server"
         return WindowReport(
             t0=t0,
             dt=dt,
@@ -514,16 +706,16 @@ class Dispatcher:
                 "kv_budget_fraction": True,
                 "priority_routing": True,
                 "prefill_decode_split": lanes.split or not action.prefill_decode_split,
-                "quantization_tier": self.tiers.distinct_models,
+                "quantization_tier": self._tier_applied(),
                 "speculation_depth": False,
             },
             notes=notes,
         )
 
 
-def _record_for(a: Arrival, prompt_tokens: int) -> RequestRecord:
+def _record_for(a: Arrival, prompt_tokens: int, max_tokens: int) -> RequestRecord:
     return RequestRecord(request_id=a.request_id, tenant=a.tenant, priority=a.priority, arrival_s=a.arrival_s,
-                         prompt_tokens=prompt_tokens, target_output_tokens=a.output_tokens)
+                         prompt_tokens=prompt_tokens, target_output_tokens=max_tokens)
 
 
 def _snapshot(rec: RequestRecord) -> RequestRecord:

@@ -5,7 +5,8 @@ streams of 16 chunks, httpx/httpx2 spent 1.6-2.0 ms of CPU per request (most of 
 connection-pool bookkeeping, which probes every idle socket on each request), and the OpenAI SDK
 another ~90 us per chunk on top; that CPU time is event-loop lag, and the lag lands in every TTFT
 and ITL the gateway measures. Here response bytes are parsed in `data_received`, where they are
-timestamped, with no task switch between the socket and the timestamp.
+timestamped, with no task switch between the socket and the timestamp. The bytes are parsed by
+httptools (llhttp, as in uvicorn and Node.js), not by hand; the timestamping stays here.
 
 Scope, deliberately narrow: HTTP/1.1 with keep-alive, http and https (TLS through asyncio's ssl),
 request bodies with Content-Length, responses framed by chunked transfer-encoding, Content-Length
@@ -19,6 +20,8 @@ import asyncio
 import ssl
 from collections.abc import Callable
 from urllib.parse import urlsplit
+
+import httptools
 
 BodyCallback = Callable[[bytes, float], None]  # (body bytes, loop time they arrived)
 MAX_HEADER_BYTES = 64 * 1024
@@ -55,7 +58,9 @@ class Response:
 
 
 class _Connection(asyncio.Protocol):
-    """One keep-alive connection; serves one exchange at a time."""
+    """One keep-alive connection; serves one exchange at a time. Responses are parsed by httptools
+    (llhttp, the parser uvicorn uses) inside `data_received`, so each body piece is timestamped
+    with the time its bytes were read."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -64,14 +69,18 @@ class _Connection(asyncio.Protocol):
         self._reset_exchange()
 
     def _reset_exchange(self) -> None:
-        self.on_head: Callable[[Response], None] | None = None
-        self.on_body: BodyCallback | None = None
+        # The exchange's callbacks (not named on_*: httptools calls the on_* methods below).
+        self.head_cb: Callable[[Response], None] | None = None
+        self.body_cb: BodyCallback | None = None
         self.head_future: asyncio.Future[Response] | None = None
         self.done_future: asyncio.Future[bool] | None = None  # result: connection reusable
-        self.buf = b""
+        self.parser: httptools.HttpResponseParser | None = None
+        self.headers: dict[str, str] = {}
+        self.header_bytes = 0
+        self.body_parts: list[bytes] = []
+        self.message_done = False
         self.state = "idle"  # idle -> head -> body -> done
         self.framing = ""  # chunked | length | close
-        self.remaining = 0
         self.keep_alive = True
         self.received = False
         self.last_data_t = 0.0
@@ -85,7 +94,7 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.state in ("head", "body"):
             if self.state == "body" and self.framing == "close":
-                self._complete(reusable=False)
+                self._complete(reusable=False)  # a body framed by the connection's end: it ended
             else:
                 self._fail(RemoteProtocolError(
                     f"connection closed {'mid-response' if self.received else 'before the response'}"
@@ -95,135 +104,89 @@ class _Connection(asyncio.Protocol):
         t = self.loop.time()
         self.last_data_t = t
         self.received = True
-        if self.state == "idle" or self.state == "done":
-            return  # stray bytes on an idle connection: it will not be reused
-        self.buf += data
+        if self.state == "idle" or self.state == "done" or self.parser is None:
+            self.keep_alive = False  # stray bytes: this connection is not reused
+            return
         try:
-            self._parse(t)
-        except RemoteProtocolError as exc:
-            self._fail(exc)
-            if self.transport is not None:
-                self.transport.close()
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self._protocol_error("the server switched protocols")
+            return
+        except httptools.HttpParserError as exc:
+            cause = exc.__context__ if isinstance(exc, httptools.HttpParserCallbackError) else None
+            self._protocol_error(str(cause) if isinstance(cause, RemoteProtocolError) else f"malformed response: {exc}")
+            return
+        if self.body_parts:
+            parts, self.body_parts = self.body_parts, []
+            assert self.body_cb is not None
+            self.body_cb(parts[0] if len(parts) == 1 else b"".join(parts), t)
+        if self.message_done:
+            self._complete(self.keep_alive)
+
+    def _protocol_error(self, message: str) -> None:
+        self._fail(RemoteProtocolError(message, True))
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- httptools callbacks (inside feed_data)
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value)
+        if self.header_bytes > MAX_HEADER_BYTES:
+            raise RemoteProtocolError("response headers too large", True)
+        self.headers[name.decode("latin-1").lower()] = value.decode("latin-1").strip()
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None and self.head_cb is not None and self.head_future is not None
+        status = parser.get_status_code()
+        if 100 <= status < 200:  # an interim response (100 Continue): the real one follows
+            self.headers, self.header_bytes = {}, 0
+            return
+        headers = self.headers
+        self.keep_alive = parser.should_keep_alive()
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            self.framing = "chunked"
+        elif "content-length" in headers:
+            self.framing = "length"
+        else:
+            self.framing, self.keep_alive = "close", False
+        self.state = "body"
+        response = Response(status, headers)
+        self.head_cb(response)  # before any body byte is handed over
+        if not self.head_future.done():
+            self.head_future.set_result(response)
+
+    def on_body(self, body: bytes) -> None:
+        self.body_parts.append(bytes(body))
+
+    def on_message_complete(self) -> None:
+        if self.state == "body":
+            self.message_done = True
 
     # -- the exchange
     def start(self, request: bytes, on_head: Callable[[Response], None],
               on_body: BodyCallback) -> tuple[asyncio.Future[Response], asyncio.Future[bool]]:
         self._reset_exchange()
-        self.on_head = on_head
-        self.on_body = on_body
+        self.head_cb = on_head
+        self.body_cb = on_body
         self.head_future = self.loop.create_future()
         self.done_future = self.loop.create_future()
+        self.parser = httptools.HttpResponseParser(self)
         self.state = "head"
         self.last_data_t = self.loop.time()
         assert self.transport is not None
         self.transport.write(request)
         return self.head_future, self.done_future
 
-    def _parse(self, t: float) -> None:
-        if self.state == "head":
-            end = self.buf.find(b"\r\n\r\n")
-            if end < 0:
-                if len(self.buf) > MAX_HEADER_BYTES:
-                    raise RemoteProtocolError("response headers too large", True)
-                return
-            head, self.buf = self.buf[:end].decode("latin-1"), self.buf[end + 4:]
-            lines = head.split("\r\n")
-            parts = lines[0].split(" ", 2)
-            if len(parts) < 2 or not parts[0].startswith("HTTP/1.") or not parts[1].isdigit():
-                raise RemoteProtocolError(f"bad status line {lines[0][:60]!r}", True)
-            headers: dict[str, str] = {}
-            for line in lines[1:]:
-                k, sep, v = line.partition(":")
-                if sep:
-                    headers[k.strip().lower()] = v.strip()
-            status = int(parts[1])
-            te = headers.get("transfer-encoding", "").lower()
-            conn = headers.get("connection", "").lower()
-            self.keep_alive = parts[0] == "HTTP/1.1" and "close" not in conn
-            if "chunked" in te:
-                self.framing = "chunked"
-                self.remaining = -1  # expecting a size line
-            elif "content-length" in headers:
-                self.framing = "length"
-                try:
-                    self.remaining = int(headers["content-length"])
-                except ValueError:
-                    raise RemoteProtocolError("bad content-length", True) from None
-            else:
-                self.framing, self.keep_alive = "close", False
-            self.state = "body"
-            response = Response(status, headers)
-            assert self.on_head is not None and self.head_future is not None
-            self.on_head(response)  # before any body byte is handed over
-            if not self.head_future.done():
-                self.head_future.set_result(response)
-            if self.framing == "length" and self.remaining == 0:
-                self._complete(self.keep_alive)
-                return
-        if self.state == "body":
-            self._parse_body(t)
-
-    def _parse_body(self, t: float) -> None:
-        on_body = self.on_body
-        assert on_body is not None
-        if self.framing == "close":
-            data, self.buf = self.buf, b""
-            if data:
-                on_body(data, t)
-            return
-        if self.framing == "length":
-            take = self.buf[: self.remaining]
-            self.buf = self.buf[len(take):]
-            self.remaining -= len(take)
-            if take:
-                on_body(take, t)
-            if self.remaining == 0:
-                self._complete(self.keep_alive and not self.buf)
-            return
-        out: list[bytes] = []
-        buf = self.buf
-        pos = 0
-        while True:
-            if self.remaining == -1:  # chunk-size line
-                eol = buf.find(b"\r\n", pos)
-                if eol < 0:
-                    break
-                size_text = buf[pos:eol].split(b";", 1)[0].strip()
-                try:
-                    size = int(size_text, 16)
-                except ValueError:
-                    raise RemoteProtocolError(f"bad chunk size {size_text[:20]!r}", True) from None
-                pos = eol + 2
-                # Size 0 is the last chunk: trailers (usually none) then a blank line follow.
-                self.remaining = size if size > 0 else -2
-            elif self.remaining == -2:  # trailers after the last chunk
-                end = buf.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                if end == pos:
-                    self.buf = buf[end + 2:]
-                    if out:
-                        on_body(b"".join(out), t)
-                    self._complete(self.keep_alive and not self.buf)
-                    return
-                pos = end + 2
-            else:  # chunk data plus its CRLF
-                if len(buf) - pos < self.remaining + 2:
-                    break
-                out.append(buf[pos:pos + self.remaining])
-                pos += self.remaining + 2
-                self.remaining = -1
-        self.buf = buf[pos:]
-        if out:
-            on_body(b"".join(out), t)
-
     def _complete(self, reusable: bool) -> None:
         self.state = "done"
+        self.parser = None
         if self.done_future is not None and not self.done_future.done():
             self.done_future.set_result(reusable and not self.closed)
 
     def _fail(self, exc: HttpError) -> None:
         self.state = "done"
+        self.parser = None
         for fut in (self.head_future, self.done_future):
             if fut is not None and not fut.done():
                 fut.set_exception(exc)
@@ -279,7 +242,7 @@ class Http11Pool:
     def _release(self, conn: _Connection, reusable: bool) -> None:
         if reusable and not conn.closed:
             conn.state = "idle"
-            conn.on_head = conn.on_body = None
+            conn.head_cb = conn.body_cb = None
             self._idle.append(conn)
         else:
             conn.close()

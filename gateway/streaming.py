@@ -1,12 +1,16 @@
 """One streaming chat completion, timed: dispatch, first token, every chunk, last token.
 
-Two interchangeable clients send the same request (`stream=True`,
+Three interchangeable clients send the same request (`stream=True`,
 `stream_options={"include_usage": True}`):
 
-- `RawStreamClient` (the default): gateway/http11.py's small HTTP/1.1 client and an SSE parser fed
-  straight from `data_received`. Each chunk is timestamped when its bytes are read from the
-  socket. See gateway/http11.py for why (httpx's pool and the SDK's per-chunk parsing cost CPU that
-  becomes event-loop lag, which lands in every measured latency; bench/gateway_accuracy.py).
+- `RawStreamClient` (the default): gateway/http11.py's small HTTP/1.1 client (asyncio protocol,
+  responses parsed by httptools) and an SSE parser fed straight from `data_received`. Each chunk is
+  timestamped when its bytes are read from the socket. See gateway/http11.py for why (httpx's pool
+  and the SDK's per-chunk parsing cost CPU that becomes event-loop lag, which lands in every
+  measured latency; bench/gateway_accuracy.py).
+- `AiohttpStreamClient`: aiohttp's client session and the same SSE parser, chunks timestamped as
+  aiohttp hands them over (`iter_any`): the widely used asyncio client, for comparison and where
+  the small client's narrow scope (no proxies) does not fit.
 - `SdkStreamClient`: `openai.AsyncOpenAI` (built with `max_retries=0`: the dispatcher retries);
   for proxies and anything else the small client does not do. Its chunks are timestamped when
   the SDK yields them (`loop.time()`).
@@ -70,6 +74,7 @@ class AttemptOutcome:
     usage_completion_tokens: int | None = None
     finish_reason: str | None = None
     completion_id: str | None = None
+    served_model: str | None = None  # the `model` the server says answered (compared with the one asked for)
     status_code: int | None = None
 
     @property
@@ -170,6 +175,8 @@ def _handle_payload(obj: dict[str, Any], outcome: AttemptOutcome, t: float, on_c
                            retryable=outcome.first_t is None)
     if outcome.completion_id is None:
         outcome.completion_id = obj.get("id")
+    if outcome.served_model is None and isinstance(obj.get("model"), str):
+        outcome.served_model = obj["model"]
     for choice in obj.get("choices") or ():
         text = _delta_text(choice.get("delta") or {})
         if text:
@@ -261,6 +268,61 @@ class RawStreamClient:
         await self._pool.aclose()
 
 
+class AiohttpStreamClient:
+    """POST /chat/completions with aiohttp and parse the SSE stream with `SseParser` as chunks arrive."""
+
+    def __init__(self, base_url: str, api_key: str, stall_timeout_s: float, max_connections: int = 1024):
+        import aiohttp  # only when chosen: the other clients never load it
+
+        self._aiohttp = aiohttp
+        self._url = base_url.rstrip("/") + "/chat/completions"
+        self._headers = {"Authorization": f"Bearer {api_key}", "Content-Type": "application/json",
+                         "Accept": "text/event-stream", "Accept-Encoding": "identity"}
+        self._timeout = stall_timeout_s
+        self._limit = max_connections
+        self._session: Any = None
+
+    def __repr__(self) -> str:
+        return f"AiohttpStreamClient({self._url!r})"
+
+    def _get_session(self) -> Any:
+        if self._session is None:  # made on the loop that uses it
+            aiohttp = self._aiohttp
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit),
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=10.0, sock_read=self._timeout))
+        return self._session
+
+    async def stream(self, request: ChatRequest, on_chunk: ChunkCallback | None = None) -> AttemptOutcome:
+        aiohttp = self._aiohttp
+        loop = asyncio.get_running_loop()
+        outcome = AttemptOutcome(dispatch_t=loop.time())
+        sse = SseParser(outcome, on_chunk)
+        try:
+            async with self._get_session().post(self._url, data=json.dumps(request.body()).encode(),
+                                                headers=self._headers) as resp:
+                outcome.status_code = resp.status
+                if resp.status >= 300:
+                    body = (await resp.read()).decode("utf-8", "replace")
+                    raise _status_error(resp.status, body, resp.headers, outcome)
+                async for data in resp.content.iter_any():
+                    sse.feed(data, loop.time())
+        except aiohttp.ServerTimeoutError as exc:
+            if outcome.status_code is None and "connect" in str(exc).lower():
+                raise _cut_error(outcome, f"connect timeout ({type(exc).__name__})") from None
+            raise AttemptError("stall", f"no data for {self._timeout:g} s", outcome) from None
+        except aiohttp.ClientError as exc:
+            raise _cut_error(outcome, type(exc).__name__) from None
+        if sse.error is not None:
+            raise sse.error
+        return _finish(outcome, sse.done)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
 class SdkStreamClient:
     """The same request through `openai.AsyncOpenAI` (which must have max_retries=0)."""
 
@@ -290,6 +352,8 @@ class SdkStreamClient:
             async for chunk in chunks:
                 if outcome.completion_id is None:
                     outcome.completion_id = chunk.id
+                if outcome.served_model is None and chunk.model:
+                    outcome.served_model = chunk.model
                 for choice in chunk.choices:
                     d = choice.delta
                     # the same fields as the raw client reads (reasoning arrives as extra fields;

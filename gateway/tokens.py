@@ -63,6 +63,12 @@ def seed_tiktoken_cache() -> Path:
 
 
 @functools.cache
+def prompt_builder() -> PromptBuilder:
+    """The process's one builder (its token ids are read-only after construction: threads may share it)."""
+    return PromptBuilder()
+
+
+@functools.cache
 def encoding() -> tiktoken.Encoding:
     seed_tiktoken_cache()
     return tiktoken.get_encoding(ENCODING_NAME)
@@ -77,7 +83,8 @@ class PromptBuilder:
 
     Each prompt starts with a per-request tag and at a per-request offset into the text, so no
     two requests share a prefix: provider-side prefix caching would otherwise shorten TTFT for
-    reasons the policy did not cause.
+    reasons the policy did not cause. The tag carries the episode's `nonce` too, so a second run
+    of the same seed does not hit the first run's cache (unless the nonce is left empty on purpose).
     """
 
     def __init__(self, text: str | None = None):
@@ -95,16 +102,17 @@ class PromptBuilder:
             start = 0
         return out
 
-    def build(self, n: int, salt: int) -> str:
-        """A text of exactly `n` tokens (n >= 1); `salt` picks the tag and offset."""
+    def build(self, n: int, salt: int, nonce: str = "") -> str:
+        """A text of exactly `n` tokens (n >= 1); `salt` and `nonce` pick the tag and offset."""
         if n < 1:
             raise ValueError(f"prompt length must be >= 1 token, got {n}")
         enc = self._enc
-        head = f"#{salt}: "
+        head = f"#{nonce}{'-' if nonce else ''}{salt}: "
         head_n = len(enc.encode_ordinary(head))
         if n <= head_n + 1:
             head, head_n = "", 0
-        start = (salt * 7919) % len(self._ids)
+        shift = int.from_bytes(hashlib.sha256(nonce.encode()).digest()[:8], "big") if nonce else 0
+        start = (salt * 7919 + shift) % len(self._ids)
         want = n - head_n
         # Re-tokenising decoded ids can merge across the joins; nudge the body length until exact.
         for _ in range(16):

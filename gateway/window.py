@@ -24,6 +24,13 @@ class WindowAccumulator:
     attempts: int = 0
     retries: int = 0
     rejected: int = 0
+    errors: int = 0
+    timeouts: int = 0
+    cancelled: int = 0
+    abandoned: int = 0  # requests cancelled because the episode's client went quiet
+    model_mismatches: int = 0
+    model_mismatch: str | None = None  # one example, for the notes
+    process_capped: bool = False  # admission waited for the server-wide in-flight cap
     # Busy time: seconds with at least one request in flight (loop clock).
     busy_s: float = 0.0
     busy_since: float | None = None
@@ -50,11 +57,17 @@ class WindowAccumulator:
         out = WindowAccumulator(
             finished=self.finished, first_tokens=self.first_tokens, itl_samples=self.itl_samples,
             output_tokens=max(0, self.output_tokens), prompt_tokens=self.prompt_tokens, cost_usd=self.cost_usd,
-            attempts=self.attempts, retries=self.retries, rejected=self.rejected,
+            attempts=self.attempts, retries=self.retries, rejected=self.rejected, errors=self.errors,
+            timeouts=self.timeouts, cancelled=self.cancelled, abandoned=self.abandoned,
+            model_mismatches=self.model_mismatches, model_mismatch=self.model_mismatch,
+            process_capped=self.process_capped,
         )
         self.finished, self.first_tokens, self.itl_samples = [], [], []
         # A negative correction (usage below the chunks counted) is carried, never dropped.
         self.output_tokens = min(0, self.output_tokens)
         self.prompt_tokens = self.attempts = self.retries = self.rejected = 0
+        self.errors = self.timeouts = self.cancelled = self.abandoned = self.model_mismatches = 0
+        self.model_mismatch = None
+        self.process_capped = False
         self.cost_usd = 0.0
         return out

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmserve_env.runtime.errors import BackendFailure, EpisodeDoneError, ReplicasOutOfRangeError
+from llmserve_env.runtime.errors import BackendFailure, EnvError, EpisodeDoneError, ReplicasOutOfRangeError
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics
@@ -129,9 +129,17 @@ class Episode:
     def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
         arrivals = generate_arrivals(task, seed)
         backend = make_backend(mode, task)
-        backend.reset(seed)
+        episode_id = episode_id or uuid.uuid4().hex
+        if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
+            try:
+                arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]
+            except ValueError as exc:  # a window the step timeout cannot hold (a trace task's window_s)
+                backend.close()
+                raise EnvError(str(exc)) from None
+        else:
+            backend.reset(seed)
         ep = cls(
-            episode_id=episode_id or uuid.uuid4().hex,
+            episode_id=episode_id,
             task=task,
             seed=seed,
             mode=mode,

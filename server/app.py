@@ -73,13 +73,32 @@ def _calm_gradio_queue(app: FastAPI) -> None:
                 log.debug("the Gradio queue has no sleep_when_free; left as it is")
 
 
+def _wire_real_mode(app: FastAPI) -> None:
+    """/health reports the endpoint (503 while it is unreachable); shutdown cancels and records every
+    in-flight request and flushes the record file (gateway/service.py)."""
+    from llmserve_env.gateway import service
+
+    async def health() -> JSONResponse:
+        endpoint = await service.endpoint_health_async()
+        ok = endpoint is None or bool(endpoint["reachable"])
+        return JSONResponse(status_code=200 if ok else 503,
+                            content={"status": "healthy" if ok else "unhealthy", "real_endpoint": endpoint})
+
+    _drop_route(app, "/health", "GET")
+    app.add_api_route("/health", health, methods=["GET"], tags=["Health"], summary="Health check",
+                      description="healthy, or 503 unhealthy while the real-mode endpoint is unreachable")
+    app.router.on_shutdown.append(service.shutdown)
+
+
 def build_app(config: ServerConfig | None = None) -> FastAPI:
     config = config or ServerConfig.from_env()
     if config.mode == "real":
-        # Fail at start-up, not at the first step, when real mode lacks its key or endpoint.
-        from llmserve_env.gateway.config import GatewayConfig
+        # Fail at start-up, not at the first step: every variable, the tier table, the step timeout
+        # against the longest built-in window, and a probe of the endpoint (gateway/startup.py).
+        from llmserve_env.gateway.startup import check_real_mode
+        from llmserve_env.shared.tasks import TASKS
 
-        GatewayConfig.from_env()
+        check_real_mode(t.window_s for t in TASKS.values())
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
 
     # Sim steps run inline on the event loop; real-mode steps block for a window of wall clock,
@@ -109,6 +128,8 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
     _drop_route(app, "/state", "GET")
     _drop_route(app, "/", "GET")
     app.include_router(build_router(env_factory))
+    if config.mode == "real":
+        _wire_real_mode(app)
 
     async def env_error(_: Request, exc: EnvError) -> JSONResponse:
         if exc.status == 422:  # a value out of its range: FastAPI's 422 shape, as the schema documents

@@ -34,6 +34,8 @@ them for the next requests, one entry each):
 chunk T ms after the request is read, then one every I ms), for measuring a client's accuracy.
 `GET /v1/standin/streams` returns (and clears) each finished stream's server-side timestamps
 (time.monotonic, the clock asyncio uses, so a client on this machine can compare directly).
+`--served-model NAME` answers every request as NAME and lists only NAME, whatever model was asked
+for, the way a one-model server (llama.cpp's llama-server) does: for testing that clients notice.
 `--api-key K` makes the server demand that key; a wrong one gets a 401 that echoes it back, the
 way a careless server might, so clients can prove they redact it.
 """
@@ -265,6 +267,7 @@ class StandinConfig:
     fixed_ttft_s: float | None = None
     fixed_itl_s: float | None = None
     api_key: str | None = None
+    served_model: str | None = None  # answer as this one model whatever was asked (a one-model server)
     faults: Faults = field(default_factory=Faults)
 
 
@@ -280,6 +283,8 @@ class Standin:
         self.requests = 0
 
     def models(self) -> list[str]:
+        if self.config.served_model:
+            return [self.config.served_model]
         p = self.config.profile
         return [p] + [f"{p}-{t.lower()}" for t in TIERS]
 
@@ -329,10 +334,16 @@ def _sse(obj: dict[str, object]) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
+def _key_ok(request: Request, key: str) -> bool:
+    return request.headers.get("authorization", "").removeprefix("Bearer ").strip() == key
+
+
 def build_app(config: StandinConfig) -> Starlette:
     state = Standin(config)
 
     async def models(request: Request) -> Response:
+        if config.api_key is not None and not _key_ok(request, config.api_key):
+            return _error(401, "Incorrect API key provided", "invalid_request_error")
         return JSONResponse({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "llmserve-standin"} for m in state.models()]})
 
@@ -374,7 +385,7 @@ def build_app(config: StandinConfig) -> Starlette:
                           {"retry-after": f"{ra:g}", "retry-after-ms": str(int(ra * 1000))})
         if fault == "500":
             return _error(500, "Internal server error (stand-in fault injection)", "server_error")
-        model = str(body.get("model") or config.profile)
+        model = config.served_model or str(body.get("model") or config.profile)
         max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or DEFAULT_MAX_TOKENS)
         if max_tokens < 1:
             return _error(400, "max_tokens must be >= 1", "invalid_request_error")
@@ -466,6 +477,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed-ttft-ms", type=float, default=None, help="exact TTFT instead of the engine")
     ap.add_argument("--fixed-itl-ms", type=float, default=20.0, help="exact ITL with --fixed-ttft-ms")
     ap.add_argument("--api-key", default=None, help="require this key (default: accept any)")
+    ap.add_argument("--served-model", default=None, help="answer every request as this one model (like llama-server)")
     ap.add_argument("--fail-429", type=float, default=0.0)
     ap.add_argument("--retry-after", type=float, default=1.0)
     ap.add_argument("--fail-500", type=float, default=0.0)
@@ -487,7 +499,8 @@ def config_from_args(a: argparse.Namespace) -> StandinConfig:
     fixed = a.fixed_ttft_ms is not None
     return StandinConfig(profile=a.profile, tier=a.tier, max_num_seqs=a.max_num_seqs,
                          fixed_ttft_s=a.fixed_ttft_ms / 1000 if fixed else None,
-                         fixed_itl_s=a.fixed_itl_ms / 1000 if fixed else None, api_key=a.api_key, faults=faults)
+                         fixed_itl_s=a.fixed_itl_ms / 1000 if fixed else None, api_key=a.api_key,
+                         served_model=a.served_model, faults=faults)
 
 
 class BackgroundStandin:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import httpx
 import pytest
-from llmserve_env.gateway.backend import GatewayBackend
+from llmserve_env.gateway.backend import GatewayBackend, GatewayStepTimeout
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
@@ -192,14 +192,35 @@ def test_the_key_appears_nowhere(standin, caplog, tmp_path):
 
 
 def test_step_never_blocks_past_the_step_timeout(standin):
+    b = backend(standin, step_timeout_s=0.5)
+    b.reset(0)
+
+    async def hog():  # the gateway loop stuck (an overloaded client machine)
+        time.sleep(1.0)
+
+    try:
+        t = time.monotonic()
+        b._service.submit(hog())
+        with pytest.raises(GatewayStepTimeout, match="LLMSERVE_REAL_STEP_TIMEOUT_S=0.5"):
+            b.run_window(act(), [Arrival(0, 0.0, 16, 3)], 0.0, 0.2)
+        assert time.monotonic() - t < 0.5 + 0.1
+    finally:
+        time.sleep(0.6)
+        b.close()
+
+
+def test_a_step_timeout_below_the_window_is_refused(standin):
+    """A step shorter than its window would end it early and squeeze the traffic (issue 16, item 7)."""
     b = backend(standin, step_timeout_s=0.3)
     b.reset(0)
-    t = time.monotonic()
-    rep = b.run_window(act(), [Arrival(0, 0.0, 16, 3), Arrival(1, 5.0, 16, 3)], 0.0, 10.0)
-    waited = time.monotonic() - t
-    b.close()
-    assert waited < 0.3 + 0.05
-    assert rep.t0 == 0.0 and rep.dt == 10.0
+    try:
+        with pytest.raises(GatewayConfigError, match="LLMSERVE_REAL_STEP_TIMEOUT_S=0.3 must exceed the window"):
+            b.run_window(act(), [Arrival(0, 0.0, 16, 3)], 0.0, 1.0)
+    finally:
+        b.close()
+    with pytest.raises(GatewayConfigError, match="window length"):
+        GatewayConfig(api_key=Secret("k"), step_timeout_s=1.0).check_window(1.0)
+    GatewayConfig(api_key=Secret("k"), step_timeout_s=1.5).check_window(1.0)
 
 
 def test_from_env_fails_clearly_without_an_endpoint():

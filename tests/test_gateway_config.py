@@ -138,3 +138,44 @@ def test_prompts_have_exactly_the_target_token_count():
     assert b.build(300, 1) != b.build(300, 2)  # no shared prefix across requests
     with pytest.raises(ValueError):
         b.build(0, 1)
+
+
+@pytest.mark.parametrize(("name", "value", "says"), [
+    ("LLMSERVE_REAL_STEP_TIMEOUT_S", "inf", "finite"),
+    ("LLMSERVE_REAL_REQUEST_TIMEOUT_S", "nan", "finite"),
+    ("LLMSERVE_REAL_MAX_USD_PER_EPISODE", "1e23", "less than or equal"),
+    ("LLMSERVE_REAL_MAX_PROMPT_TOKENS", "1e23", "valid integer"),
+    ("LLMSERVE_REAL_MAX_INFLIGHT_TOTAL", "0", "greater than or equal to 1"),
+    ("LLMSERVE_REAL_MAX_USD_TOTAL", "-1", "greater than 0"),
+    ("LLMSERVE_REAL_TIERS", "/nonexistent/tiers.json", "no readable file"),
+    ("LLMSERVE_REAL_RECORD", "", "set but empty"),
+    ("LLMSERVE_REAL_MODEL", " ", "set but empty"),
+    ("LLMSERVE_REAL_MAX_USD_PER_EPISOD", "1", "not a real-mode variable"),  # a typo would turn the guard off
+    ("LLMSERVE_REAL_CLIENT", "curl", "'raw', 'aiohttp' or 'sdk'"),
+])
+def test_every_variable_is_checked_at_start_up(name, value, says):
+    """Issue 20 item 9: bad values fail at start-up naming the variable, never at the first /reset."""
+    with pytest.raises(GatewayConfigError) as ei:
+        GatewayConfig.from_env({"OPENAI_API_KEY": CANARY, name: value})
+    assert name in str(ei.value) and says in str(ei.value) and CANARY not in str(ei.value)
+
+
+def test_the_record_path_must_be_writable(tmp_path):
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    with pytest.raises(GatewayConfigError, match="LLMSERVE_REAL_RECORD.*not a writable folder"):
+        GatewayConfig.from_env({"OPENAI_API_KEY": CANARY, "LLMSERVE_REAL_RECORD": str(afile / "rec.jsonl")})
+    with pytest.raises(GatewayConfigError, match="not a writable file"):
+        GatewayConfig.from_env({"OPENAI_API_KEY": CANARY, "LLMSERVE_REAL_RECORD": str(tmp_path)})
+    ok = GatewayConfig.from_env({"OPENAI_API_KEY": CANARY, "LLMSERVE_REAL_RECORD": str(tmp_path / "new" / "r.jsonl")})
+    assert ok.record_path == str(tmp_path / "new" / "r.jsonl")
+
+
+def test_settings_hold_the_key_as_a_secret():
+    from llmserve_env.gateway.config import GatewaySettings
+
+    s = GatewaySettings.from_env({"OPENAI_API_KEY": CANARY, "LLMSERVE_REAL_MAX_USD_TOTAL": "2.5"})
+    assert CANARY not in repr(s) and CANARY not in str(s.model_dump())
+    c = s.to_config()
+    assert c.api_key.reveal() == CANARY and c.max_usd_total == 2.5
+    assert (c.max_inflight_total, c.abandon_s, c.reuse_prompts, c.probe) == (1024, 30.0, False, True)

@@ -19,8 +19,9 @@ import looptime
 import openai
 import pytest
 import respx
+from llmserve_env.gateway.budget import ProcessGuard
 from llmserve_env.gateway.config import GatewayConfig, Secret
-from llmserve_env.gateway.dispatcher import Dispatcher
+from llmserve_env.gateway.dispatcher import Dispatcher, same_model
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import JsonlRecorder, read_records
 from llmserve_env.gateway.streaming import SdkStreamClient
@@ -54,9 +55,9 @@ def sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-def chunk(text: str | None = None, finish: str | None = None) -> bytes:
+def chunk(text: str | None = None, finish: str | None = None, model: str = "m") -> bytes:
     delta = {"content": text} if text else {}
-    return sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+    return sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model,
                 "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
 
 
@@ -88,6 +89,7 @@ class FakeEndpoint:
 
     ttft: float = 0.05
     itl: float = 0.02
+    served: str | None = None  # the model the server says answered; None: the one requested
     script: list[Callable[[dict], httpx.Response]] = field(default_factory=list)
     active: int = 0
     peak: int = 0
@@ -97,13 +99,15 @@ class FakeEndpoint:
 
     def ok(self, body: dict, cut_after: int | None = None, stall: float = 0.0) -> httpx.Response:
         n = body["max_tokens"]
-        parts = [(self.ttft + (stall if k == 0 else 0.0) if k == 0 else self.itl, chunk(" the")) for k in range(n)]
+        model = self.served or body["model"]
+        parts = [(self.ttft + (stall if k == 0 else 0.0) if k == 0 else self.itl, chunk(" the", model=model))
+                 for k in range(n)]
         fail = None
         if cut_after is not None:
             parts, fail = parts[:cut_after], httpx.RemoteProtocolError("peer closed connection")
         else:
-            parts += [(0.0, chunk(finish="length")),
-                      (0.0, sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": "m",
+            parts += [(0.0, chunk(finish="length", model=model)),
+                      (0.0, sse({"id": "c", "object": "chat.completion.chunk", "created": 0, "model": model,
                                  "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": n,
                                                           "total_tokens": 10 + n}})),
                       (0.0, b"data: [DONE]\n\n")]
@@ -477,3 +481,187 @@ def test_random_faults_every_request_in_exactly_one_terminal_state():
     # the windows' output tokens add up to the records'
     assert sum(rep.output_tokens for rep in reports) == sum(r.output_tokens for r in recs.values())
     assert CANARY not in json.dumps([r.error for r in recs.values()])
+
+
+def test_an_abandoned_episode_stops_sending_at_once(tmp_path):
+    """No step for LLMSERVE_REAL_ABANDON_S: the queued and in-flight requests end `cancelled` (recorded
+    once each), nothing more is sent, and a client that comes back sees them in its next report."""
+    ep = FakeEndpoint(ttft=0.1, itl=1.0)
+    d, router = make(ep, abandon_s=5.0)
+    d.recorder = JsonlRecorder(tmp_path / "rec.jsonl")
+    arrivals = [Arrival(i, 0.1 * i, 10, 50) for i in range(6)]
+
+    async def main():
+        with router:
+            [r0] = await play(d, arrivals, act(batch_cap=2), 1)
+            sent_before = len(ep.bodies)
+            await asyncio.sleep(5.5)  # the client went away after its first step
+            sent_after = len(ep.bodies)
+            assert ep.active == 0 and d._running == set() and d._waiting == []
+            await asyncio.sleep(30.0)
+            assert len(ep.bodies) == sent_after  # nothing sent while abandoned
+            [r1] = await play(d, [], act(batch_cap=2), 1, dt=1.0)
+            return r0, r1, sent_before, sent_after
+
+    r0, r1, sent_before, sent_after = run_virtual(main())
+    d.recorder.close()
+    assert sent_before == sent_after == 2
+    assert r0.finished == [] and len(r0.pending) == 6
+    assert sorted(r.request_id for r in r1.finished) == list(range(6))
+    assert {r.status for r in r1.finished} == {"cancelled"} and all("abandoned" in r.error for r in r1.finished)
+    assert r1.notes["abandoned_cancelled"] == 6 and r1.notes["cancelled"] == 6
+    rows = read_records(tmp_path / "rec.jsonl")
+    assert sorted(r["request_id"] for r in rows) == list(range(6)) and {r["status"] for r in rows} == {"cancelled"}
+    # the cancellation happened 5 s after the window ended (1.0), on the episode clock
+    assert all(r["finish_s"] == pytest.approx(6.0, abs=1e-6) for r in rows)
+
+
+def test_windows_stay_aligned_to_their_boundaries_when_steps_come_late():
+    """The caller takes 11 ms between steps (issue 16 item 9 measured ~11 ms/step of drift, 690 ms by step
+    63): every window still starts at k * dt on the episode clock, the late part shows as lateness."""
+    ep = FakeEndpoint(ttft=0.01, itl=0.01)
+    d, router = make(ep)
+    steps = 64
+    arrivals = [Arrival(2 * k, k * 1.0, 10, 2) for k in range(steps)] + \
+        [Arrival(2 * k + 1, k * 1.0 + 0.5, 10, 2) for k in range(steps)]
+    arrivals.sort(key=lambda a: a.request_id)
+
+    async def main():
+        out = []
+        with router:
+            for k in range(steps):
+                window = [a for a in arrivals if k <= a.arrival_s < k + 1]
+                prompts = {a.request_id: "p" for a in window}
+                out.append(await d.run_window(act(), window, prompts, float(k), 1.0))
+                await asyncio.sleep(0.011)  # the agent and the HTTP round trip
+        return out
+
+    reports = run_virtual(main())
+    recs = finished(reports)
+    # mid-window arrivals are sent exactly on time, step 63 included (loop time 0 = episode time 0)
+    assert sorted(ep.dispatch_times)[1::2] == pytest.approx([k + 0.5 for k in range(steps)], abs=1e-9)
+    for k in range(steps):
+        assert recs[2 * k + 1].dispatch_s == pytest.approx(k + 0.5, abs=1e-9)
+        if k:  # the arrival at the boundary waited for the late step: 11 ms, every step, not 11 ms * k
+            assert recs[2 * k].dispatch_s - recs[2 * k].arrival_s == pytest.approx(0.011, abs=1e-9)
+            assert reports[k].notes["window_late_ms"] == pytest.approx(11.0, abs=1e-6)
+
+
+def test_a_server_that_ignores_the_model_name_is_reported():
+    """Issue 16 item 6: the response's `model` is compared with the request's; on a one-model server the
+    quantization tier is not reported as applied."""
+    ep = FakeEndpoint(ttft=0.01, itl=0.01, served="smollm2-135m")
+    d, router = make(ep)
+
+    async def main():
+        with router:
+            return await play(d, [Arrival(0, 0.0, 10, 2), Arrival(1, 1.0, 10, 2)], act(), 2,
+                              actions={1: act(quantization_tier="INT4")})
+
+    r0, r1 = run_virtual(main())
+    assert r0.applied["quantization_tier"] is False and r1.applied["quantization_tier"] is False
+    assert r0.notes["model_mismatches"] == 1 and r0.notes["served_model"] == "smollm2-135m"
+    assert r0.notes["model_mismatch"] == "requested 'm-fp16', the server answered as 'smollm2-135m'"
+    assert r1.notes["model_mismatches"] == 1
+
+    honest = FakeEndpoint(ttft=0.01, itl=0.01)
+    d2, router2 = make(honest)
+
+    async def main2():
+        with router2:
+            return await play(d2, [Arrival(0, 0.0, 10, 2)], act(), 1)
+
+    [ok] = run_virtual(main2())
+    assert ok.applied["quantization_tier"] is True and ok.notes["model_mismatches"] == 0
+    assert "model_mismatch" not in ok.notes
+
+
+def test_same_model_accepts_dated_snapshots_only():
+    assert same_model("gpt-4.1", "gpt-4.1") and same_model("gpt-4.1", "gpt-4.1-2025-04-14")
+    assert same_model("gpt-4.1", None)  # a server that does not say
+    assert not same_model("gpt-4.1", "gpt-4.1-mini") and not same_model("gpt-4.1", "gpt-4.1-mini-2025-04-14")
+    assert not same_model("m-fp16", "smollm2-135m")
+
+
+def test_server_wide_inflight_cap_spans_episodes():
+    """LLMSERVE_REAL_MAX_INFLIGHT_TOTAL: two episodes with batch_cap 4 each share a process cap of 3."""
+    ep = FakeEndpoint(ttft=0.05, itl=0.05)
+    process = ProcessGuard(max_usd=100.0, max_inflight=3)
+    config = GatewayConfig(api_key=Secret(CANARY), base_url=BASE, client="sdk")
+    router = respx.mock(base_url=BASE, assert_all_called=False)
+    router.post("/chat/completions").mock(side_effect=ep)
+
+    def dispatcher() -> Dispatcher:
+        sdk = openai.AsyncOpenAI(api_key=CANARY, base_url=BASE, max_retries=0, http_client=httpx.AsyncClient())
+        return Dispatcher(config, SdkStreamClient(sdk, 30.0), TIERS, count_tokens, lag_monitor=False, process=process)
+
+    a, b = dispatcher(), dispatcher()
+
+    async def main():
+        with router:
+            arrivals = [Arrival(i, 0.0, 10, 2) for i in range(4)]
+            return await asyncio.gather(play(a, arrivals, act(batch_cap=4), 1), play(b, arrivals, act(batch_cap=4), 1))
+
+    ra, rb = run_virtual(main())
+    assert ep.peak == 3 and process.inflight == 0
+    done = finished(ra)
+    assert len(done) == 4 and {r.status for r in done.values()} == {"ok"}
+    assert len(finished(rb)) == 4
+    assert ra[0].notes.get("server_inflight_capped") or rb[0].notes.get("server_inflight_capped")
+
+
+def test_server_wide_spend_cap_rejects_with_its_name():
+    ep = FakeEndpoint(ttft=0.01, itl=0.01)
+    # each request reserves (10 * 1.0 + 2 * 2.0) / 1e6 = 1.4e-5 $; the process allows two
+    process = ProcessGuard(max_usd=3e-5, max_inflight=100)
+    d, router = make(ep)
+    d._process = process
+
+    async def main():
+        with router:
+            return await play(d, [Arrival(i, 0.1 * i, 10, 2) for i in range(4)], act(), 1)
+
+    [rep] = run_virtual(main())
+    recs = finished([rep])
+    assert [recs[i].status for i in range(4)] == ["ok", "ok", "rejected", "rejected"]
+    assert "LLMSERVE_REAL_MAX_USD_TOTAL" in recs[2].error
+    assert "whole server" in rep.notes["budget_exhausted"]
+
+
+def test_notes_count_errors_and_timeouts_and_flag_empty_windows():
+    ep = FakeEndpoint(ttft=0.05, itl=0.02)
+    ep.script = [lambda b: httpx.Response(400, json={"error": {"message": "bad"}}), lambda b: ep.ok(b, stall=100.0)]
+    d, router = make(ep, request_timeout_s=0.5, max_prompt_tokens=100)
+
+    async def main():
+        with router:
+            return await play(d, [Arrival(0, 0.0, 10, 2), Arrival(1, 0.1, 500, 2)], act(), 2)
+
+    r0, r1 = run_virtual(main())
+    assert (r0.notes["errors"], r0.notes["timeouts"]) == (1, 1)
+    assert r0.notes["ttft_samples"] == 0  # the 0.0 TTFT the metrics report for it is no measurement
+    assert r0.notes["mean_prompt_tokens_sent"] == 55.0  # 10 and 500 cut to 100
+    assert (r1.notes["errors"], r1.notes["timeouts"], r1.notes["ttft_samples"]) == (0, 0, 0)
+    assert r1.notes["mean_prompt_tokens_sent"] is None  # nothing arrived
+
+
+def test_a_request_cancelled_before_its_task_ran_is_still_recorded(tmp_path):
+    """Admitted and cancelled in the same loop turn (a reset or shutdown right after a release): its task
+    never starts, so its own handler never runs; cancel_all ends it (issue 20 item 5: no request unrecorded)."""
+    ep = FakeEndpoint()
+    d, router = make(ep)
+    d.recorder = JsonlRecorder(tmp_path / "rec.jsonl")
+
+    async def main():
+        with router:
+            d._set_action(act())
+            d._release(Arrival(0, 0.0, 10, 2), "p", asyncio.get_running_loop().time(), False, 0)
+            assert len(d._running) == 1  # admitted, its task not started
+            return await d.cancel_all("episode reset")
+
+    flush = run_virtual(main())
+    d.recorder.close()
+    assert [(r.request_id, r.status) for r in flush] == [(0, "cancelled")]
+    assert "before it was sent" in flush[0].error and ep.bodies == []
+    assert [r["status"] for r in read_records(tmp_path / "rec.jsonl")] == ["cancelled"]
+    assert d._process.inflight == 0

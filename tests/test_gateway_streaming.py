@@ -1,8 +1,8 @@
-"""The two streaming clients: request shape, SSE parsing, HTTP framing and fault mapping.
+"""The three streaming clients: request shape, SSE parsing, HTTP framing and fault mapping.
 
-`RawStreamClient` (gateway/http11.py underneath) runs against a scripted asyncio server on
-127.0.0.1 that sends exact bytes (split anywhere); `SdkStreamClient` runs on the OpenAI SDK with a
-respx-mocked `httpx.AsyncClient`.
+`RawStreamClient` (gateway/http11.py underneath) and `AiohttpStreamClient` run against a scripted
+asyncio server on 127.0.0.1 that sends exact bytes (split anywhere); `SdkStreamClient` runs on the
+OpenAI SDK with a respx-mocked `httpx.AsyncClient`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import pytest
 import respx
 from llmserve_env.gateway.http11 import Http11Pool
 from llmserve_env.gateway.streaming import (
+    AiohttpStreamClient,
     AttemptError,
     ChatRequest,
     RawStreamClient,
@@ -109,14 +110,21 @@ def ok_response(parts: list[bytes] = GOOD_BODY) -> bytes:
     return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n" + chunked(parts)
 
 
-def raw_client(base: str, stall: float = 5.0) -> RawStreamClient:
+def raw_client(base: str, stall: float = 5.0, kind: str = "raw") -> RawStreamClient | AiohttpStreamClient:
+    if kind == "aiohttp":
+        return AiohttpStreamClient(base, "sk-test", stall, 8)
     return RawStreamClient(Http11Pool(base, 8), "sk-test", stall)
 
 
-def test_raw_client_request_shape_and_byte_by_byte_parsing():
+# The clients that read the socket themselves (the SDK's are below, on respx).
+SOCKET_CLIENTS = pytest.mark.parametrize("kind", ["raw", "aiohttp"])
+
+
+@SOCKET_CLIENTS
+def test_raw_client_request_shape_and_byte_by_byte_parsing(kind):
     async def main():
         async with Scripted([send(ok_response(), pieces=10_000)]) as srv:
-            c = raw_client(srv.base)
+            c = raw_client(srv.base, kind=kind)
             seen = []
             out = await c.stream(REQ, lambda t, text: seen.append(text))
             await c.aclose()
@@ -133,7 +141,8 @@ def test_raw_client_request_shape_and_byte_by_byte_parsing():
     assert out.completion_id == "c1" and out.status_code == 200 and len(out.chunk_times) == 3
 
 
-def test_raw_client_times_chunks_when_they_arrive():
+@SOCKET_CLIENTS
+def test_raw_client_times_chunks_when_they_arrive(kind):
     gaps = [0.15, 0.1, 0.1]
 
     async def paced(writer):
@@ -146,7 +155,7 @@ def test_raw_client_times_chunks_when_they_arrive():
 
     async def main():
         async with Scripted([paced]) as srv:
-            c = raw_client(srv.base)
+            c = raw_client(srv.base, kind=kind)
             out = await c.stream(REQ)
             await c.aclose()
             return out
@@ -173,7 +182,8 @@ def test_raw_client_keeps_connections_alive_and_recovers_a_stale_one():
     assert asyncio.run(main()) == 2
 
 
-def test_raw_client_error_status_and_retry_after():
+@SOCKET_CLIENTS
+def test_raw_client_error_status_and_retry_after(kind):
     body = json.dumps({"error": {"message": "Rate limit"}}).encode()
     resp = (b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 3\r\n"
             b"content-length: %d\r\n\r\n%s" % (len(body), body))
@@ -181,7 +191,7 @@ def test_raw_client_error_status_and_retry_after():
     async def main():
         async with Scripted([send(resp, pieces=3), send(b"HTTP/1.1 500 Oops\r\ncontent-length: 4\r\n\r\nboom"),
                              send(b"HTTP/1.1 401 No\r\nconnection: close\r\n\r\nbad key", keep=False)]) as srv:
-            c = raw_client(srv.base)
+            c = raw_client(srv.base, kind=kind)
             errs = []
             for _ in range(3):
                 with pytest.raises(AttemptError) as ei:
@@ -197,7 +207,8 @@ def test_raw_client_error_status_and_retry_after():
     assert (e401.status, e401.retryable) == (401, False) and "bad key" in e401.message
 
 
-def test_raw_client_stream_cut_and_stall():
+@SOCKET_CLIENTS
+def test_raw_client_stream_cut_and_stall(kind):
     head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
     cut_mid = head + b"".join(b"%x\r\n%s\r\n" % (len(p), p) for p in [tok(" a"), tok(" b")])
 
@@ -208,7 +219,7 @@ def test_raw_client_stream_cut_and_stall():
 
     async def main():
         async with Scripted([send(cut_mid, keep=False), send(head, keep=False), stall]) as srv:
-            c = raw_client(srv.base, stall=0.3)
+            c = raw_client(srv.base, stall=0.3, kind=kind)
             errs = []
             for _ in range(3):
                 t = time.monotonic()
@@ -266,9 +277,10 @@ def test_raw_client_over_tls(tmp_path):
     assert first.text == second.text == " a b c" and connections == 1
 
 
-def test_raw_client_connect_error_is_retryable():
+@SOCKET_CLIENTS
+def test_raw_client_connect_error_is_retryable(kind):
     async def main():
-        c = raw_client("http://127.0.0.1:9/v1")
+        c = raw_client("http://127.0.0.1:9/v1", kind=kind)
         with pytest.raises(AttemptError) as ei:
             await c.stream(REQ)
         return ei.value
@@ -277,12 +289,13 @@ def test_raw_client_connect_error_is_retryable():
     assert err.kind == "connection" and err.retryable
 
 
-def test_error_event_inside_the_stream():
+@SOCKET_CLIENTS
+def test_error_event_inside_the_stream(kind):
     parts = [tok(" a"), sse({"error": {"message": "engine died"}})]
 
     async def main():
         async with Scripted([send(ok_response(parts))]) as srv:
-            c = raw_client(srv.base)
+            c = raw_client(srv.base, kind=kind)
             with pytest.raises(AttemptError) as ei:
                 await c.stream(REQ)
             await c.aclose()

@@ -331,6 +331,8 @@ def test_the_api_key_appears_in_no_response_state_error_or_log(monkeypatch, tmp_
         monkeypatch.setenv("OPENAI_BASE_URL", standin.base_url)
         monkeypatch.setenv("OPENAI_API_KEY", CANARY)
         monkeypatch.setenv("LLMSERVE_REAL_MODEL", "h100-llama3.1-8b")
+        # the start-up probe would refuse the wrong key; this test wants it sent with every request
+        monkeypatch.setenv("LLMSERVE_REAL_PROBE", "0")
         app = build_app(ServerConfig(mode="real"))
         texts = [repr(app.state.config)]
         with TestClient(app) as client:
