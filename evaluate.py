@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve_env import cli
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
@@ -27,7 +28,6 @@ from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.tasks import UnknownTaskError, parse_task_ids
 
 AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
 
@@ -47,13 +47,14 @@ class AgentScores:
 
 
 def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | None = None,
-                   **options: Any) -> AgentScores:
-    """`agent` on the first `episodes` evaluation seeds of `task_id`."""
+                   quiet: bool = True, **options: Any) -> AgentScores:
+    """`agent` on the first `episodes` evaluation seeds of `task_id` (a progress bar unless `quiet`)."""
     env = env or InProcessEnv()
     seeds = eval_seeds(episodes)
     policy = make_policy(agent, task_id, **options)
     t0 = time.perf_counter()
-    scores = [play_episode(env, policy, task_id, s).score for s in seeds]
+    episodes_bar = cli.progress(seeds, desc=f"{agent} {task_id}", unit="ep", quiet=quiet)
+    scores = [play_episode(env, policy, task_id, s).score for s in episodes_bar]
     extra = policy.stats.as_dict() if hasattr(policy, "stats") else {}
     return AgentScores(agent, task_id, seeds, scores, time.perf_counter() - t0, extra)
 
@@ -65,22 +66,20 @@ def _skip_reason(agent: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--agent", default="ppo", help=f"comma-separated from {', '.join(POLICIES)}, or 'all'")
-    ap.add_argument("--task", default="all", help="comma-separated task ids, or 'all'")
-    ap.add_argument("--episodes", type=int, default=20)
+    ap = argparse.ArgumentParser(prog="python evaluate.py", description=__doc__, formatter_class=cli.HelpFormatter)
+    ap.add_argument("--agent", type=cli.names_from(POLICIES, AGENTS), default="ppo",
+                    help=f"comma-separated from {', '.join(POLICIES)}, or 'all' ({', '.join(AGENTS)})")
+    ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
+    ap.add_argument("--episodes", type=cli.int_at_least(1), default=20,
+                    help="held-out episodes per agent and task (2 or more for a confidence interval)")
     ap.add_argument("--model", default=None, help="chat model for the llm agent")
-    ap.add_argument("--output", default=None, help="also write per-episode scores as JSON here")
+    ap.add_argument("--output", type=cli.writable_file, default=None,
+                    help="also write per-episode scores as JSON here (checked before the evaluation starts)")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
 
-    agents = list(AGENTS) if args.agent == "all" else [a.strip() for a in args.agent.split(",") if a.strip()]
-    for a in agents:
-        if a not in POLICIES:
-            ap.error(f"unknown agent {a!r}; choose from {', '.join(POLICIES)}")
-    try:
-        tasks = parse_task_ids(args.task)
-    except UnknownTaskError as exc:
-        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)} (or 'all')")
+    agents, tasks = args.agent, args.task
     env = InProcessEnv()
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         options = {"model": args.model} if agent == "llm" else {}
         for task_id in tasks:
             try:
-                r = evaluate_agent(agent, task_id, args.episodes, env, **options)
+                r = evaluate_agent(agent, task_id, args.episodes, env, quiet=args.quiet, **options)
             except (WeightsNotFoundError, NotTunedError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
@@ -121,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"skipped {what}: {why}")
 
     out: dict[str, Any] = {"episodes": args.episodes, "seeds": eval_seeds(args.episodes), "skipped": skipped,
-                           "scores": {a: {t: {"mean": r.ci.mean, "ci95": r.ci.half_width, "n": r.ci.n}
+                           "scores": {a: {t: {"mean": r.ci.mean, "ci95": r.ci.finite_half_width, "n": r.ci.n}
                                           for t, r in by_task.items()} for a, by_task in results.items()}}
     if args.output:
         detail = {a: {t: {"scores": r.scores, "extra": r.extra} for t, r in by_task.items()}
                   for a, by_task in results.items()}
-        with open(args.output, "w") as f:
+        with args.output.open("w") as f:
             json.dump(out | {"detail": detail}, f, indent=2)
     print(json.dumps(out))
     return 0

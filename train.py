@@ -14,10 +14,14 @@ separate MLP critic. Observations are normalised by running mean/variance, updat
 rollout and frozen for the final export. One sampling generator per worker keeps runs
 reproducible whatever order the workers answer in.
 
-Outputs:
-    runs/<task>__s<seed>/progress.csv and TensorBoard events   (training curves)
-    weights/<task>.npz   the actor's layers, for agents/ppo_policy.py (numpy, no torch)
-    weights/<task>.json  observation normalisation, the command, commit, hyperparameters, scores
+Outputs, all in the run folder runs/<task>__s<seed>/:
+    progress.csv and TensorBoard events   (training curves)
+    <task>.npz   the actor's layers, for agents/ppo_policy.py (numpy, no torch)
+    <task>.json  observation normalisation, the command, commit, hyperparameters, scores
+With --replace-shipped-weights the actor replaces weights/<task>.npz/.json instead: the one the
+`ppo` policy, the server and evaluate.py load (`PPOPolicy(task, "runs/<task>__s<seed>/<task>.npz")`
+loads a run's own). `python train.py --help` lists every option with its default
+(train_config.py, which needs no torch).
 
 The exported actor is the one with the best greedy score on validation seeds (never the
 evaluation seeds evaluate.py uses) among the checkpoints validated during training.
@@ -26,20 +30,26 @@ torch comes from the `train` extra: pip install -e '.[train]'.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import json
+import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn as nn
+
+try:
+    import torch
+    import torch.nn as nn
+except ModuleNotFoundError as exc:  # the `train` extra is not installed
+    if __name__ == "__main__":
+        sys.exit(f"train.py needs torch, from the `train` extra: make install-train ({exc})")
+    raise
+from llmserve_env import cli
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import FEATURE_NAMES, encode_action
@@ -54,68 +64,10 @@ from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
-ROOT = Path(__file__).resolve().parent
-
-
-@dataclass
-class Args:
-    task: str = "adversarial_multitenant"
-    steps: int = 120_000  # total environment steps (windows)
-    seed: int = 0
-    num_envs: int = 16
-    num_workers: int = 2  # processes stepping environments (one per core)
-    num_steps: int = 64  # windows per env per rollout (one episode of a 64-window task)
-    learning_rate: float = 3e-4
-    anneal_lr: bool = True
-    gamma: float = 0.99
-    gae_lambda: float = 0.95
-    num_minibatches: int = 4
-    update_epochs: int = 8
-    clip_coef: float = 0.2
-    clip_vloss: bool = True
-    ent_coef: float = 0.003
-    vf_coef: float = 0.5
-    max_grad_norm: float = 0.5
-    target_kl: float | None = None
-    hidden: int = 64
-    # advice: the tuned heuristic's proposal is an input and each knob is followed or nudged
-    # (agents/advice.py; use with --init follow); off, the agent acts on the plain grid. The
-    # shipped weights were trained without it (see README, "PPO against the rivals").
-    advice: bool = False
-    # start from: heuristic (behaviour cloning), follow (the heuristic exactly; needs advice),
-    # tuned_static, vllm_default, uniform
-    init: str = "heuristic"
-    init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
-    bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
-    bc_epochs: int = 30
-    obs_clip: float = 10.0
-    obs_epsilon: float = 1e-8
-    reward_scale: float = 1.0
-    # Training-only shaping: add score_coef x the grader's episode score to the last window's
-    # reward. The step reward sums goodput over tenants, while the grade also weighs the worst
-    # tenant, quality and cost multiplicatively; the bonus points learning at the grade itself.
-    score_coef: float = 0.0
-    val_every: int = 10  # updates between validation runs
-    val_episodes: int = 16
-    torch_threads: int = 1
-    out_dir: Path = ROOT / "weights"
-    run_dir: Path = ROOT / "runs"
-    command: str = field(default="", repr=False)
-
-    @property
-    def batch_size(self) -> int:
-        return self.num_envs * self.num_steps
-
-    @property
-    def minibatch_size(self) -> int:
-        return self.batch_size // self.num_minibatches
-
-    @property
-    def num_updates(self) -> int:
-        return max(1, self.steps // self.batch_size)
+log = logging.getLogger("llmserve_env.train")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -420,8 +372,8 @@ def initial_action(task: str, how: str) -> ServeAction:
 
 
 def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    npz = args.out_dir / f"{args.task}.npz"
+    args.weights_dir.mkdir(parents=True, exist_ok=True)
+    npz = args.weights_dir / f"{args.task}.npz"
     np.savez(npz, **agent.export())
     meta = {
         "task": args.task,
@@ -437,42 +389,26 @@ def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
 
 
 # ----------------------------------------------------------------------------------------------
-def parse_args(argv: list[str]) -> Args:
-    ap = argparse.ArgumentParser(description="PPO for LLMServeEnv")
-    for f in dataclasses.fields(Args):
-        if f.name == "command":
-            continue
-        default = f.default
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(default, bool):
-            ap.add_argument(flag, type=lambda s: s.lower() in ("1", "true", "yes"), default=default)
-        elif f.name == "target_kl":
-            ap.add_argument(flag, type=float, default=None)
-        else:
-            ap.add_argument(flag, type=type(default), default=default)
-    ns = ap.parse_args(argv)
-    return Args(**vars(ns), command="python train.py " + " ".join(argv))
-
-
 def train(args: Args) -> dict:
-    torch.manual_seed(args.seed)
-    np.random.seed(args.seed)
-    torch.set_num_threads(args.torch_threads)
-    torch.use_deterministic_algorithms(True)
-    run_dir = args.run_dir / f"{args.task}__s{args.seed}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    writer = SummaryWriter(str(run_dir))
-    csv_file = (run_dir / "progress.csv").open("w", newline="")
-    log = csv.writer(csv_file)
-    log.writerow(["update", "global_step", "sps", "episodes", "mean_score", "mean_return", "val_score",
-                  "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
-
-    started = time.perf_counter()
-    nvec, obs_dim = view_shape(args.advice)
     if args.init == "follow" and not args.advice:
         raise ValueError("--init follow needs --advice true")
     if args.init == "heuristic" and args.advice:
         raise ValueError("--init heuristic (behaviour cloning) is for --advice false; with advice use follow")
+    torch.manual_seed(args.seed)
+    np.random.seed(args.seed)
+    torch.set_num_threads(args.torch_threads)
+    torch.use_deterministic_algorithms(True)
+    run_dir = args.run_path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log.info("run folder %s; the actor goes to %s/%s.npz", run_dir, args.weights_dir, args.task)
+    writer = SummaryWriter(str(run_dir))
+    csv_file = (run_dir / "progress.csv").open("w", newline="")
+    progress_log = csv.writer(csv_file)
+    progress_log.writerow(["update", "global_step", "sps", "episodes", "mean_score", "mean_return", "val_score",
+                  "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
+
+    started = time.perf_counter()
+    nvec, obs_dim = view_shape(args.advice)
     envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice)
     agent = Agent(obs_dim, nvec, args.hidden)
     rms = RunningMeanStd((obs_dim,))
@@ -508,7 +444,7 @@ def train(args: Args) -> dict:
     rivals = validate_rivals(args, envs)
     best = {"val_score": validate(agent, rms, args, envs), "update": 0, "global_step": 0}
     save(agent, rms, args, {"status": "in training", "best": best})
-    tqdm.write(f"validation: start {best['val_score']:.4f}, rivals {rivals}, bc {bc}")
+    log.info("validation: start %.4f, rivals %s, bc %s", best["val_score"], rivals, bc)
     global_step, episodes = 0, 0
     env_time = 0.0
     raw_buf = np.zeros((T, N, obs_dim), np.float32)
@@ -522,7 +458,7 @@ def train(args: Args) -> dict:
         val_buf[t, sl], act_buf[t, sl], logp_buf[t, sl] = value.flatten(), action, logp
         envs.send_step(w, action.numpy())
 
-    bar = tqdm(range(1, args.num_updates + 1), desc=f"PPO {args.task}", unit="upd")
+    bar = cli.progress(range(1, args.num_updates + 1), desc=f"PPO {args.task}", unit="upd", quiet=args.quiet)
     for update in bar:
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (update - 1.0) / args.num_updates)
@@ -623,10 +559,14 @@ def train(args: Args) -> dict:
                         ("losses/entropy", entropy.mean().item()), ("losses/approx_kl", approx_kl.item()),
                         ("losses/clipfrac", float(np.mean(clipfracs))), ("charts/SPS", sps)):
             writer.add_scalar(name, v, global_step)
-        log.writerow([update, global_step, round(sps, 1), episodes, mean_score, mean_return, val_score,
+        progress_log.writerow([update, global_step, round(sps, 1), episodes, mean_score, mean_return, val_score,
                       pg_loss.item(), v_loss.item(), entropy.mean().item(), approx_kl.item(), float(np.mean(clipfracs))])
         csv_file.flush()
-        bar.set_postfix(score=f"{mean_score:.3f}", val=f"{best['val_score']:.3f}", sps=f"{sps:.0f}")
+        if hasattr(bar, "set_postfix"):
+            bar.set_postfix(score=f"{mean_score:.3f}", val=f"{best['val_score']:.3f}", sps=f"{sps:.0f}")
+        if not np.isnan(val_score):
+            log.info("update %d/%d: validation %.4f (best %.4f), %.0f env steps/s", update, args.num_updates,
+                     val_score, best["val_score"], sps)
 
     envs.close()
     wall = time.perf_counter() - started
@@ -644,7 +584,7 @@ def train(args: Args) -> dict:
         "behaviour_cloning": bc,
     }
     # Re-write the JSON of the best checkpoint with the finished run's summary.
-    best_json = args.out_dir / f"{args.task}.json"
+    best_json = args.weights_dir / f"{args.task}.json"
     meta = json.loads(best_json.read_text())
     meta.update(summary)
     best_json.write_text(json.dumps(meta, indent=2) + "\n")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import time
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import TASKS, TaskSpec, get_task
+from llmserve_env.shared.tasks import TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "heuristic_tuned.json"
 NEVER = 10**9
@@ -151,20 +152,26 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print) -> tuple[He
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="all", help="a task id or 'all'")
-    ap.add_argument("--seeds", type=int, default=8, help="training seeds per candidate")
-    ap.add_argument("--output", type=Path, default=TUNED_PATH)
+    from llmserve_env import cli
+
+    ap = argparse.ArgumentParser(prog="python -m agents.heuristic", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=8, help="training seeds per candidate")
+    ap.add_argument("--output", type=cli.writable_file, default=TUNED_PATH, help="tuned thresholds file (JSON)")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
     from llmserve_env.runtime.inprocess import InProcessEnv
 
     command = "python -m agents.heuristic " + " ".join(sys.argv[1:] if argv is None else argv)
     stored = load_tuned(args.output)
-    env = InProcessEnv()
-    for task_id in list(TASKS) if args.task == "all" else [args.task]:
+    for task_id in args.task:
         t0 = time.perf_counter()
-        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds))
+        env = cli.EpisodeCounter(InProcessEnv(), f"tuning {task_id}", quiet=args.quiet)
+        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds), log=logging.getLogger(__name__).info)
+        env.close()
         stored["tasks"][task_id] = {"params": dataclasses.asdict(params), "train_score": round(score, 6),
                                     "train_seeds": train_seeds(args.seeds), "candidates_evaluated": evaluated,
                                     "search_wall_s": round(time.perf_counter() - t0, 1), "command": command,

@@ -52,8 +52,31 @@ class LLMPolicyStats:
     last_error: str | None = None
     invalid_examples: list[str] = field(default_factory=list)
 
+    @property
+    def invalid_share(self) -> float:
+        """Share of calls whose reply was not a valid action (0 before any call)."""
+        return self.invalid / self.calls if self.calls else 0.0
+
+    @property
+    def fallback_share(self) -> float:
+        """Share of windows the model did not decide: invalid replies and API errors, each of which
+        played `SAFE_ACTION` instead. Near 1, the score is the fallback's, not the model's."""
+        return (self.invalid + self.api_errors) / self.calls if self.calls else 0.0
+
+    def merge(self, other: LLMPolicyStats) -> None:
+        self.calls += other.calls
+        self.invalid += other.invalid
+        self.api_errors += other.api_errors
+        self.last_error = other.last_error or self.last_error
+
+    def summary(self) -> str:
+        """One line for a table: 'invalid 3/64 (4.7 %), API errors 0'."""
+        return (f"invalid {self.invalid}/{self.calls} ({100 * self.invalid_share:.1f} %), "
+                f"API errors {self.api_errors}")
+
     def as_dict(self) -> dict[str, Any]:
         return {"calls": self.calls, "invalid": self.invalid, "api_errors": self.api_errors,
+                "invalid_share": round(self.invalid_share, 4), "fallback_share": round(self.fallback_share, 4),
                 "last_error": self.last_error, "invalid_examples": list(self.invalid_examples)}
 
 

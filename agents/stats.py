@@ -28,7 +28,14 @@ class MeanCI:
     half_width: float
     n: int
 
+    @property
+    def finite_half_width(self) -> float | None:
+        """The half width, or None for one sample (JSON has no infinity)."""
+        return self.half_width if math.isfinite(self.half_width) else None
+
     def __str__(self) -> str:
+        if not math.isfinite(self.half_width):
+            return f"{self.mean:.3f} (n={self.n}, no CI)"
         return f"{self.mean:.3f} ± {self.half_width:.3f}"
 
 

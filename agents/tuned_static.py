@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -27,7 +28,6 @@ from llmserve_env.agents.search import coordinate_descent, git_commit, load_tune
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.tasks import TASKS
 
 TUNED_PATH = Path(__file__).resolve().parent / "tuned_static.json"
 
@@ -90,22 +90,30 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="all", help="a task id or 'all'")
-    ap.add_argument("--seeds", type=int, default=8, help="training seeds per configuration (descent stage)")
-    ap.add_argument("--random", type=int, default=96, help="random grid configurations in the first stage")
-    ap.add_argument("--output", type=Path, default=TUNED_PATH)
+    from llmserve_env import cli
+
+    ap = argparse.ArgumentParser(prog="python -m agents.tuned_static", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=8,
+                    help="training seeds per configuration (descent stage)")
+    ap.add_argument("--random", type=cli.int_at_least(0), default=96,
+                    help="random grid configurations in the first stage")
+    ap.add_argument("--output", type=cli.writable_file, default=TUNED_PATH, help="tuned configurations file (JSON)")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
     from llmserve_env.runtime.inprocess import InProcessEnv
 
-    tasks = list(TASKS) if args.task == "all" else [args.task]
+    tasks = args.task
     stored = load_tuned(args.output)
     command = "python -m agents.tuned_static " + " ".join(sys.argv[1:] if argv is None else argv)
     commit = git_commit()
-    env = InProcessEnv()
     for task_id in tasks:
-        r = search(env, task_id, train_seeds(args.seeds), args.random)
+        env = cli.EpisodeCounter(InProcessEnv(), f"searching {task_id}", quiet=args.quiet)
+        r = search(env, task_id, train_seeds(args.seeds), args.random, log=logging.getLogger(__name__).info)
+        env.close()
         stored["tasks"][task_id] = {
             "action": r.action.knobs(),
             "train_score": round(r.score, 6),

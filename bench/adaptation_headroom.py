@@ -30,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import coordinate_descent
@@ -39,7 +40,7 @@ from llmserve_env.agents.tuned_static import tuned_action
 from llmserve_env.evaluate import evaluate_agent
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
-from llmserve_env.shared.tasks import get_task, parse_task_ids
+from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import high_load_regime
 
 TASKS = ("bursty_workload", "adversarial_multitenant")
@@ -87,17 +88,21 @@ def search_oracle(pool: ProcessPoolExecutor, task_id: str, seeds: list[int]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default=",".join(TASKS), help="comma-separated task ids with a hidden regime")
-    ap.add_argument("--episodes", type=int, default=30, help="held-out evaluation seeds per agent")
-    ap.add_argument("--train-seeds", type=int, default=6, help="training seeds per oracle candidate")
-    ap.add_argument("--workers", type=int, default=2)
+    ap = argparse.ArgumentParser(prog="python bench/adaptation_headroom.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.names_from(TASKS), default=",".join(TASKS),
+                    help="comma-separated task ids with a hidden regime")
+    ap.add_argument("--episodes", type=cli.int_at_least(2), default=30, help="held-out evaluation seeds per agent")
+    ap.add_argument("--train-seeds", type=cli.int_at_least(1), default=6, help="training seeds per oracle candidate")
+    ap.add_argument("--workers", type=cli.int_at_least(1), default=2, help="worker processes")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
 
     out: dict[str, float] = {}
     rows = []
     with ProcessPoolExecutor(args.workers) as pool:
-        for task_id in parse_task_ids(args.task):
+        for task_id in args.task:
             t0 = time.perf_counter()
             point, train_score, evaluated = search_oracle(pool, task_id, train_seeds(args.train_seeds))
             rivals = {agent: pool.submit(evaluate_agent, agent, task_id, args.episodes)

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import CLIENT_KINDS, GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
@@ -159,21 +160,22 @@ def run_level(base_url: str, client: str, n: int, ttft_s: float, itl_s: float, t
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--levels", default="1,50,100,200,500")
-    ap.add_argument("--clients", default=",".join(CLIENT_KINDS),
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/gateway_accuracy.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--levels", type=cli.int_list(1), default="1,50,100,200,500",
+                    help="comma-separated numbers of concurrent streams")
+    ap.add_argument("--clients", type=cli.names_from(CLIENT_KINDS), default=",".join(CLIENT_KINDS),
                     help=f"comma-separated, from {', '.join(CLIENT_KINDS)}")
-    ap.add_argument("--ttft-ms", type=float, default=50.0)
-    ap.add_argument("--itl-ms", type=float, default=40.0)
-    ap.add_argument("--tokens", type=int, default=16, help="output tokens per stream")
-    ap.add_argument("--measure-s", type=float, default=3.0, help="seconds of steady state measured per level")
-    a = ap.parse_args()
-    levels = [int(x) for x in a.levels.split(",")]
-    clients = [c.strip() for c in a.clients.split(",") if c.strip()]
-    bad = [c for c in clients if c not in CLIENT_KINDS]
-    if bad:
-        ap.error(f"--clients: unknown {bad}; choose from {', '.join(CLIENT_KINDS)}")
+    ap.add_argument("--ttft-ms", type=cli.float_at_least(1.0), default=50.0, help="the loopback server's TTFT")
+    ap.add_argument("--itl-ms", type=cli.float_at_least(1.0), default=40.0, help="the loopback server's ITL")
+    ap.add_argument("--tokens", type=cli.int_at_least(2), default=16, help="output tokens per stream")
+    ap.add_argument("--measure-s", type=cli.float_at_least(0.5), default=3.0,
+                    help="seconds of steady state measured per level")
+    cli.add_output_options(ap)
+    a = ap.parse_args(argv)
+    cli.configure_logging(a)
+    levels, clients = a.levels, a.clients
     _raise_priority()  # the stand-in inherits it
     port = free_port()
     proc = start_standin(port, a.ttft_ms, a.itl_ms)
@@ -181,7 +183,7 @@ def main() -> None:
     rows = []
     try:
         for client in clients:
-            for n in levels:
+            for n in cli.progress(levels, desc=f"{client} levels", quiet=a.quiet):
                 row = run_level(base_url, client, n, a.ttft_ms / 1e3, a.itl_ms / 1e3, a.tokens, a.measure_s)
                 rows.append({"client": client, **row})
     finally:

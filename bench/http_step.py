@@ -33,6 +33,7 @@ import time
 
 import httpx
 import numpy as np
+from llmserve_env import cli
 from local_server import own_server
 
 ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",
@@ -71,12 +72,15 @@ def ws_episodes(url: str, task: str, episodes: int) -> list[float]:
     return lat
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--url", help="a running server; default: start one")
-    ap.add_argument("--task", default="static_workload")
-    ap.add_argument("--episodes", type=int, default=5)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/http_step.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--url", type=cli.http_url, help="a running server; default: start one")
+    ap.add_argument("--task", type=cli.task_id, default="static_workload", help="task played")
+    ap.add_argument("--episodes", type=cli.int_at_least(1), default=5, help="timed episodes per transport")
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    cli.configure_logging(args)
 
     def run(url: str) -> dict[str, float]:
         http_episodes(url, args.task, 1)  # warm-up

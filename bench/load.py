@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
@@ -198,16 +199,17 @@ async def run_level(url: str, task_id: str, n: int, plans: list[list[dict[str, A
     return level
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clients", default="1,10,50,200", help="comma-separated client counts")
-    ap.add_argument("--url", help="a running server; default: start one")
-    ap.add_argument("--task", default="static_workload")
-    ap.add_argument("--steps", type=int, default=16, help="windows per episode; 0 = the task's horizon")
-    args = ap.parse_args()
-    counts = [int(x) for x in args.clients.split(",") if x.strip()]
-    if not counts or min(counts) < 1:
-        ap.error("--clients needs positive integers, e.g. 1,10,50,200")
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/load.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--clients", type=cli.int_list(1), default="1,10,50,200", help="comma-separated client counts")
+    ap.add_argument("--url", type=cli.http_url, help="a running server; default: start one")
+    ap.add_argument("--task", type=cli.task_id, default="static_workload", help="task played")
+    ap.add_argument("--steps", type=cli.int_at_least(0), default=16, help="windows per episode; 0 = the task's horizon")
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    cli.configure_logging(args)
+    counts = args.clients
     horizon = resolve_task(args.task).horizon
     steps = min(args.steps, horizon) if args.steps > 0 else horizon
 

@@ -25,6 +25,7 @@ import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
+from llmserve_env import cli
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES
@@ -32,7 +33,7 @@ from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.evaluate import evaluate_agent
-from llmserve_env.shared.tasks import TASKS, UnknownTaskError, parse_task_ids
+from llmserve_env.shared.tasks import TASKS
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}
@@ -64,24 +65,22 @@ def play_cell(agent: str, task_id: str, episodes: int) -> tuple[str, str, list[f
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--episodes", type=int, default=50, help="held-out seeds per cell (the same for every agent)")
-    ap.add_argument("--workers", type=int, default=2, help="processes (one cell per process at a time)")
-    ap.add_argument("--agents", default="all", help="comma-separated agent names, or 'all'")
-    ap.add_argument("--tasks", default="all", help="comma-separated task ids, or 'all'")
+    ap = argparse.ArgumentParser(prog="python bench/score_table.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--episodes", type=cli.int_at_least(2), default=50,
+                    help="held-out seeds per cell (the same for every agent)")
+    ap.add_argument("--workers", type=cli.int_at_least(1), default=2, help="processes (one cell per process at a time)")
+    ap.add_argument("--agents", type=cli.names_from(POLICIES, ["all"]), default="all",
+                    help="comma-separated agent names, or 'all'")
+    ap.add_argument("--tasks", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
 
     agents, skipped = available_agents()
-    if args.agents != "all":
-        wanted = [a.strip() for a in args.agents.split(",") if a.strip()]
-        unknown = [a for a in wanted if a not in POLICIES]
-        if unknown:
-            ap.error(f"unknown agent(s) {', '.join(unknown)}; choose from {', '.join(POLICIES)}")
-        agents = wanted
-    try:
-        tasks = parse_task_ids(args.tasks)
-    except UnknownTaskError as exc:
-        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)} (or 'all')")
+    if args.agents != ["all"]:
+        agents = args.agents
+    tasks = args.tasks
     seeds = eval_seeds(args.episodes)
 
     t_start = time.perf_counter()
@@ -89,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(a, t) for a in agents for t in tasks]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         futures = [pool.submit(play_cell, a, t, args.episodes) for a, t in jobs]
-        for fut in futures:
+        for fut in cli.progress(futures, desc="cells", quiet=args.quiet):
             agent, task_id, scores, reason, wall = fut.result()
             if scores is None:
                 skipped[f"{agent}/{task_id}"] = reason

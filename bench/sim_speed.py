@@ -24,6 +24,7 @@ import json
 import random
 import time
 
+from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
 from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS, TaskSpec
@@ -57,15 +58,19 @@ def serve(task: TaskSpec, episodes: list[list], seed: int, policy: str) -> tuple
     return elapsed, steps, reqs
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--episodes", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=5)
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/sim_speed.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--episodes", type=cli.int_at_least(1), default=3, help="episodes per task and policy")
+    ap.add_argument("--seed", type=cli.int_at_least(0), default=0, help="first episode seed")
+    ap.add_argument("--repeats", type=cli.int_at_least(1), default=5, help="timed repeats (the fastest is kept)")
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    cli.configure_logging(args)
     out: dict[str, float] = {}
     print(f"{'task':<26} {'policy':<7} {'steps':>6} {'requests':>9} {'steps/s':>9} {'requests/s':>11}")
-    for tid, task in SINGLE_SERVER_TASKS.items():
+    for tid, task in cli.progress(SINGLE_SERVER_TASKS.items(), total=len(SINGLE_SERVER_TASKS), desc="tasks",
+                                  quiet=args.quiet):
         episodes = [windows(generate_arrivals(task, args.seed + e), task) for e in range(args.episodes)]
         serve(task, episodes[:1], args.seed, "fixed")  # warm the step-time tables
         for policy in ("fixed", "random"):

@@ -25,6 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # train.py lives at the repository root, outside the package's import path
 
+from llmserve_env import cli  # noqa: E402
 from llmserve_env.gym_env import LLMServeGymEnv  # noqa: E402
 
 import train  # noqa: E402
@@ -45,19 +46,30 @@ def single_env_rate(task: str, steps: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="adversarial_multitenant")
-    ap.add_argument("--steps", type=int, default=16384, help="environment steps for the training-loop run")
-    ap.add_argument("--single-steps", type=int, default=1024)
-    ap.add_argument("--num-envs", type=int, default=train.Args.num_envs)
-    ap.add_argument("--num-workers", type=int, default=train.Args.num_workers)
+    ap = argparse.ArgumentParser(prog="python bench/train_speed.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.task_id, default="adversarial_multitenant", help="task to train on")
+    ap.add_argument("--steps", type=cli.int_at_least(1), default=16384,
+                    help="environment steps for the training-loop run (at least num_envs x 64)")
+    ap.add_argument("--single-steps", type=cli.int_at_least(1), default=1024,
+                    help="steps of the single in-process environment")
+    ap.add_argument("--num-envs", type=cli.int_at_least(1), default=train.Args.num_envs, help="environments")
+    ap.add_argument("--num-workers", type=cli.int_at_least(1), default=train.Args.num_workers,
+                    help="worker processes, 1..num_envs")
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    cli.configure_logging(args)
+    if args.num_workers > args.num_envs:
+        ap.error(f"argument --num-workers: expected 1..num_envs ({args.num_envs}), got {args.num_workers}")
+    if args.steps < args.num_envs * train.Args.num_steps:
+        ap.error(f"argument --steps: expected at least one rollout, num_envs x {train.Args.num_steps} = "
+                 f"{args.num_envs * train.Args.num_steps}, got {args.steps}")
 
     single = single_env_rate(args.task, args.single_steps)
     with tempfile.TemporaryDirectory() as tmp:
         targs = train.Args(task=args.task, steps=args.steps, num_envs=args.num_envs, num_workers=args.num_workers,
                            out_dir=Path(tmp) / "weights", run_dir=Path(tmp) / "runs",
-                           command="bench/train_speed.py")
+                           command="bench/train_speed.py", quiet=args.quiet)
         summary = train.train(targs)
     rate = summary["env_steps_per_s"]
     rows = [

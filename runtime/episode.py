@@ -29,9 +29,15 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 log = logging.getLogger("llmserve_env.runtime")
 
 
-def make_backend(mode: str, task: TaskSpec) -> Backend:
-    """The backend for one episode. Imported here so sim mode never loads the gateway and back."""
+def make_backend(mode: str, task: TaskSpec, profile: Any = None, caps: Any = None) -> Backend:
+    """The backend for one episode. Imported here so sim mode never loads the gateway and back.
+    Sim mode: `profile` (an id, a path to a profile file, or a sim.profiles.Profile) replaces the task's,
+    and `caps` (a sim.caps.RequestCaps) applies real mode's request caps, so a recorded episode can be
+    played again in the simulator."""
     if mode == "real":
+        if profile is not None or caps is not None:
+            raise EnvError("profile and caps choose how sim mode serves; real mode serves what the endpoint "
+                           "is, under LLMSERVE_REAL_MAX_* caps")
         from llmserve_env.gateway.backend import GatewayBackend
 
         return GatewayBackend.from_env()
@@ -40,8 +46,16 @@ def make_backend(mode: str, task: TaskSpec) -> Backend:
 
         return ClusterBackend(task.profile, task.replicas, task.initial_replicas)
     from llmserve_env.sim.backend import SimBackend
+    from llmserve_env.sim.caps import CappedBackend
 
-    return SimBackend(task.profile)
+    backend: Backend = SimBackend(task.profile if profile is None else profile)
+    return CappedBackend(backend, caps) if caps is not None and caps.any else backend
+
+
+def _served_profile(backend: Backend, task: TaskSpec) -> str:
+    """The id of the profile a sim backend (capped or not) serves; the task's for other backends."""
+    profile = getattr(getattr(backend, "inner", backend), "profile", None)
+    return profile.id if profile is not None else task.profile
 
 
 def check_replicas(action: ServeAction, task: TaskSpec) -> None:
@@ -124,11 +138,14 @@ class Episode:
     last_observation: ServeObservation | None = None
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    profile: str = ""  # the simulator profile served (sim mode), else the task's
 
     @classmethod
-    def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None) -> Episode:
+    def start(cls, task: TaskSpec, seed: int, mode: str, episode_id: str | None = None, *, profile: Any = None,
+              caps: Any = None) -> Episode:
+        """`profile`, `caps`: sim mode only, see make_backend (UnknownProfileError / CapsError when bad)."""
         arrivals = generate_arrivals(task, seed)
-        backend = make_backend(mode, task)
+        backend = make_backend(mode, task, profile, caps)
         episode_id = episode_id or uuid.uuid4().hex
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
@@ -146,13 +163,14 @@ class Episode:
             backend=backend,
             windows=windows(arrivals, task),
             tracker=MetricsTracker(task),
+            profile=_served_profile(backend, task),
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
             episode_id=ep.episode_id,
             reward=0.0,
             done=False,
-            metadata={"horizon": task.horizon, "window_s": task.window_s, "profile": task.profile,
+            metadata={"horizon": task.horizon, "window_s": task.window_s, "profile": ep.profile,
                       "mode": mode, "seed": seed},
         )
         if task.is_cluster:
@@ -196,7 +214,7 @@ class Episode:
             task_id=self.task.task_id,
             seed=self.seed,
             mode=self.mode,
-            profile=self.task.profile,
+            profile=self.profile,
             horizon=self.task.horizon,
             done=self.done and self.failed is None,
             steps=list(self.steps),

@@ -64,6 +64,18 @@ class UnknownSplitError(EnvError):
         super().__init__(f"unknown split {split!r}; this environment has one split, {valid!r}, holding every task")
 
 
+class UnknownProfileRequestError(EnvError):
+    """POST /reset named a profile this server cannot serve (not an id it holds, or a broken file)."""
+
+    status = 404
+
+
+class SimOnlyOptionError(EnvError):
+    """A sim-mode option (profile, caps) given to a real-mode server."""
+
+    status = 409
+
+
 class BackendFailure(EnvError):
     """The backend of one episode failed; that episode ends, others are untouched."""
 

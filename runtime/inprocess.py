@@ -34,10 +34,12 @@ class InProcessEnv:
             raise EnvError("no episode: call reset(task_id, seed) first")
         return self._episode
 
-    def reset(self, task_id: str, seed: int) -> ServeObservation:
+    def reset(self, task_id: str, seed: int, *, profile: Any = None, caps: Any = None) -> ServeObservation:
+        """`profile` (id, path or Profile) and `caps` (sim.caps.RequestCaps): sim mode only, to play a
+        task on a fitted profile under real mode's caps (see runtime.episode.make_backend)."""
         task = resolve_task(task_id)
         self.close()
-        self._episode = Episode.start(task, seed, self.mode)
+        self._episode = Episode.start(task, seed, self.mode, profile=profile, caps=caps)
         assert self._episode.last_observation is not None
         return self._episode.last_observation
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -119,6 +120,9 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
         state_cls=WireState,
         gradio_builder=build_dashboard,
         custom_tab_name="Dashboard",
+        # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid
+        # action, pick a task or seed, or show the server's own URL, so it comes second.
+        custom_tab_primary=True,
     )
     app.title = "LLMServeEnv"
     _calm_gradio_queue(app)
@@ -161,12 +165,14 @@ def build_app(config: ServerConfig | None = None) -> FastAPI:
 app = build_app()
 
 
-def main(host: str = "0.0.0.0", port: int | None = None) -> None:
-    """Serve the app (the `server` console script, and `python -m server.app`)."""
-    import uvicorn
+def main(argv: list[str] | None = None) -> int:
+    """`python -m server.app [--host H] [--port P] [--mode sim|real]`: the same as
+    `python -m llmserve_env serve` (and the `llmserve-env serve` console script); `--help` lists
+    the options and starts nothing."""
+    from llmserve_env.__main__ import serve
 
-    uvicorn.run(app, host=host, port=port or int(os.environ.get("PORT", "7860")))
+    return serve(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -22,6 +22,17 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 Scope = dict[str, Any]
 
 
+class ServeCaps(BaseModel):
+    """Real mode's request caps (LLMSERVE_REAL_MAX_*) for the simulator; null or absent: no cap."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    max_requests_per_step: int | None = Field(None, ge=1, description="arrivals served per window; the rest "
+                                                                      "are rejected")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="prompts are cut to this")
+    max_completion_tokens: int | None = Field(None, ge=1, description="completions are cut to this")
+
+
 class ServeResetRequest(BaseModel):
     """POST /reset: start an episode of `task_id` with `seed`; the answer carries its episode_id."""
 
@@ -33,6 +44,11 @@ class ServeResetRequest(BaseModel):
     seed: int | None = Field(None, ge=0, description="fixes the whole arrival stream (default 0)")
     episode_id: str | None = Field(None, max_length=255,
                                    description="an id for the new episode (default: a fresh uuid)")
+    profile: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                                description="sim mode: serve on this simulator profile id instead of the "
+                                            "task's (a fitted one from LLMSERVE_PROFILE_PATH or the user folder)")
+    caps: ServeCaps | None = Field(None, description="sim mode: real mode's request caps, applied by the "
+                                                      "simulator to replay a recorded episode")
 
 
 class ServeStepRequest(BaseModel):

@@ -8,6 +8,13 @@ the actions taken, per-tenant SLO attainment, and the final grade.
 Each browser session owns its episode (a `gr.State`), played on its own `LLMServeEnvironment`
 that shares the server's episode store and mode, so a dashboard episode can also be graded by id
 through POST /grader. Plots are Gradio's own components (Vega, bundled with Gradio: no CDN).
+
+It is the landing tab of /web (OpenEnv's generic Playground is the second): before the first
+episode it shows what to do instead of empty plots; the manual knobs start at the heuristic's
+first action for the chosen task (a valid action that serves the load); each knob has a plot of
+its own (constant lines hid each other); the page reflows to one column on a phone;
+and a "Connect from Python" panel gives the same episode as code against the URL the page was
+served from.
 """
 
 from __future__ import annotations
@@ -20,11 +27,14 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 from llmserve_env.agents.base import Policy, make_action
+from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS, TaskSpec, get_task
+from pydantic import ValidationError
 
 MANUAL = "manual"
 POLICY_LABELS: dict[str, str] = {
@@ -43,6 +53,25 @@ RUN_UPDATE_EVERY = 4
 # An idle browser session's episode is dropped after this long.
 SESSION_TTL_S = 3600
 PLOT_HEIGHT = 260
+# Columns narrower than this wrap onto their own line: two plots side by side on a laptop, one
+# per line on a phone (390 px).
+PLOT_MIN_WIDTH = 320
+EMPTY_STATE = (
+    "**No episode yet.** Pick a task, a seed and a policy above, then press **Run episode** to play "
+    "all 64 windows (a few seconds) or **Step** to play one window at a time. The plots, the grade "
+    "and the per-tenant table appear here as the episode runs."
+)
+ITL_TPOT_NOTE = (
+    "**ITL vs TPOT.** ITL is the gap between consecutive output chunks of the requests running in the "
+    "window (with speculation one chunk carries several tokens, so its gap is longer). TPOT is a "
+    "request's (finish − first token) / (output tokens − 1), over the requests that finished in the "
+    "window: the SLO is on TPOT, so p50 ITL can sit above the TPOT SLO line while requests meet it."
+)
+LAST_WINDOW_NOTE = (
+    "**The last window.** When the episode ends, every request still queued or running is charged as an "
+    "SLO miss (the end-of-episode backlog), so the reward usually drops in the final window: a policy "
+    "cannot defer its backlog past the horizon."
+)
 FRAME_COLUMNS = ["step", "value", "series"]
 # Vega's category10-like palette; measured series come first, SLO lines after them.
 PALETTE = ("#4c78a8", "#f58518", "#e45756", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b")
@@ -189,7 +218,7 @@ def task_markdown(task_id: str) -> str:
 
 def status_markdown(run: DashboardRun | None) -> str:
     if run is None:
-        return "No episode yet: press **Run episode** (or **New episode**, then **Step**)."
+        return "No episode yet."
     state = "finished" if run.done else "running"
     total = run.rows[-1]["cumulative_reward"] if run.rows else 0.0
     return (
@@ -236,15 +265,18 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
     rows = run.rows if run is not None else []
     task = run.task if run is not None else None
     ttft_slos = {f"SLO {t.name}": t.ttft_slo_ms for t in task.tenants} if task else {}
-    tpot_slos = {f"SLO {t.name}": t.tpot_slo_ms for t in task.tenants} if task else {}
+    tpot_slos = {f"TPOT SLO {t.name}": t.tpot_slo_ms for t in task.tenants} if task else {}
     ttft = with_slo_lines(
         series_frame(rows, {"p50_ttft_ms": "p50 TTFT", "p99_ttft_ms": "p99 TTFT"}), rows, ttft_slos
     )
     itl = with_slo_lines(
         series_frame(rows, {"p50_itl_ms": "p50 ITL", "p50_tpot_ms": "p50 TPOT"}), rows, tpot_slos
     )
+    started = run is not None
     return (
         status_markdown(run),
+        gr.update(visible=not started),
+        gr.update(visible=started),
         grade_markdown(run),
         run.grade.model_dump(mode="json") if run is not None and run.grade is not None else None,
         tenant_totals(run) if run is not None else None,
@@ -262,20 +294,63 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
         plotted(series_frame(rows, {"eviction_events": "evictions"})),
         plotted(series_frame(rows, {"reward": "step reward"}), from_zero=False),
         plotted(series_frame(rows, {"batch_cap": "batch cap"})),
-        plotted(series_frame(rows, {"speculation_depth": "speculation depth", "weight_bits": "weight bits"})),
-        plotted(
-            series_frame(
-                rows,
-                {
-                    "kv_budget_fraction": "KV budget",
-                    "prefill_decode_split": "prefill/decode split",  # plotted as 0/1
-                    "priority_routing": "priority routing",
-                },
-            ),
-            from_zero=False,
-        ),
+        plotted(series_frame(rows, {"kv_budget_fraction": "KV budget"}), from_zero=False),
+        plotted(series_frame(rows, {"speculation_depth": "draft tokens"})),
+        plotted(series_frame(rows, {"weight_bits": "weight bits"})),
+        plotted(series_frame(rows, {"prefill_decode_split": "prefill/decode split"}), from_zero=False),
+        plotted(series_frame(rows, {"priority_routing": "priority routing"}), from_zero=False),
         plotted(tenant_frame(rows), from_zero=False),
         action_table(rows),
+    )
+
+
+def error_lines(exc: Exception) -> str:
+    """An error as one short line per field (pydantic's own text, without its links), else one line."""
+    if isinstance(exc, ValidationError):
+        return "\n".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors())
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def first_heuristic_action(task_id: str, seed: int = 0) -> ServeAction:
+    """The heuristic's action for the first window of (task, seed): where the manual knobs start,
+    a valid action that keeps up with the task's load (the old defaults were a poor fixed setting)."""
+    # Always the simulator (in real mode too): the page is built without calling any endpoint.
+    env = InProcessEnv("sim")
+    policy = heuristic(task_id)
+    policy.reset()
+    try:
+        return policy.act(env.reset(task_id, seed))
+    finally:
+        env.close()
+
+
+def knob_values(action: ServeAction) -> tuple[Any, ...]:
+    k = action.knobs()
+    return (k["batch_cap"], k["kv_budget_fraction"], k["speculation_depth"], k["quantization_tier"],
+            k["prefill_decode_split"], k["priority_routing"])
+
+
+def server_url(headers: dict[str, str]) -> str:
+    """The URL a browser reached this server at (behind a proxy, the forwarded host and scheme)."""
+    if os.environ.get("SPACE_HOST"):
+        return f"https://{os.environ['SPACE_HOST']}"
+    host = headers.get("x-forwarded-host") or headers.get("host") or "localhost:7860"
+    scheme = headers.get("x-forwarded-proto") or "http"
+    return f"{scheme.split(',')[0].strip()}://{host.split(',')[0].strip()}"
+
+
+def python_markdown(url: str, task_id: str, seed: int, action: ServeAction) -> str:
+    knobs = ",\n".join(f"    {k!r}: {v!r}" for k, v in action.knobs().items())
+    return (
+        "Play the same episode from Python against this server "
+        f"(`pip install -e .` in a clone of the project):\n\n```python\n"
+        "from llmserve_env import LLMServeEnv\n\n"
+        f'env = LLMServeEnv.from_url("{url}")\n'
+        f'observation = env.reset(task_id="{task_id}", seed={seed})\n'
+        f"action = {{\n{knobs},\n}}\n"
+        "while not observation.done:\n"
+        "    observation, reward, done, info = env.step(action)\n"
+        "print(env.grade())\n```"
     )
 
 
@@ -287,7 +362,8 @@ def build_dashboard(
     title: str,
     quick_start_md: str,
 ) -> gr.Blocks:
-    """OpenEnv's `gradio_builder` hook: the Dashboard tab (the playground tab is OpenEnv's own)."""
+    """OpenEnv's `gradio_builder` hook: the Dashboard tab (the landing tab; OpenEnv's generic
+    Playground is the second tab)."""
     base = getattr(web_manager, "env", None)
     shared_env = base if isinstance(base, LLMServeEnvironment) else None
 
@@ -297,22 +373,28 @@ def build_dashboard(
         return LLMServeEnvironment(store=shared_env.store, config=shared_env.config)
 
     def knobs(batch_cap: float, kv: float, spec: float, quant: str, split: bool, prio: bool) -> ServeAction:
-        return make_action(int(batch_cap), float(kv), int(spec), quant, bool(split), bool(prio))
+        try:
+            return make_action(int(batch_cap), float(kv), int(spec), quant, bool(split), bool(prio))
+        except (ValidationError, ValueError, TypeError) as exc:
+            raise gr.Error(error_lines(exc)) from exc
+
+    def seed_of(seed: float | None) -> int:
+        if seed is None or float(seed) != int(seed) or int(seed) < 0:
+            raise gr.Error("seed: a whole number >= 0")
+        return int(seed)
 
     def start(task_id: str, seed: float | None, policy_name: str) -> DashboardRun:
-        seed_value = int(seed or 0)
-        if seed_value < 0:
-            raise gr.Error("the seed must be a non-negative integer")
+        seed_value = seed_of(seed)
         try:
             return new_run(make_env(), task_id, seed_value, policy_name)
         except Exception as exc:  # shown to the visitor rather than as a server error page
-            raise gr.Error(f"{type(exc).__name__}: {exc}") from exc
+            raise gr.Error(error_lines(exc)) from exc
 
     def advance(run: DashboardRun, manual: ServeAction) -> None:
         try:
             run.step(manual)
         except Exception as exc:
-            raise gr.Error(f"step {run.obs.step_index} failed: {type(exc).__name__}: {exc}") from exc
+            raise gr.Error(f"step {run.obs.step_index + 1}: {error_lines(exc)}") from exc
 
     def on_new(task_id, seed, policy_name):
         run = start(task_id, seed, policy_name)
@@ -322,109 +404,153 @@ def build_dashboard(
         run: DashboardRun | None, task_id: str, seed: float | None, policy_name: str
     ) -> tuple[DashboardRun, bool]:
         """The session's episode if it is unfinished and still what the page asks for, else a new one."""
-        if run is None or run.done or not run.plays(task_id, int(seed or 0), policy_name):
+        if run is None or run.done or not run.plays(task_id, seed_of(seed), policy_name):
             return start(task_id, seed, policy_name), True
         return run, False
 
     # A new episode first clears the plots: a plot rebuilt from empty takes the new episode's series
     # (another task's tenants and SLOs); one updated in place keeps the series it started with.
-    def on_step(run, task_id, seed, policy_name, *knob_values) -> Iterator[tuple[Any, ...]]:
+    def on_step(run, task_id, seed, policy_name, *knob_values_in) -> Iterator[tuple[Any, ...]]:
+        manual = knobs(*knob_values_in)
         run, fresh = current(run, task_id, seed, policy_name)
         if fresh:
             yield (run, *views(run))
-        advance(run, knobs(*knob_values))
+        advance(run, manual)
         yield (run, *views(run))
 
-    def on_run(run, task_id, seed, policy_name, *knob_values) -> Iterator[tuple[Any, ...]]:
+    def on_run(run, task_id, seed, policy_name, *knob_values_in) -> Iterator[tuple[Any, ...]]:
+        manual = knobs(*knob_values_in)
         run, fresh = current(run, task_id, seed, policy_name)
         if fresh:
             yield (run, *views(run))
         while not run.done:
-            advance(run, knobs(*knob_values))
+            advance(run, manual)
             if run.done or len(run.rows) % RUN_UPDATE_EVERY == 0:
                 yield (run, *views(run))
 
-    def plot(title_text: str, y_title: str, y_lim: list[float | None] | None = None) -> gr.LinePlot:
-        return gr.LinePlot(
-            x="step",
-            y="value",
-            color="series",
-            title=title_text,
-            x_title="window",
-            y_title=y_title,
-            y_lim=y_lim,
-            height=PLOT_HEIGHT,
-            color_title="",
-            elem_classes=["llmserve-plot"],
-        )
+    def on_task(task_id: str):
+        """A new task: its description, and the manual knobs at its heuristic's first action."""
+        return (task_markdown(task_id), *knob_values(first_heuristic_action(task_id)))
+
+    def on_connect(task_id: str, seed: float | None, batch_cap: float, kv: float, spec: float, quant: str,
+                   split: bool, prio: bool, request: gr.Request):
+        headers = {k.lower(): v for k, v in dict(getattr(request, "headers", None) or {}).items()}
+        try:
+            action = make_action(int(batch_cap), float(kv), int(spec), quant, bool(split), bool(prio))
+            seed_value = int(seed or 0)
+        except (ValidationError, ValueError, TypeError):
+            return gr.update()
+        return python_markdown(server_url(headers), task_id, seed_value, action)
+
+    def plot(title_text: str, y_title: str, y_lim: list[float | None] | None = None, **kw: Any) -> gr.LinePlot:
+        with gr.Column(min_width=PLOT_MIN_WIDTH):
+            return gr.LinePlot(
+                x="step",
+                y="value",
+                color="series",
+                title=title_text,
+                x_title="window",
+                y_title=y_title,
+                y_lim=y_lim,
+                color_title="",
+                elem_classes=["llmserve-plot"],
+                **{"height": PLOT_HEIGHT, **kw},
+            )
 
     default_task = next(iter(TASKS))
+    start_action = first_heuristic_action(default_task)
+    b0, kv0, spec0, quant0, split0, prio0 = knob_values(start_action)
     with gr.Blocks(title=title) as dashboard:
         gr.Markdown(
             "## Episode dashboard\nPlay one episode in process and watch the server, window by "
-            "window. Pick a task, a seed and a policy, then press **Run episode**."
+            "window. Pick a task, a seed and a policy, then press **Run episode**. (The **Playground** "
+            "tab is OpenEnv's generic form for single `reset`/`step` calls.)"
         )
         with gr.Row():
-            task_in = gr.Dropdown(list(TASKS), value=default_task, label="Task", elem_id="dash-task")
-            seed_in = gr.Number(value=0, precision=0, minimum=0, label="Seed", elem_id="dash-seed")
+            task_in = gr.Dropdown(list(TASKS), value=default_task, label="Task", elem_id="dash-task",
+                                  min_width=220)
+            seed_in = gr.Number(value=0, precision=0, minimum=0, label="Seed", elem_id="dash-seed", min_width=120)
             policy_in = gr.Dropdown(
                 policy_choices(),
                 value="heuristic" if "heuristic" in POLICIES else MANUAL,
                 label="Policy",
                 elem_id="dash-policy",
+                min_width=220,
             )
         task_md = gr.Markdown(task_markdown(default_task))
-        with gr.Accordion("Manual knobs (used when the policy is 'Manual knobs')", open=False):
+        with gr.Accordion("Manual knobs (used when the policy is 'Manual knobs'; they start at the "
+                          "heuristic's first action for the task)", open=False):
             with gr.Row():
-                batch_in = gr.Slider(1, 512, value=64, step=1, label="batch_cap", elem_id="dash-batch")
-                kv_in = gr.Slider(0.1, 1.0, value=0.9, step=0.05, label="kv_budget_fraction")
-                spec_in = gr.Slider(0, 8, value=0, step=1, label="speculation_depth")
+                batch_in = gr.Slider(1, 512, value=b0, step=1, label="batch_cap", elem_id="dash-batch",
+                                     min_width=200)
+                kv_in = gr.Slider(0.1, 1.0, value=kv0, step=0.05, label="kv_budget_fraction", elem_id="dash-kv",
+                                  min_width=200)
+                spec_in = gr.Slider(0, 8, value=spec0, step=1, label="speculation_depth", min_width=200)
             with gr.Row():
                 quant_in = gr.Radio(
-                    list(QUANTIZATION_TIERS), value="FP16", label="quantization_tier", elem_id="dash-quant"
+                    list(QUANTIZATION_TIERS), value=quant0, label="quantization_tier", elem_id="dash-quant",
+                    min_width=200,
                 )
-                split_in = gr.Checkbox(False, label="prefill_decode_split")
-                prio_in = gr.Checkbox(False, label="priority_routing")
+                split_in = gr.Checkbox(split0, label="prefill_decode_split", min_width=160)
+                prio_in = gr.Checkbox(prio0, label="priority_routing", min_width=160)
         with gr.Row():
-            new_btn = gr.Button("New episode", elem_id="dash-new")
-            step_btn = gr.Button("Step", elem_id="dash-step")
-            run_btn = gr.Button("Run episode", variant="primary", elem_id="dash-run")
+            new_btn = gr.Button("New episode", elem_id="dash-new", min_width=100)
+            step_btn = gr.Button("Step", elem_id="dash-step", min_width=100)
+            run_btn = gr.Button("Run episode", variant="primary", elem_id="dash-run", min_width=100)
         status_md = gr.Markdown(status_markdown(None), elem_id="dash-status")
-        with gr.Row():
-            with gr.Column(scale=1):
-                grade_md = gr.Markdown(grade_markdown(None), elem_id="dash-grade")
-                with gr.Accordion("Grade details: terms and reference points", open=False):
-                    grade_json = gr.JSON(show_label=False)
-            with gr.Column(scale=2):
-                tenants_df = gr.Dataframe(
-                    label="Per-tenant SLO attainment over the episode",
-                    interactive=False,
-                    elem_id="dash-tenants",
-                )
-        with gr.Row():
-            ttft_plot = plot("Time to first token vs SLO", "ms")
-            itl_plot = plot("Inter-token latency / TPOT vs SLO", "ms")
-        with gr.Row():
-            tps_plot = plot("Throughput", "output tokens/s")
-            req_plot = plot("Arrivals vs goodput", "requests/s")
-        with gr.Row():
-            queue_plot = plot("Queue", "requests")
-            kv_plot = plot("KV-cache occupancy and SLO compliance", "fraction", [0.0, 1.05])
-        with gr.Row():
-            evict_plot = plot("Evictions (preemptions)", "per window")
-            reward_plot = plot("Reward", "per window")
-        with gr.Row():
-            batch_plot = plot("Action: batch cap", "running sequences (most)")
-            spec_plot = plot("Actions: speculation depth and quantization", "tokens / bits")
-        with gr.Row():
-            switch_plot = plot("Actions: KV budget and switches (on = 1)", "fraction / on-off", [0.0, 1.05])
-            tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
-        actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
+        empty_md = gr.Markdown(EMPTY_STATE, elem_id="dash-empty")
+        with gr.Column(visible=False, elem_id="dash-results") as results:
+            with gr.Row():
+                with gr.Column(scale=1, min_width=PLOT_MIN_WIDTH):
+                    grade_md = gr.Markdown(grade_markdown(None), elem_id="dash-grade")
+                    with gr.Accordion("Grade details: terms and reference points", open=False):
+                        grade_json = gr.JSON(show_label=False)
+                with gr.Column(scale=2, min_width=PLOT_MIN_WIDTH):
+                    tenants_df = gr.Dataframe(
+                        label="Per-tenant SLO attainment over the episode",
+                        interactive=False,
+                        elem_id="dash-tenants",
+                        # Shares of the width, wrapped headers: sized by its content, the table made a
+                        # phone's page 1,103 px wide (still 533 px: Gradio's ~67 px column minimum).
+                        column_widths=[f"{100 / 7:.2f}%"] * 7,
+                        wrap=True,
+                    )
+            with gr.Row():
+                ttft_plot = plot("Time to first token vs SLO", "ms")
+                itl_plot = plot("Inter-token latency and TPOT vs the TPOT SLO", "ms")
+            gr.Markdown(ITL_TPOT_NOTE, elem_id="dash-itl-note")
+            with gr.Row():
+                tps_plot = plot("Throughput", "output tokens/s")
+                req_plot = plot("Arrivals vs goodput", "requests/s")
+            with gr.Row():
+                queue_plot = plot("Queue", "requests")
+                kv_plot = plot("KV-cache occupancy and SLO compliance", "fraction", [0.0, 1.05])
+            with gr.Row():
+                evict_plot = plot("Evictions (preemptions)", "per window")
+                reward_plot = plot("Reward", "per window")
+            gr.Markdown(LAST_WINDOW_NOTE, elem_id="dash-last-window-note")
+            with gr.Row():
+                batch_plot = plot("Action: batch cap", "running sequences (most)")
+                kvb_plot = plot("Action: KV budget", "fraction of free memory", [0.0, 1.05])
+            with gr.Row():
+                spec_plot = plot("Action: speculation depth", "draft tokens per step")
+                bits_plot = plot("Action: quantization", "weight bits", [0.0, 17.0])
+            with gr.Row():
+                split_plot = plot("Action: prefill/decode split", "on = 1, off = 0", [0.0, 1.05], height=150)
+                prio_plot = plot("Action: priority routing", "on = 1, off = 0", [0.0, 1.05], height=150)
+            with gr.Row():
+                tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
+            actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions",
+                                  column_widths=["12.5%"] * 8, wrap=True)
+        with gr.Accordion("Connect from Python", open=False, elem_id="dash-connect"):
+            python_md = gr.Markdown(elem_id="dash-python")
         run_state = gr.State(None, time_to_live=SESSION_TTL_S)
 
         outputs = [
             run_state,
             status_md,
+            empty_md,
+            results,
             grade_md,
             grade_json,
             tenants_df,
@@ -437,13 +563,22 @@ def build_dashboard(
             evict_plot,
             reward_plot,
             batch_plot,
+            kvb_plot,
             spec_plot,
-            switch_plot,
+            bits_plot,
+            split_plot,
+            prio_plot,
             tenant_plot,
             actions_df,
         ]
         knob_inputs = [batch_in, kv_in, spec_in, quant_in, split_in, prio_in]
-        task_in.change(task_markdown, inputs=task_in, outputs=task_md)
+        connect_inputs = [task_in, seed_in, *knob_inputs]
+        task_in.change(on_task, inputs=task_in, outputs=[task_md, *knob_inputs]).then(
+            on_connect, inputs=connect_inputs, outputs=python_md)
+        seed_in.change(on_connect, inputs=connect_inputs, outputs=python_md)
+        for knob in knob_inputs:
+            knob.change(on_connect, inputs=connect_inputs, outputs=python_md)
+        dashboard.load(on_connect, inputs=connect_inputs, outputs=python_md)
         new_btn.click(on_new, inputs=[task_in, seed_in, policy_in], outputs=outputs)
         step_btn.click(
             on_step, inputs=[run_state, task_in, seed_in, policy_in, *knob_inputs], outputs=outputs

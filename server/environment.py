@@ -21,7 +21,14 @@ import inspect
 from typing import Any
 
 from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError, EpisodeRequiredError, UnknownSplitError
+from llmserve_env.runtime.errors import (
+    EnvError,
+    EpisodeNotDoneError,
+    EpisodeRequiredError,
+    SimOnlyOptionError,
+    UnknownProfileRequestError,
+    UnknownSplitError,
+)
 from llmserve_env.server.config import ServerConfig
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.grader import GradeResult, grade_episode
@@ -52,10 +59,11 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
 
     # -- OpenEnv API ---------------------------------------------------------------------------
     def reset(self, seed: int | None = None, episode_id: str | None = None, task_id: str = DEFAULT_TASK,
-              **kwargs: Any) -> ServeObservation:
+              profile: str | None = None, caps: dict[str, Any] | None = None, **kwargs: Any) -> ServeObservation:
         if kwargs:
             raise EnvError(f"unknown reset argument(s): {', '.join(sorted(kwargs))}; "
-                           f"allowed: task_id, seed, episode_id")
+                           f"allowed: task_id, seed, episode_id, profile, caps")
+        sim_profile, sim_caps = self._sim_options(profile, caps)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
             raise EnvError(f"seed must be a non-negative integer, got {seed!r}")
         if not isinstance(task_id, str):
@@ -64,11 +72,46 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
         task = resolve_task(task_id)
         if self._episode is not None:
             self._episode.close()
-        ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id)
+        ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id, profile=sim_profile,
+                           caps=sim_caps)
         self.store.put(ep)
         self._episode = ep
         assert ep.last_observation is not None
         return ep.last_observation
+
+    def _sim_options(self, profile: Any, caps: Any) -> tuple[Any, Any]:
+        """`profile`: an id only (a folder of LLMSERVE_PROFILE_PATH or the user folder holds fitted ones;
+        a client never names a file). `caps`: real mode's request caps, applied by the simulator."""
+        if (profile is not None or caps is not None) and self.config.mode != "sim":
+            raise SimOnlyOptionError("profile and caps are sim-mode options; this server runs in real mode")
+        loaded = None
+        if profile is not None:
+            from llmserve_env.sim.profiles import (
+                InvalidProfileError,
+                UnknownProfileError,
+                list_profiles,
+                load_profile,
+            )
+
+            if not isinstance(profile, str) or "/" in profile or "\\" in profile or profile.endswith(".json"):
+                raise UnknownProfileRequestError(
+                    f"profile must be a profile id (one of {', '.join(list_profiles())}), got {profile!r}")
+            try:
+                loaded = load_profile(profile)
+            except (UnknownProfileError, InvalidProfileError) as exc:
+                raise UnknownProfileRequestError(str(exc)) from None
+        parsed = None
+        if caps is not None:
+            from llmserve_env.sim.caps import CapsError, RequestCaps
+
+            if not isinstance(caps, dict):
+                raise EnvError(f"caps must be an object of max_requests_per_step, max_prompt_tokens, "
+                               f"max_completion_tokens, got {caps!r}")
+            try:
+                parsed = RequestCaps.from_dict(caps)
+            except CapsError as exc:
+                raise EnvError(str(exc)) from None
+        return loaded, parsed
 
     def step(self, action: ServeAction, timeout_s: float | None = None, episode_id: str | None = None,
              request_id: str | None = None, **kwargs: Any) -> ServeObservation:

@@ -30,8 +30,10 @@ BODY_ERRORS = [(400, "the body is not UTF-8 JSON, or an argument the environment
 
 # (method, path) -> the other error statuses that operation answers, beside 200 and 422.
 ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
-    ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
-                         (403, "trace:PATH outside LLMSERVE_TRACE_DIR")],
+    ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones), or a profile id this "
+                                "server does not hold"),
+                         (403, "trace:PATH outside LLMSERVE_TRACE_DIR"),
+                         (409, "profile or caps given to a real-mode server")],
     ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
                         (404, "unknown or expired episode_id"),
                         (409, "the episode is done: grade it or reset"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.sim.engine import Engine
+from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.step_time import StepTimeModel
 
@@ -25,7 +26,8 @@ _MODELS: dict[str, tuple[Profile, dict[tuple[str, str], StepTimeModel]]] = {}
 def _models_for(profile: Profile) -> dict[tuple[str, str], StepTimeModel]:
     cached = _MODELS.get(profile.id)
     if cached is None or cached[0] is not profile:  # a re-loaded or hand-made profile gets fresh models
-        cached = _MODELS[profile.id] = (profile, {})
+        # a profile fitted to another engine's records brings its own iteration times (sim/measured_step.py)
+        cached = _MODELS[profile.id] = (profile, dict(measured_models(profile)))
     return cached[1]
 
 

@@ -1,22 +1,36 @@
 """Fit simulator profiles from measured kernel latencies, or re-fit them from measured requests.
 
-    python -m llmserve_env.sim.calibrate kernels [--profile ID|all]
-        Fit each profile's kernel-time coefficients (GEMM per dtype, decode and prefill attention,
-        all-reduce, KV transfer) to the kernel tables in sim/data (held-out shapes excluded), fit
-        t_fixed to the published batch-1 decode step, write sim/profiles/<id>.json and a fit report.
+Profiles are written to the user folder (~/.local/share/llmserve_env/profiles, see
+sim.profiles.user_profile_dir) unless told where: never into the source tree by default.
 
-    python -m llmserve_env.sim.calibrate records --profile ID --records FILE.jsonl [--out NEW_ID]
-        Re-fit t_fixed and gpu_time_scale of a profile from request records measured by the real-mode
-        gateway (one JSON object per line with the RequestRecord fields plus dispatch_s, first_token_s,
-        finish_s, prompt_tokens, output_tokens), and write the profile and a fit report.
+    python -m llmserve_env.sim.calibrate kernels [--profile ID|all] [--out-dir DIR]
+        Fit each profile's kernel-time coefficients (GEMM per dtype, decode and prefill attention per
+        KV-cache dtype, all-reduce, KV transfer) to the kernel tables in sim/data (held-out shapes
+        excluded), fit t_fixed to the measured batch-1 decode step (scaled by layer count for the
+        other profiles), write DIR/<id>.json and a fit report. The shipped profiles are
+        `kernels --profile all --out-dir sim/profiles` (bit for bit).
 
-    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID]
+    python -m llmserve_env.sim.calibrate records --profile ID --records FILE.jsonl --action JSON|--actions FILE
+                                                 [--out PATH.json|NEW_ID] [caps]
+        Fit the iteration time of the engine behind a real-mode recording (sim/record_fit.py: fixed
+        per iteration, per decoding sequence, per token, per token of context) by replaying it through
+        the simulator, starting from profile ID. Writes the fitted profile only if its replay beats ID's
+        (exit 1 and why otherwise).
+
+    python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile ID|PATH --action JSON|--actions FILE
+        The recording's arrivals and actions through the simulator on the profile, under the same
+        caps: TTFT / TPOT / throughput error per window and overall (sim/replay.py).
+
+    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID] [--out-dir DIR]
         Score a profile against whole iterations measured on a GPU (scripts/measure_gpu_steps.py
         writes FILE.csv), re-fit t_fixed and gpu_time_scale to them, write a fit report, and, with
         --out, the re-fitted profile.
 
     python -m llmserve_env.sim.calibrate extract --src /path/to/data/kernels
         Rebuild the kernel-table subsets in sim/data from the full tables.
+
+Caps (records, replay): real mode's --max-requests-per-step, --max-prompt-tokens and
+--max-completion-tokens as the recorded run used them (defaults: the gateway's defaults).
 """
 
 from __future__ import annotations
@@ -28,31 +42,67 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim import fitting
+from llmserve_env.sim.caps import RequestCaps
+from llmserve_env.sim.forms import RooflineFit
 from llmserve_env.sim.profile_specs import SPECS, base_profile
-from llmserve_env.sim.profiles import PROFILE_DIR, Profile, load_profile, profile_from_dict
-from llmserve_env.sim.record_fit import fit_records, read_records
+from llmserve_env.sim.profiles import (
+    Profile,
+    UnknownProfileError,
+    load_profile,
+    profile_from_dict,
+    user_profile_dir,
+)
+from llmserve_env.sim.record_fit import RecordFit, fit_records, load_runs, read_actions
+from llmserve_env.sim.replay import replay
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 
-# Published anchor (shared/data/README.md): a batch-1 decode step of Llama-3.1-8B on one H100 is 7-8 ms.
-ANCHOR_DECODE_S = 7.5e-3
+# Measured anchor: batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM is about 6.5 ms (InferenceBench's
+# measurement, as cited by issue 15; the earlier 7-8 ms of shared/data/README.md was a kernel sum, not a
+# measurement). The host overhead it leaves after the kernels is per iteration and per kernel launched,
+# so profiles that run the same kernels per layer take it scaled by their layer count (this project's
+# H100 iterations fit 1.61 ms for 32 layers and 4.35 ms for 80: 0.050 and 0.054 ms per layer).
+ANCHOR_DECODE_S = 6.5e-3
 ANCHOR_CONTEXT = 1024
+ANCHOR_SOURCE = ("t_fixed_s fitted so the batch-1 decode step of Llama-3.1-8B on one H100 at 1k context is 6.5 ms "
+                 "(measured vLLM TPOT, InferenceBench, as cited by issue 15); other profiles take it scaled by "
+                 "layer count (the per-iteration host and launch cost grows with the kernels launched: this "
+                 "project's H100 iterations, sim/profiles/*.steps_fit.md, fit 1.61 ms for 32 layers and 4.35 ms "
+                 "for 80). Batched-decode check: mean ITL replaying the Azure conversation trace at 1x against "
+                 "the published 8-9 ms (bench/sim_fidelity.py)")
 REPORT_NAME = "fit_report.md"
+RATIO_DTYPES = ("fp8",)  # GEMM dtypes priced as the bf16 fit x their measured latency ratio (sim.fitting)
+
+
+def anchor_layers() -> int:
+    """Layers of the profile t_fixed is anchored on."""
+    return next(s["model"]["layers"] for s in SPECS.values() if s.get("anchor"))
 
 
 def fit_kernels(gpu: str, tp: int, dtypes: set[str]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Coefficients and held-out scores for every kernel a profile on `gpu` with `tp` GPUs uses."""
     fits: dict[str, Any] = {"gemm": {}}
     scores: dict[str, Any] = {}
-    for dtype in sorted(dtypes):
+    for dtype in sorted(dtypes - set(RATIO_DTYPES)):
         fit, sc = fitting.fit_gemm(gpu, dtype)
         fits["gemm"][dtype] = fit.to_dict()
+        scores[f"gemm_{dtype}"] = sc.to_dict()
+    for dtype in sorted(dtypes & set(RATIO_DTYPES)):  # FP8: bf16 fit x the measured kernels' ratio
+        ratio, small, sc = fitting.fit_gemm_ratio(gpu, dtype, RooflineFit(**fits["gemm"]["bfloat16"]))
+        fits.setdefault("gemm_ratio", {})[dtype] = ratio.to_dict()
+        fits["gemm"][dtype] = small.to_dict()  # its small-m fit (below ratio.blend_lo tokens)
         scores[f"gemm_{dtype}"] = sc.to_dict()
     fit, sc = fitting.fit_decode_attention(gpu)
     fits["attn_decode"], scores["attn_decode"] = fit.to_dict(), sc.to_dict()
     fit, sc = fitting.fit_prefill_attention(gpu)
     fits["attn_prefill"], scores["attn_prefill"] = fit.to_dict(), sc.to_dict()
+    if "fp8" in fitting.kv_dtypes(gpu):  # FA3 measured with an fp8 KV cache (the INT8/INT4 tiers')
+        fit, sc = fitting.fit_decode_attention(gpu, "fp8")
+        fits["attn_decode_fp8kv"], scores["attn_decode_fp8kv"] = fit.to_dict(), sc.to_dict()
+        fit, sc = fitting.fit_prefill_attention(gpu, "fp8")
+        fits["attn_prefill_fp8kv"], scores["attn_prefill_fp8kv"] = fit.to_dict(), sc.to_dict()
     fit, sc = fitting.fit_allreduce(gpu, 2)
     fits["kv_transfer"], scores["kv_transfer_allreduce2"] = fit.to_dict(), sc.to_dict()
     if tp > 1:
@@ -66,18 +116,20 @@ def heldout_errors_by_kernel(profile: dict[str, Any]) -> dict[str, np.ndarray]:
     p = profile_from_dict(profile)
     out: dict[str, np.ndarray] = {}
     for dtype in sorted({t.gemm for t in p.tiers.values()}):
-        rows = fitting.gemm_rows(p.gpu, dtype)
-        test = fitting.kd.heldout_mask(rows["n"], rows["k"])
-        out[f"gemm {dtype}"] = fitting.abs_err_pct(fitting.gemm_predict(p.gemm[dtype], rows, dtype),
-                                                   rows["latency"] * 1e3)[test]
-    rows = fitting.decode_attention_rows(p.gpu)
-    test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
-    items, nbytes = fitting.decode_attention_work(rows)
-    out["decode attention"] = fitting.abs_err_pct(p.attn_decode.us(items, nbytes), rows["latency"] * 1e3)[test]
-    rows = fitting.prefill_attention_rows(p.gpu)
-    test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
-    nbytes, flops = fitting.prefill_attention_rows_work(rows)
-    out["prefill attention"] = fitting.abs_err_pct(p.attn_prefill.us(nbytes, flops), rows["latency"] * 1e3)[test]
+        rows = gemm_heldout_rows(p, dtype)
+        out[f"gemm {dtype}"] = fitting.abs_err_pct(gemm_prediction(p, dtype, rows), rows["latency"] * 1e3)
+    for kv in sorted({t.kv_dtype for t in p.tiers.values()}):
+        suffix = "" if kv == "bfloat16" else f" ({kv} KV)"
+        rows = fitting.decode_attention_rows(p.gpu, kv)
+        test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
+        items, nbytes = fitting.decode_attention_work(rows, kv)
+        out["decode attention" + suffix] = fitting.abs_err_pct(p.decode_attention(kv).us(items, nbytes),
+                                                               rows["latency"] * 1e3)[test]
+        rows = fitting.prefill_attention_rows(p.gpu, kv)
+        test = fitting.kd.heldout_mask(rows["num_heads"], rows["num_key_value_heads"], rows["head_dim"])
+        nbytes, flops = fitting.prefill_attention_rows_work(rows, kv)
+        out["prefill attention" + suffix] = fitting.abs_err_pct(p.prefill_attention(kv).us(nbytes, flops),
+                                                                rows["latency"] * 1e3)[test]
     for n, fit in ((2, p.kv_transfer), (p.tp, p.allreduce)):
         if fit is None or n < 2:
             continue
@@ -86,6 +138,20 @@ def heldout_errors_by_kernel(profile: dict[str, Any]) -> dict[str, np.ndarray]:
         test = fitting.kd.heldout_mask(rows["message_size"])
         out[f"all-reduce x{n}"] = fitting.abs_err_pct(fit.us(rows["message_size"]), rows["latency"] * 1e3)[test]
     return out
+
+
+def gemm_heldout_rows(p: Profile, dtype: str) -> dict[str, np.ndarray]:
+    """The held-out GEMM rows of a dtype (a ratio-priced one: only the shapes the profiles run)."""
+    rows = fitting.ratio_regime_rows(p.gpu, dtype) if dtype in p.gemm_ratio else fitting.gemm_rows(p.gpu, dtype)
+    return fitting.kd.select(rows, fitting.kd.heldout_mask(rows["n"], rows["k"]))
+
+
+def gemm_prediction(p: Profile, dtype: str, rows: dict[str, np.ndarray]) -> np.ndarray:
+    """The profile's microseconds for GEMM rows of `dtype`, as the step-time model prices them."""
+    ratio = p.gemm_ratio.get(dtype)
+    if ratio is not None:
+        return fitting.ratio_predict(p.gemm[ratio.base], ratio, p.gemm[dtype], rows, dtype)
+    return fitting.gemm_predict(p.gemm[dtype], rows, dtype)
 
 
 def heldout_errors(profile: dict[str, Any]) -> np.ndarray:
@@ -98,17 +164,37 @@ def batch1_decode_s(profile: dict[str, Any], context: int = ANCHOR_CONTEXT) -> f
     return StepTimeModel(profile_from_dict(profile), "FP16").iteration_s(1, float(context), 0, [], 0, 0)
 
 
+# Significant digits kept of a fitted coefficient: the least squares' last bits change with the BLAS
+# and its threads (1e-12..1e-10 relative was seen between two runs on one machine), and the shipped
+# profiles must come out bit for bit from `kernels --out-dir sim/profiles`. Six digits is far below
+# the fits' ~8 % error.
+FIT_DIGITS = 6
+
+
+def round_sig(obj: Any, digits: int = FIT_DIGITS) -> Any:
+    """`obj` with every float rounded to `digits` significant digits (dicts and lists walked)."""
+    if isinstance(obj, dict):
+        return {k: round_sig(v, digits) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [round_sig(v, digits) for v in obj]
+    if isinstance(obj, float):
+        return float(f"{obj:.{digits}g}")
+    return obj
+
+
 def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[str, Any]:
     """The full profile dict for `profile_id`, fitted from the kernel tables."""
     prof = base_profile(profile_id)
     hw = prof["hardware"]
     dtypes = {t["gemm"] for t in prof["quantization"].values()} | {"bfloat16"}
     fits, scores = fit_kernels(hw["gpu"], hw["tp"], dtypes)
-    prof["fits"] = fits
+    prof["fits"] = round_sig(fits)
     prof["engine"]["t_fixed_s"] = 0.0
     gpu_only = batch1_decode_s(prof)
     if t_fixed_s is None:
         t_fixed_s = ANCHOR_DECODE_S - gpu_only
+    else:  # the anchor profile's host overhead per layer, at this profile's layer count
+        t_fixed_s *= prof["model"]["layers"] / anchor_layers()
     prof["engine"]["t_fixed_s"] = round(t_fixed_s, 7)
     errs = heldout_errors(prof)
     prof["fit_error"] = {
@@ -124,8 +210,7 @@ def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[s
                    f"{hw['gpu']} tables; subsets in sim/data, see sim/data/PROVENANCE.md",
         "fit": "python -m llmserve_env.sim.calibrate kernels: log-space least squares on the training shapes; "
                "about a quarter of the shapes (CRC32 of the shape key % 4 == 0) are held out and scored",
-        "t_fixed": "fitted so a batch-1 decode step at 1k context is 7.5 ms (published 7-8 ms, "
-                   "Llama-3.1-8B on one H100, shared/data/README.md)",
+        "t_fixed": ANCHOR_SOURCE,
         "price": hw.pop("price_source"),
         "memory": hw.pop("memory_source"),
         "model_shapes": "config.json of the Hugging Face checkpoints named in model/draft_model",
@@ -135,10 +220,10 @@ def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[s
     return prof
 
 
-def write_profile(prof: dict[str, Any], directory: Path = PROFILE_DIR) -> Path:
+def write_profile(prof: dict[str, Any], directory: Path) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{prof['id']}.json"
     path.write_text(json.dumps(prof, indent=2) + "\n")
-    load_profile.cache_clear()
     return path
 
 
@@ -161,7 +246,7 @@ def kernel_report(profiles: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_kernels(profile_ids: list[str], report_path: Path, out_dir: Path = PROFILE_DIR) -> list[dict[str, Any]]:
+def run_kernels(profile_ids: list[str], report_path: Path, out_dir: Path) -> list[dict[str, Any]]:
     anchor = next(pid for pid, s in SPECS.items() if s.get("anchor"))
     ordered = [anchor] + [p for p in profile_ids if p != anchor]
     out: dict[str, dict[str, Any]] = {}
@@ -191,20 +276,49 @@ def write_refit(base: Profile, out_id: str, t_fixed_s: float, gpu_time_scale: fl
     return prof
 
 
-def run_records(profile_id: str, records_path: Path, out_id: str | None, report_path: Path,
-                out_dir: Path = PROFILE_DIR) -> dict[str, Any]:
-    base = load_profile(profile_id)
-    records = read_records(records_path)
-    result = fit_records(base, records)
-    prof = write_refit(base, out_id or profile_id, result.t_fixed_s, result.gpu_time_scale, "records",
-                       f"{len(records)} measured request records ({records_path.name})", result.to_dict(),
-                       out_dir)
-    report_path.write_text(result.report(prof["id"], records_path.name))
-    return prof
+class FitRefusedError(RuntimeError):
+    """The fitted profile does not replay the records better than the profile it started from."""
 
 
-def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path: Path,
-              out_dir: Path = PROFILE_DIR) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def out_path(out: str | None, default_id: str) -> Path:
+    """--out as given: a path (ends in .json or names a folder) or an id written to the user folder."""
+    if out is None:
+        return user_profile_dir() / f"{default_id}.json"
+    if out.endswith(".json") or "/" in out:
+        return Path(out).expanduser()
+    return user_profile_dir() / f"{out}.json"
+
+
+def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction], out: Path, *,
+                window_s: float = 1.0, windows: int | None = None, caps: RequestCaps | None = None,
+                episode: str | None = None) -> tuple[dict[str, Any], RecordFit]:
+    """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile."""
+    base = load_profile(profile_ref)
+    runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
+    result = fit_records(base, runs)
+    if not result.improved:
+        b, a = result.before_summary, result.after_summary
+        raise FitRefusedError(
+            f"the fit does not beat {base.id} on {records_path.name} (TTFT / TPOT median error "
+            f"{b['ttft_err_pct']:.1f} / {b['tpot_err_pct']:.1f} % before, {a['ttft_err_pct']:.1f} / "
+            f"{a['tpot_err_pct']:.1f} % after); nothing written")
+    prof = json.loads(json.dumps(base.raw))
+    prof["id"] = out.stem
+    prof["description"] = f"{base.id} timed by the engine recorded in {records_path.name} ({base.description})"
+    prof["engine"]["measured_step"] = result.coefficients.to_dict()
+    prof.setdefault("provenance", {})["records_fit"] = (
+        f"engine.measured_step fitted to {sum(len(r.rows) for r in runs)} request records "
+        f"({records_path.name}) by replaying them through the simulator: python -m llmserve_env.sim.calibrate "
+        "records; model shapes, memory, tiers and prices are the base profile's")
+    prof.setdefault("fit_error", {})["records"] = result.to_dict()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(prof, indent=2) + "\n")
+    out.with_name(f"{out.stem}.records_fit.md").write_text(
+        result.report(prof["id"], base.id, f"{records_path.name}"))
+    return prof, result
+
+
+def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path: Path, out_dir: Path) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Fit report of `profile_id` on measured iterations; the re-fitted profile when `out_id` is given."""
     base = load_profile(profile_id)
     data = read_steps(steps_path)
@@ -218,23 +332,57 @@ def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path
     return result.to_dict(), prof
 
 
+def _replay_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--records", type=Path, required=True, help="a real-mode recording (LLMSERVE_REAL_RECORD)")
+    acts = p.add_mutually_exclusive_group(required=True)
+    acts.add_argument("--action", help="the action played in every window, as ServeAction JSON")
+    acts.add_argument("--actions", type=Path, help="JSONL: one ServeAction per window")
+    p.add_argument("--window-s", type=float, default=1.0, help="window length of the recorded task (s)")
+    p.add_argument("--windows", type=int, default=None, help="windows played (default: one per action, "
+                   "or up to the last recorded event)")
+    p.add_argument("--episode", default=None, help="replay only this episode (episode_id, or EPISODE:SEED)")
+    p.add_argument("--max-requests-per-step", type=int, default=64, help="real mode's cap [64]")
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="real mode's cap [4096]")
+    p.add_argument("--max-completion-tokens", type=int, default=512, help="real mode's cap [512]")
+
+
+def _replay_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[ServeAction], RequestCaps]:
+    try:
+        actions = read_actions(args.actions) if args.actions else [ServeAction.model_validate_json(args.action)]
+    except (OSError, ValueError) as e:
+        ap.error(f"--action/--actions: {e}")
+    if not args.window_s > 0:
+        ap.error(f"--window-s must be > 0, got {args.window_s}")
+    if args.windows is not None and args.windows < 1:
+        ap.error(f"--windows must be >= 1, got {args.windows}")
+    try:
+        caps = RequestCaps(args.max_requests_per_step, args.max_prompt_tokens, args.max_completion_tokens)
+    except ValueError as e:
+        ap.error(str(e))
+    return actions, caps
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
+    user = user_profile_dir()
     k = sub.add_parser("kernels", help="fit profiles from the kernel tables")
     k.add_argument("--profile", default="all", help="profile id or 'all'")
-    k.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the profiles and report")
-    r = sub.add_parser("records", help="re-fit a profile from measured request records (JSONL)")
-    r.add_argument("--profile", required=True)
-    r.add_argument("--records", type=Path, required=True)
-    r.add_argument("--out", default=None, help="id of the profile to write (default: overwrite --profile)")
-    r.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the profile and report")
+    k.add_argument("--out-dir", type=Path, default=user, help=f"where to write the profiles and report [{user}]")
+    r = sub.add_parser("records", help="fit a profile's iteration time to a real-mode recording (JSONL)")
+    r.add_argument("--profile", required=True, help="the profile to start from (id or path)")
+    r.add_argument("--out", default=None, help="where to write the fitted profile: a .json path, or an id "
+                   f"written to {user} [<profile>-records]")
+    _replay_args(r)
+    rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
+    rp.add_argument("--profile", required=True, help="profile id or path")
+    _replay_args(rp)
     s = sub.add_parser("steps", help="score and re-fit a profile on iterations measured on a GPU (CSV)")
     s.add_argument("--profile", required=True)
     s.add_argument("--steps", type=Path, required=True)
     s.add_argument("--out", default=None, help="also write the re-fitted profile under this id")
-    s.add_argument("--out-dir", type=Path, default=PROFILE_DIR, help="where to write the report (and profile)")
+    s.add_argument("--out-dir", type=Path, default=user, help=f"where to write the report (and profile) [{user}]")
     e = sub.add_parser("extract", help="rebuild sim/data from the full kernel tables")
     e.add_argument("--src", type=Path, required=True)
     args = ap.parse_args(argv)
@@ -243,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         unknown = [i for i in ids if i not in SPECS]
         if unknown:
             ap.error(f"unknown profile {unknown[0]!r}; built-in: {', '.join(SPECS)}")
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         report = args.out_dir / REPORT_NAME
         for prof in run_kernels(ids, report, args.out_dir):
             fe = prof["fit_error"]
@@ -251,15 +400,47 @@ def main(argv: list[str] | None = None) -> int:
                   f"{prof['engine']['t_fixed_s'] * 1e3:.3f} ms, batch-1 decode "
                   f"{fe['batch1_decode_ms_at_1k_context']:.2f} ms")
         print(f"report: {report}")
-    elif args.cmd == "records":
-        report = args.out_dir / f"{args.out or args.profile}.records_fit.md"
-        prof = run_records(args.profile, args.records, args.out, report, args.out_dir)
-        fe = prof["fit_error"]["records"]
-        print(f"{prof['id']}: t_fixed {prof['engine']['t_fixed_s'] * 1e3:.3f} ms, gpu_time_scale "
-              f"{prof['engine']['gpu_time_scale']:.4f}, TPOT median error {fe['before_median_abs_error_pct']:.1f} % "
-              f"-> {fe['after_median_abs_error_pct']:.1f} %")
-        print(f"report: {report}")
+    elif args.cmd in ("records", "replay"):
+        actions, caps = _replay_inputs(ap, args)
+        try:
+            if args.cmd == "records":
+                base_id = load_profile(args.profile).id
+                out = out_path(args.out, f"{base_id}-records")
+                prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
+                                        windows=args.windows, caps=caps, episode=args.episode)
+            else:
+                profile = load_profile(args.profile)
+                runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,
+                                 episode=args.episode)
+        except (UnknownProfileError, OSError, ValueError) as exc:
+            msg = str(exc) if not isinstance(exc, UnknownProfileError) else f"--profile: {exc}"
+            print(f"error: {msg}", file=sys.stderr)
+            return 2
+        except FitRefusedError as exc:
+            print(f"refused: {exc}", file=sys.stderr)
+            return 1
+        if args.cmd == "records":
+            b, a = fit.before_summary, fit.after_summary
+            c = fit.coefficients
+            print(f"{prof['id']}: per iteration {c.step_s * 1e3:.2f} ms + {c.seq_s * 1e3:.3f} ms per decoding "
+                  f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; "
+                  f"replay TTFT median error {b['ttft_err_pct']:.1f} % -> {a['ttft_err_pct']:.1f} %, TPOT "
+                  f"{b['tpot_err_pct']:.1f} % -> {a['tpot_err_pct']:.1f} %")
+            print(f"profile: {out}")
+            print(f"report: {out.with_name(out.stem + '.records_fit.md')}")
+        else:
+            results = []
+            for run in runs:
+                cmp = replay(run, profile)
+                results.append(cmp)
+                print(f"episode {run.key} on {profile.id}:")
+                print(cmp.table())
+            w = [c.n_ttft + c.n_tpot for c in results]
+            keys = ("ttft_err_pct", "tpot_err_pct", "throughput_err_pct")
+            print(json.dumps({k: round(float(np.average([c.summary()[k] for c in results], weights=w)), 2)
+                              for k in keys}))
     elif args.cmd == "steps":
+        args.out_dir.mkdir(parents=True, exist_ok=True)
         report = args.out_dir / f"{args.out or args.profile}.steps_fit.md"
         fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
         print(f"{args.profile} on {args.steps.name}: median abs error {fit['before_median_abs_error_pct']:.1f} % "

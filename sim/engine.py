@@ -35,7 +35,7 @@ import heapq
 import math
 
 import numpy as np
-from llmserve_env.shared.admission import KV_BLOCK_TOKENS, blocks_for
+from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.profiles import Profile
@@ -106,27 +106,33 @@ class Engine:
         self.decoding: dict[int, SimRequest] = {}
         self.prefilling: list[SimRequest] = []
         self.transfers: list[tuple[float, int, SimRequest]] = []
-        self.fresh: list[SimRequest] = []  # joined from a transfer; their first decode gap is not an iteration
+        self.fresh: list[SimRequest] = []  # joined from a transfer: first decode gap is not an iteration
         self.fin_heap: list[tuple[int, int, int, SimRequest]] = []
-        self.it = 0          # decode iterations executed so far
-        self.S = 0.0         # summed context of decoding requests (tokens)
-        self.E = 0.0         # summed tokens per iteration of decoding requests
-        self.t = 0.0         # unified lane clock
-        self.tp = 0.0        # prefill lane clock (split)
-        self.td = 0.0        # decode lane clock (split)
+        self.decode_iter = 0                 # decode iterations executed so far
+        self.decode_context_tokens = 0.0     # summed context of the decoding requests (tokens)
+        self.decode_tokens_per_iter = 0.0    # summed tokens per decode iteration of the decoding requests
+        self.clock_s = 0.0                   # the unified lane's clock
+        self.prefill_clock_s = 0.0           # the prefill lane's clock (split)
+        self.decode_clock_s = 0.0            # the decode lane's clock (split)
         self.carry = (0.0, 0.0, 0.0)  # busy overhang per lane into the next window
         self.action_key: tuple | None = None
         self.batch_cap = 1
+        self.limits = AdmissionLimits(1, 1)  # batch_cap and the KV pool's blocks, set by configure
+        self.admissions = 0                  # requests admitted to the running set so far (victim order)
         self.depth = 0
         self.split = False
         self.pre_blocked = False
         self.arrivals: list[SimRequest] = []
-        self.ai = 0
+        self.arrival_idx = 0                 # arrivals[arrival_idx:] have not reached the queue yet
         self.acc = WindowAccumulator()
         self.next_sample = INF
         self.t0 = 0.0
         self.dt = 1.0
-        self.mu = self.mp = self.md = None  # step-time models: unified, prefill lane, decode lane
+        # Step-time models: the unified lane's (FP16 until `configure` picks the tier) and, while
+        # prefill and decode are split, each lane's (built only then; None before the first split).
+        self.unified_model: StepTimeModel = self._model("FP16", "unified")
+        self.prefill_model: StepTimeModel | None = None
+        self.decode_model: StepTimeModel | None = None
 
     # ----------------------------------------------------------------------------------- policy
 
@@ -139,21 +145,22 @@ class Engine:
         self.action_key = key
         self.batch_cap = batch_cap
         self.kv.configure(p, tier, depth > 0, kv_fraction)
+        self.limits = AdmissionLimits(batch_cap, self.kv.total)
         self.sched.configure(priority_routing)
         if split != self.split:
             if split:
-                self.tp = self.td = self.t
+                self.prefill_clock_s = self.decode_clock_s = self.clock_s
             else:
-                self.t = max(self.tp, self.td)
+                self.clock_s = max(self.prefill_clock_s, self.decode_clock_s)
             self.split = split
-        self.mu = self._model(tier, "unified")
+        self.unified_model = self._model(tier, "unified")
         if split:  # the lanes' models are only needed while disaggregated
-            self.mp = self._model(tier, "prefill")
-            self.md = self._model(tier, "decode")
+            self.prefill_model = self._model(tier, "prefill")
+            self.decode_model = self._model(tier, "decode")
         if depth != self.depth:
             self.depth = depth
             self._resync_decoding()
-        now = max(self.tp, self.td) if self.split else self.t
+        now = max(self.prefill_clock_s, self.decode_clock_s) if self.split else self.clock_s
         decode_blocks = self._decode_blocks_exact(0)
         if self.kv.used_fixed + decode_blocks > self.kv.total:
             # A smaller pool: preempt in victim order until what is left fits. Counted down per victim
@@ -162,7 +169,7 @@ class Engine:
                 if self.kv.used_fixed + decode_blocks <= self.kv.total:
                     break
                 if victim.state == DECODE:
-                    decode_blocks -= self._blocks_held(victim, self.it)
+                    decode_blocks -= self._blocks_held(victim, self.decode_iter)
                 self._preempt(victim, now)  # a prefilling victim's blocks leave kv.used_fixed here
         self.pre_blocked = False
 
@@ -175,9 +182,9 @@ class Engine:
 
     def _resync_decoding(self) -> None:
         """Re-base every decoding request at the current iteration (the depth changed their rate)."""
-        it, g = self.it, self.depth
+        it, g = self.decode_iter, self.depth
         self.fin_heap = []
-        self.S = self.E = 0.0
+        self.decode_context_tokens = self.decode_tokens_per_iter = 0.0
         for r in self.decoding.values():
             r.progress = r.progress_at(it)
             r.sync_iter = it
@@ -185,8 +192,8 @@ class Engine:
             r.gen += 1
             r.finish_iter = it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
             self.fin_heap.append((r.finish_iter, r.rid, r.gen, r))
-            self.S += r.prompt + r.progress
-            self.E += r.e
+            self.decode_context_tokens += r.prompt + r.progress
+            self.decode_tokens_per_iter += r.e
         heapq.heapify(self.fin_heap)
 
     # ----------------------------------------------------------------------------------- window
@@ -206,7 +213,7 @@ class Engine:
                 rec = RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                     a.output_tokens)
                 reqs.append(SimRequest(rec, acc))
-        self.arrivals, self.ai = reqs, 0
+        self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         self.acc.busy = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
@@ -219,11 +226,11 @@ class Engine:
         self._admit_arrivals(INF)
         share = self.profile.split_prefill_compute_share
         if self.split:
-            op, od = max(0.0, self.tp - t_end), max(0.0, self.td - t_end)
+            op, od = max(0.0, self.prefill_clock_s - t_end), max(0.0, self.decode_clock_s - t_end)
             self.acc.busy -= op * share + od * (1.0 - share)
             self.carry = (0.0, op, od)
         else:
-            ou = max(0.0, self.t - t_end)
+            ou = max(0.0, self.clock_s - t_end)
             self.acc.busy -= ou
             self.carry = (ou, 0.0, 0.0)
         self.acc.busy = min(max(self.acc.busy, 0.0), self.dt)
@@ -231,17 +238,17 @@ class Engine:
     # ----------------------------------------------------------------------------------- arrivals
 
     def _admit_arrivals(self, t: float) -> None:
-        arr, i = self.arrivals, self.ai
+        arr, i = self.arrivals, self.arrival_idx
         n = len(arr)
         while i < n and arr[i].arrival <= t:
             self.sched.push(arr[i])
             i += 1
-        if i != self.ai:
-            self.ai = i
+        if i != self.arrival_idx:
+            self.arrival_idx = i
             self.pre_blocked = False
 
     def _next_arrival(self) -> float:
-        return self.arrivals[self.ai].arrival if self.ai < len(self.arrivals) else INF
+        return self.arrivals[self.arrival_idx].arrival if self.arrival_idx < len(self.arrivals) else INF
 
     # ----------------------------------------------------------------------------------- KV accounting
 
@@ -254,7 +261,7 @@ class Engine:
         return -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)
 
     def _decode_blocks_exact(self, k: int) -> int:
-        it = self.it + k
+        it = self.decode_iter + k
         total = 0
         for r in self.decoding.values():
             p = r.progress + (it - r.sync_iter) * r.e
@@ -267,7 +274,8 @@ class Engine:
         """Most decode iterations (<= kcap) whose KV growth fits; 0 when even one does not."""
         free = self.kv.total - self.kv.used_fixed
         n = len(self.decoding)
-        if (self.S + kcap * self.E + n) * (1.0 / KV_BLOCK_TOKENS) + n <= free:
+        grown = self.decode_context_tokens + kcap * self.decode_tokens_per_iter
+        if (grown + n) * (1.0 / KV_BLOCK_TOKENS) + n <= free:
             return kcap
         if self._decode_blocks_exact(1) > free:
             return 0
@@ -291,9 +299,9 @@ class Engine:
 
     def _preempt(self, r: SimRequest, t: float) -> None:
         if r.state == DECODE:
-            p = r.progress + (self.it - r.sync_iter) * r.e
-            self.S -= r.prompt + p
-            self.E -= r.e
+            p = r.progress + (self.decode_iter - r.sync_iter) * r.e
+            self.decode_context_tokens -= r.prompt + p
+            self.decode_tokens_per_iter -= r.e
             del self.decoding[r.rid]
             r.gen += 1
             r.progress = min(p, float(r.target))
@@ -327,8 +335,8 @@ class Engine:
 
     def _finish(self, r: SimRequest, t: float) -> None:
         if r.state == DECODE:
-            self.S -= r.prompt + r.progress + (self.it - r.sync_iter) * r.e
-            self.E -= r.e
+            self.decode_context_tokens -= r.prompt + r.progress + (self.decode_iter - r.sync_iter) * r.e
+            self.decode_tokens_per_iter -= r.e
             del self.decoding[r.rid]
         r.state = DONE
         rec = r.rec
@@ -341,7 +349,7 @@ class Engine:
         self.pre_blocked = False
 
     def _finish_due(self, t: float) -> None:
-        h, it = self.fin_heap, self.it
+        h, it = self.fin_heap, self.decode_iter
         while h and h[0][0] <= it:
             _, _, gen, r = heapq.heappop(h)
             if gen == r.gen and r.state == DECODE:
@@ -349,12 +357,12 @@ class Engine:
 
     def _join_decode(self, r: SimRequest) -> None:
         r.state = DECODE
-        r.sync_iter = self.it
+        r.sync_iter = self.decode_iter
         r.e = tokens_per_step(r.accept, self.depth)
-        r.finish_iter = self.it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
+        r.finish_iter = self.decode_iter + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
         self.decoding[r.rid] = r
-        self.S += r.prompt + r.progress
-        self.E += r.e
+        self.decode_context_tokens += r.prompt + r.progress
+        self.decode_tokens_per_iter += r.e
         heapq.heappush(self.fin_heap, (r.finish_iter, r.rid, r.gen, r))
 
     def _complete_prefill(self, r: SimRequest, t: float, model: StepTimeModel, split: bool) -> None:
@@ -393,8 +401,15 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- scheduling
 
-    def _plan_prefill(self, t: float, budget: int, unified: bool) -> list[tuple[SimRequest, int]]:
-        """Chunks for this iteration: running prefills first, then admissions in waiting order."""
+    def _plan_prefill(self, t: float, budget: int, unified: bool,
+                      preempted: bool = False) -> list[tuple[SimRequest, int]]:
+        """Chunks for this iteration: running prefills first, then admissions in waiting order.
+
+        vLLM V1's `Scheduler.schedule()` (shared/admission.py): each running prefill gets the blocks
+        for its next chunk first, preempting the `victim_key` victim until it fits (when the victim
+        is the request itself, no further running request is served); a pass that preempted, here or
+        for the decoding requests' growth before (`preempted`), admits no waiting request.
+        """
         chunks: list[tuple[SimRequest, int]] = []
         if budget <= 0:
             return chunks
@@ -402,7 +417,8 @@ class Engine:
         ahead = 1 if unified else 0
         exact = False
         nd = len(self.decoding)
-        free = kv.total - kv.used_fixed - ((self.S + ahead * self.E + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
+        grown = self.decode_context_tokens + ahead * self.decode_tokens_per_iter
+        free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
         scheduled: set[int] = set()
 
         def pool() -> list[SimRequest]:
@@ -412,54 +428,65 @@ class Engine:
         for r in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
-            if r.state != PREFILL:
+            if r.state != PREFILL:  # preempted above for an earlier running prefill
                 continue
             c = min(r.prefill_target - r.prefilled, budget)
             need = blocks_for(r.prefilled + c) - r.blocks
-            while need > free and r.state == PREFILL:
-                if not exact:
-                    exact = True
-                else:
-                    victim = sched.victim(pool())
-                    if victim is None:
-                        break
-                    self._preempt(victim, t)
+            if need > free:
+                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            while need > free:
+                victim = sched.victim(pool())  # r itself is in the pool: it is not scheduled yet
+                if victim is None:
+                    break
+                self._preempt(victim, t)
+                preempted = True
+                if victim is r:
+                    break
                 free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
             if r.state != PREFILL or need > free:
-                continue
+                break  # V1: `if new_blocks is None: break` (nothing after it runs in this pass)
             r.blocks += need
             kv.used_fixed += need
             free -= need
             chunks.append((r, c))
             scheduled.add(r.rid)
             budget -= c
+        if preempted:
+            return chunks
         pr = sched.priority_routing
         waiting = sched.heap
+        limits = self.limits
+        total = kv.total
         n_running = len(self.decoding) + len(self.prefilling) + len(self.transfers)
+        evicted: set[int] = set()
         while budget > 0 and waiting:
             r = waiting[0][2]
-            if -(-(r.prompt + r.target) // KV_BLOCK_TOKENS) > kv.total:
+            if -(-(r.prompt + r.target) // KV_BLOCK_TOKENS) > total:
                 sched.pop()
                 self._reject(r, t, "request needs more KV blocks than the whole budget")
                 continue
+            if r.rid in evicted:
+                break  # evicted in this pass for a higher-priority request: not re-admitted in it
             c = min(r.prefill_target, budget)
             need = -(-c // KV_BLOCK_TOKENS)
-            fits_batch = n_running < self.batch_cap
-            if fits_batch and need > free and not exact:
+            if not exact and n_running < self.batch_cap and need > free:
                 exact = True
-                free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
-            if not fits_batch or need > free:
+                free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
+            if not limits.admits(n_running, total - free, need):
                 if pr:
                     victim = sched.victim(pool())
                     if victim is not None and victim.priority > r.priority:
                         self._preempt(victim, t)
+                        evicted.add(victim.rid)
                         n_running -= 1
-                        free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
+                        free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
                         exact = True
                         continue
                 break
             sched.pop()
             r.state = PREFILL
+            self.admissions += 1
+            r.admitted_seq = self.admissions
             rec = r.rec
             if rec.dispatch_s is None:
                 rec.dispatch_s = t
@@ -486,7 +513,7 @@ class Engine:
             tokens += c
             if r.prefilled + c >= r.prefill_target:
                 completing += 1
-        dt_it = model.iteration_s(n, self.S, g, shapes, tokens, completing)
+        dt_it = model.iteration_s(n, self.decode_context_tokens, g, shapes, tokens, completing)
         t_new = t + dt_it
         self.acc.iterations += 1
         self.acc.prompt_tokens += tokens
@@ -502,13 +529,13 @@ class Engine:
 
     def _advance_decode(self, k: int, total: float, first: float, n: int, t_new: float) -> None:
         """Account for k decode iterations of n requests lasting `total` seconds (the first `first`)."""
-        self.it += k
-        self.S += k * self.E
+        self.decode_iter += k
+        self.decode_context_tokens += k * self.decode_tokens_per_iter
         acc = self.acc
         g = self.depth
         if g:
             acc.spec_proposed += g * n * k
-            acc.spec_accepted += k * (self.E - n)
+            acc.spec_accepted += k * (self.decode_tokens_per_iter - n)
         if self.fresh:
             nf = len(self.fresh)
             t_first_end = t_new - total + first
@@ -522,6 +549,19 @@ class Engine:
         else:
             acc.itl.append((total / k, n * k))
 
+    def _preempt_for_growth(self, t: float) -> bool:
+        """Preempt in victim order until the decoding requests' next iteration fits; True if any was.
+
+        vLLM V1 `Scheduler.schedule()`: a running request whose new slots do not fit preempts the
+        most recently admitted running request (`self.running.pop()`; PRIORITY: the lowest-priority,
+        latest-arriving one) until they do. Prefilling requests are running requests too."""
+        victims = self.sched.victim_order(self._victim_pool(True))
+        for victim in victims:
+            self._preempt(victim, t)
+            if not self.decoding or self._decode_kv_limit(1) > 0:
+                break
+        return bool(victims)
+
     def _decode_run(self, t: float, t_end: float, model: StepTimeModel, horizon: float,
                     unified: bool) -> float | None:
         """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
@@ -530,9 +570,9 @@ class Engine:
             heapq.heappop(h)
         n = len(self.decoding)
         g = self.depth
-        a = model.iteration_s(n, self.S, g, [], 0, 0)
-        b = model.decode_slope(g) * self.E
-        kcap = max(1, h[0][0] - self.it) if h else 1
+        a = model.iteration_s(n, self.decode_context_tokens, g, [], 0, 0)
+        b = model.decode_slope(g) * self.decode_tokens_per_iter
+        kcap = max(1, h[0][0] - self.decode_iter) if h else 1
         if self.fresh:
             kcap = 1
         stop = min(t_end, horizon)
@@ -560,99 +600,108 @@ class Engine:
         self.next_sample = self.next_sample + self.dt / SAMPLES_PER_WINDOW
 
     def _run_unified(self, t_end: float) -> None:
-        mu, acc, sched, decoding, arrivals = self.mu, self.acc, self.sched, self.decoding, self.arrivals
+        model, acc, sched = self.unified_model, self.acc, self.sched
+        decoding, arrivals = self.decoding, self.arrivals
         waiting = sched.heap
         budget0 = self.profile.token_budget
         n_arr = len(arrivals)
-        while self.t < t_end:
-            t = self.t
+        while self.clock_s < t_end:
+            t = self.clock_s
             if t >= self.next_sample:
                 self._sample(t)
-            if self.ai < n_arr and arrivals[self.ai].arrival <= t:
+            if self.arrival_idx < n_arr and arrivals[self.arrival_idx].arrival <= t:
                 self._admit_arrivals(t)
             if self.transfers:
                 self._process_joins(t)
             n = len(decoding)
+            preempted = False
             if n and self._decode_kv_limit(1) == 0:
-                victim = sched.victim(self._victim_pool(True))
-                if victim is not None:
-                    self._preempt(victim, t)
-                continue
+                preempted = self._preempt_for_growth(t)
+                n = len(decoding)
             if self.prefilling or waiting:
-                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True)
+                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True, preempted=preempted)
                 if chunks:
-                    dt_it = self._run_chunks(chunks, t, mu, len(decoding), split=False)
+                    dt_it = self._run_chunks(chunks, t, model, len(decoding), split=False)
                     acc.busy += dt_it
-                    self.t = t + dt_it
+                    self.clock_s = t + dt_it
                     continue
             if decoding:
                 horizon = self.transfers[0][0] if self.transfers else INF
-                if sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
-                                              < self.batch_cap):
-                    nxt = arrivals[self.ai].arrival if self.ai < n_arr else INF
+                if preempted:
+                    # one iteration: the next pass may admit into what the preemption freed (V1
+                    # schedules every step); without a preemption free blocks only shrink until a
+                    # request finishes, so a blocked queue stays blocked for the whole decode run
+                    horizon = t
+                elif sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
+                                                < self.batch_cap):
+                    nxt = arrivals[self.arrival_idx].arrival if self.arrival_idx < n_arr else INF
                     if nxt < horizon:
                         horizon = nxt
-                t_new = self._decode_run(t, t_end, mu, horizon, unified=True)
+                t_new = self._decode_run(t, t_end, model, horizon, unified=True)
                 if t_new is not None:
                     acc.busy += t_new - t
-                    self.t = t_new
+                    self.clock_s = t_new
                 continue
+            if preempted:
+                continue  # nothing ran in this pass; the next one (same clock) may admit
             nxt = min(self._next_arrival(), self.transfers[0][0] if self.transfers else INF, t_end)
-            self.t = nxt if nxt > t else t_end
+            self.clock_s = nxt if nxt > t else t_end
 
     def _run_split(self, t_end: float) -> None:
-        mp, md = self.mp, self.md
+        prefill_model, decode_model = self.prefill_model, self.decode_model
+        if prefill_model is None or decode_model is None:
+            raise RuntimeError("split lanes run before configure() built their step-time models")
         share = self.profile.split_prefill_compute_share
         while True:
             if self.prefilling or (self.sched.heap and not self.pre_blocked):
-                pnext = self.tp
+                pnext = self.prefill_clock_s
             else:  # idle or blocked: woken by an arrival, or by the decode lane freeing room
-                pnext = max(self.tp, self._next_arrival())
+                pnext = max(self.prefill_clock_s, self._next_arrival())
             if self.decoding or self.fresh:
-                dnext = self.td
+                dnext = self.decode_clock_s
             elif self.transfers:
-                dnext = max(self.td, self.transfers[0][0])
+                dnext = max(self.decode_clock_s, self.transfers[0][0])
             else:
                 dnext = INF
             now = min(pnext, dnext)
             if now >= t_end:
-                self.tp = max(self.tp, min(pnext, t_end))
-                self.td = max(self.td, min(dnext, t_end))
+                self.prefill_clock_s = max(self.prefill_clock_s, min(pnext, t_end))
+                self.decode_clock_s = max(self.decode_clock_s, min(dnext, t_end))
                 break
             if now >= self.next_sample:
                 self._sample(now)
             if pnext <= dnext:
                 t = pnext
-                self.tp = t
+                self.prefill_clock_s = t
                 self._admit_arrivals(t)
                 chunks = self._plan_prefill(t, self.profile.token_budget, unified=False)
                 if not chunks:
                     self.pre_blocked = True
                     continue
-                dt_it = self._run_chunks(chunks, t, mp, 0, split=True)
+                dt_it = self._run_chunks(chunks, t, prefill_model, 0, split=True)
                 self.acc.busy += dt_it * share
-                self.tp = t + dt_it
+                self.prefill_clock_s = t + dt_it
             else:
                 t = dnext
-                self.td = t
+                self.decode_clock_s = t
                 self._process_joins(t)
                 if not self.decoding:
                     continue
                 horizon = min(pnext, self.transfers[0][0] if self.transfers else INF)
                 blocked = self.pre_blocked
-                t_new = self._decode_run(t, t_end, md, horizon, unified=False)
+                t_new = self._decode_run(t, t_end, decode_model, horizon, unified=False)
                 if t_new is not None:
                     self.acc.busy += (t_new - t) * (1.0 - share)
-                    self.td = t_new
+                    self.decode_clock_s = t_new
                 if blocked and not self.pre_blocked:
                     # room freed at the decode lane's clock; the prefill lane cannot use it earlier
-                    self.tp = max(self.tp, self.td)
+                    self.prefill_clock_s = max(self.prefill_clock_s, self.decode_clock_s)
 
     # ----------------------------------------------------------------------------------- reporting
 
     def close_window(self) -> tuple[list[RequestRecord], int, float]:
         """Exact re-sums, output tokens of live requests, the end sample; returns (pending, kv used, memory)."""
-        it = self.it
+        it = self.decode_iter
         acc = self.acc
         pending: list[RequestRecord] = []
         new_tokens = 0
@@ -668,15 +717,15 @@ class Engine:
 
         settle(self.prefilling)
         settle([e[2] for e in self.transfers])
-        # Decoding requests, inlined (most pending requests decode): the exact re-sums of context S
-        # and emission rate E, the KV blocks they hold, output tokens since the last report, and the
-        # snapshot, in one pass.
-        S = E = 0.0
+        # Decoding requests, inlined (most pending requests decode): the exact re-sums of their context
+        # and tokens per iteration, the KV blocks they hold, output tokens since the last report, and
+        # the snapshot, in one pass.
+        context = per_iter = 0.0
         decode_blocks = 0
         for r in self.decoding.values():
             p = r.progress + (it - r.sync_iter) * r.e
-            S += r.prompt + p
-            E += r.e
+            context += r.prompt + p
+            per_iter += r.e
             pc = p if p < r.target else r.target
             decode_blocks += -(-math.ceil(r.prompt + pc) // KV_BLOCK_TOKENS)  # _blocks_held, inlined
             cur = int(p) if p < r.target else r.target
@@ -684,7 +733,7 @@ class Engine:
                 new_tokens += cur - r.reported
                 r.reported = cur
             pending.append(r.snapshot_tokens(cur))
-        self.S, self.E = S, E
+        self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
         settle(self.sched.waiting())
         acc.output_tokens += new_tokens
         used = self.kv.used_fixed + decode_blocks

@@ -9,6 +9,8 @@ table building) and on floats (the engine), so the fit and the simulator cannot 
 - `DecodeAttentionFit`: c0 + c1 * seqs * kv_heads + kv_bytes/bw. Decode attention streams the KV cache, so it
   is affine in the summed context; the engine relies on that to skip decode runs in closed form.
 - `alpha_beta_us`: c0 + bytes/bw, for all-reduce and KV transfer.
+- `LatencyRatio`: a GEMM dtype priced as the bf16 fit times its measured latency ratio to bf16 at
+  the same m (the FP8 kernels: no single roofline fits both their small and large shapes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 BF16_BYTES = 2
+# bytes per element of a KV-cache dtype (vLLM's kv_cache_dtype: "auto" keeps bf16, "fp8" is e4m3)
+KV_ELEM_BYTES = {"bfloat16": 2.0, "fp8": 1.0}
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +67,45 @@ class AlphaBetaFit:
         return {"c0_us": self.c0_us, "bw_gbs": self.bw_gbs}
 
 
+@dataclass(frozen=True, slots=True)
+class LatencyRatio:
+    """Latency of a GEMM dtype over the `base` dtype's at the same shape, by m (tokens), interpolated
+    linearly in log m between the measured m values and held constant outside them. Below `blend_lo`
+    tokens the dtype's own small-m fit prices it instead (weight-bound GEMMs: their ratio to bf16
+    depends on the shape, not on m), blended geometrically into the ratio up to `blend_hi`."""
+
+    base: str
+    m: tuple[float, ...]
+    ratio: tuple[float, ...]
+    blend_lo: float = 64.0
+    blend_hi: float = 256.0
+
+    def at(self, m):
+        """The ratio at m (array or float; m >= 1)."""
+        return np.interp(np.log(np.maximum(np.asarray(m, dtype=float), 1.0)), np.log(self.m), self.ratio)
+
+    def large_weight(self, m):
+        """Weight of the ratio pricing (against the small-m fit) at m: 0 up to blend_lo, 1 from blend_hi."""
+        lm = np.log(np.maximum(np.asarray(m, dtype=float), 1.0))
+        return np.clip((lm - np.log(self.blend_lo)) / (np.log(self.blend_hi) - np.log(self.blend_lo)), 0.0, 1.0)
+
+    def to_dict(self) -> dict[str, object]:
+        return {"base": self.base, "m": list(self.m), "ratio": [round(r, 4) for r in self.ratio],
+                "blend_lo": self.blend_lo, "blend_hi": self.blend_hi}
+
+
+def ratio_gemm_us(m, n, k, base: RooflineFit, ratio: LatencyRatio, small: RooflineFit, weight_bytes: float,
+                  act_bytes: float):
+    """Microseconds of (m x k) @ (k x n) GEMMs of a ratio-priced dtype: its small-m fit (at its own
+    bytes) below ratio.blend_lo, the base dtype's fit x the measured ratio above ratio.blend_hi, and
+    the geometric blend of the two between."""
+    nbytes, flops = gemm_work(m, n, k, BF16_BYTES, BF16_BYTES)
+    large = base.us(nbytes, flops) * ratio.at(m)
+    nbytes, flops = gemm_work(m, n, k, weight_bytes, act_bytes)
+    w = ratio.large_weight(m)
+    return np.exp((1.0 - w) * np.log(small.us(nbytes, flops)) + w * np.log(large))
+
+
 def gemm_work(m, n, k, weight_bytes: float, act_bytes: float):
     """(bytes, flops) of an (m x k) @ (k x n) linear layer; output is bf16."""
     m = np.asarray(m, dtype=float)
@@ -70,18 +113,19 @@ def gemm_work(m, n, k, weight_bytes: float, act_bytes: float):
     return nbytes, 2.0 * m * n * k
 
 
-def prefill_attention_work(tokens, context, heads: int, kv_heads: int, head_dim: int):
+def prefill_attention_work(tokens, context, heads: int, kv_heads: int, head_dim: int, elem_bytes: float = BF16_BYTES):
     """(bytes, flops) of causal attention for `tokens` new queries after `context` cached tokens.
 
-    Arrays broadcast; for a batch of equal prompts multiply by the batch size.
+    Arrays broadcast; for a batch of equal prompts multiply by the batch size. `elem_bytes` is 1 with
+    an fp8 KV cache (FA3 then runs the whole attention in fp8, queries included).
     """
     tokens = np.asarray(tokens, dtype=float)
     context = np.asarray(context, dtype=float)
     flops = 4.0 * heads * head_dim * tokens * (context + (tokens + 1.0) / 2.0)
-    nbytes = BF16_BYTES * (2.0 * tokens * heads * head_dim + 2.0 * (context + tokens) * kv_heads * head_dim)
+    nbytes = elem_bytes * (2.0 * tokens * heads * head_dim + 2.0 * (context + tokens) * kv_heads * head_dim)
     return nbytes, flops
 
 
-def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int) -> float:
-    """KV-cache bytes one token occupies across `layers` layers (K and V, bf16)."""
-    return float(2 * BF16_BYTES * layers * kv_heads * head_dim)
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, elem_bytes: float = BF16_BYTES) -> float:
+    """KV-cache bytes one token occupies across `layers` layers (K and V, `elem_bytes` each)."""
+    return float(2 * elem_bytes * layers * kv_heads * head_dim)

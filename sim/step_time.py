@@ -25,7 +25,14 @@ from __future__ import annotations
 from functools import lru_cache
 
 import numpy as np
-from llmserve_env.sim.forms import BF16_BYTES, DecodeAttentionFit, RooflineFit, gemm_work
+from llmserve_env.sim.forms import (
+    BF16_BYTES,
+    KV_ELEM_BYTES,
+    DecodeAttentionFit,
+    RooflineFit,
+    gemm_work,
+    ratio_gemm_us,
+)
 from llmserve_env.sim.profiles import ModelShape, Profile, load_profile
 
 MAX_BATCH = 512
@@ -49,15 +56,21 @@ def _lane(fit: RooflineFit, cs: float, bs: float) -> RooflineFit:
 def _dense_table(p: Profile, shape: ModelShape, tier: str, size: int, cs: float, bs: float) -> np.ndarray:
     """Seconds for m = 0..size-1 tokens through all linear layers, elementwise kernels and all-reduces."""
     spec = p.tiers[tier] if shape is p.model else None
-    fit = _lane(p.gemm[spec.gemm] if spec else p.gemm["bfloat16"], cs, bs)
-    wb = spec.weight_bytes if spec else 2.0
-    ab = spec.act_bytes if spec else 2.0
-    fscale = spec.flops_scale if spec else 1.0
+    ratio = p.gemm_ratio.get(spec.gemm) if spec else None
     m = np.arange(size, dtype=float)
     per_layer_us = np.zeros(size)
-    for n, k in shape.linear_shapes(p.tp):
-        nbytes, flops = gemm_work(m, n, k, wb, ab)
-        per_layer_us += fit.us(nbytes, flops / fscale)
+    if spec is not None and ratio is not None:  # the measured kernels: small-m fit, then bf16 x ratio
+        base, small = _lane(p.gemm[ratio.base], cs, bs), _lane(p.gemm[spec.gemm], cs, bs)
+        for n, k in shape.linear_shapes(p.tp):
+            per_layer_us += ratio_gemm_us(m, n, k, base, ratio, small, spec.weight_bytes, spec.act_bytes)
+    else:
+        fit = _lane(p.gemm[spec.gemm] if spec else p.gemm["bfloat16"], cs, bs)
+        wb = spec.weight_bytes if spec else 2.0
+        ab = spec.act_bytes if spec else 2.0
+        fscale = spec.flops_scale if spec else 1.0
+        for n, k in shape.linear_shapes(p.tp):
+            nbytes, flops = gemm_work(m, n, k, wb, ab)
+            per_layer_us += fit.us(nbytes, flops / fscale)
     bw = p.gemm["bfloat16"].bw_gbs * bs * 1e3  # bytes per us
     per_layer_us += m * _elementwise_bytes_per_token(shape, p.tp) / bw
     if p.tp > 1 and p.allreduce is not None:
@@ -83,7 +96,8 @@ class StepTimeModel:
 
     __slots__ = ("profile", "tier", "share", "t_fixed", "t_fixed_draft", "dense", "head", "draft_dense",
                  "draft_head", "dec_c0", "dec_seq", "dec_ctx", "ddec_c0", "ddec_seq", "ddec_ctx", "pre_layers",
-                 "pre_fit", "heads", "kv_heads", "head_dim", "xfer_c0", "xfer_per_token", "gpu_scale")
+                 "pre_fit", "heads", "kv_heads", "head_dim", "xfer_c0", "xfer_per_token", "gpu_scale", "kv_dtype",
+                 "attn_elem_bytes")
 
     def __init__(self, p: Profile, tier: str, compute_share: float = 1.0, bandwidth_share: float = 1.0):
         if tier not in p.tiers:
@@ -100,21 +114,26 @@ class StepTimeModel:
         self.head = (_head_table(p, p.model, size, cs, bs) * scale).tolist()
         self.draft_dense = (_dense_table(p, p.draft, tier, MAX_BATCH + 1, cs, bs) * scale).tolist()
         self.draft_head = (_head_table(p, p.draft, MAX_BATCH + 1, cs, bs) * scale).tolist()
-        a = DecodeAttentionFit(p.attn_decode.c0_us, p.attn_decode.per_item_us / cs, p.attn_decode.bw_gbs * bs)
+        # the tier's KV dtype: the cache's bytes and the attention kernels measured with it (the draft's
+        # cache too: vLLM's kv_cache_dtype covers every attention layer it runs)
+        kv = self.kv_dtype = p.tiers[tier].kv_dtype
+        self.attn_elem_bytes = KV_ELEM_BYTES[kv]
+        ad = p.decode_attention(kv)
+        a = DecodeAttentionFit(ad.c0_us, ad.per_item_us / cs, ad.bw_gbs * bs)
         bw = a.bw_gbs * 1e9  # bytes per s
         for prefix, shape in (("dec", p.model), ("ddec", p.draft)):
             kvh = max(1, shape.kv_heads // p.tp)
             setattr(self, prefix + "_c0", shape.layers * a.c0_us * 1e-6 * scale)
             setattr(self, prefix + "_seq", shape.layers * a.per_item_us * kvh * 1e-6 * scale)
-            setattr(self, prefix + "_ctx", shape.kv_bytes_per_token(p.tp) / bw * scale)
+            setattr(self, prefix + "_ctx", shape.kv_bytes_per_token(p.tp, kv) / bw * scale)
         self.pre_layers = p.model.layers * scale * 1e-6
-        self.pre_fit = _lane(p.attn_prefill, cs, bs)
+        self.pre_fit = _lane(p.prefill_attention(kv), cs, bs)
         self.heads = max(1, p.model.heads // p.tp)
         self.kv_heads = max(1, p.model.kv_heads // p.tp)
         self.head_dim = p.model.head_dim
         x = p.kv_transfer
         self.xfer_c0 = x.c0_us * 1e-6
-        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)
+        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp, kv) / (x.bw_gbs * 1e9)
 
     def decode_attention_s(self, seqs: int, ctx_sum: float) -> float:
         if seqs <= 0:
@@ -140,7 +159,7 @@ class StepTimeModel:
             kv_elems += ctx + c
             flop_units += c * (ctx + (c + 1) * 0.5)
         h, kvh, hd = self.heads, self.kv_heads, self.head_dim
-        nbytes = BF16_BYTES * (2.0 * q_elems * h * hd + 2.0 * kv_elems * kvh * hd)
+        nbytes = self.attn_elem_bytes * (2.0 * q_elems * h * hd + 2.0 * kv_elems * kvh * hd)
         flops = 4.0 * h * hd * flop_units
         return self.pre_layers * self.pre_fit.us(nbytes, flops)  # the fitted form itself, on floats
 

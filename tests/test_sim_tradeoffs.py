@@ -35,11 +35,11 @@ WORKLOADS: dict[str, TaskSpec] = {
                                   workload={"kind": "mmpp", "rates_rps": [2.0, 100.0], "mean_dwell_windows": [8.0, 1.0]},
                                   horizon=48),
     # speculation
-    "light_tight_tpot": poisson("light_tight_tpot", 1, tenant("chat", 2000, 7, 256, 128)),
+    "light_tight_tpot": poisson("light_tight_tpot", 1, tenant("chat", 2000, 6, 256, 128)),
     "heavy_decode": poisson("heavy_decode", 70, tenant("chat", 2000, 40, 256, 128)),
     # quantization
     "light_short": poisson("light_short", 5, tenant("chat", 1000, 50, 256, 8)),
-    "decode_tight_tpot": poisson("decode_tight_tpot", 15, tenant("chat", 2000, 6, 128, 64)),
+    "decode_tight_tpot": poisson("decode_tight_tpot", 15, tenant("chat", 2000, 4, 128, 64)),
     "prefill_heavy": poisson("prefill_heavy", 22, tenant("rag", 3000, 100, 3000, 32)),
     # KV budget
     "long_context_moderate": poisson("long_context_moderate", 4, tenant("chat", 3000, 60, 4096, 512)),

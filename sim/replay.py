@@ -1,0 +1,222 @@
+"""Replay a real-mode recording through the simulator and say how far apart they are.
+
+    python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile P [--actions A.jsonl]
+
+A recording (gateway/recorder.py: one request a line) holds each request's arrival, the prompt
+the server counted (`usage_prompt_tokens`; the project tokenizer's count when the server sent no
+usage, scaled by the run's median server/tokenizer ratio), the tokens it produced and when its first
+token and its end came. The replay sends the same arrivals, window by window, under the same actions
+and real mode's caps (sim/caps.py) through the simulator on profile P, and compares per request and
+per window:
+
+    TTFT   first token - arrival (what the environment scores), per request
+    TPOT   (finish - first token) / (output tokens - 1), per request with 2+ tokens
+    throughput  output tokens per window (the real side spreads each request's tokens over its
+                streamed chunks' arrival times)
+
+The overall errors are the medians over requests of |sim / real - 1| (TTFT, TPOT) and the error of
+the total tokens produced within the played windows (throughput).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.models import ServeAction
+from llmserve_env.sim.backend import SimBackend
+from llmserve_env.sim.caps import CappedBackend, RequestCaps
+from llmserve_env.sim.profiles import Profile
+
+
+@dataclass
+class RecordedRun:
+    """One real-mode episode as recorded: its request rows, windows, actions and caps."""
+
+    key: str
+    rows: list[dict[str, Any]]
+    window_s: float
+    windows: int
+    actions: list[ServeAction]
+    caps: RequestCaps
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.actions) not in (1, self.windows):
+            raise ValueError(f"run {self.key}: {len(self.actions)} actions for {self.windows} windows "
+                             "(give one action, or one per window)")
+
+    def action(self, k: int) -> ServeAction:
+        return self.actions[0] if len(self.actions) == 1 else self.actions[k]
+
+    def prompt_ratio(self) -> float:
+        """Median of the server's prompt count over the tokenizer's (1.0 when the server sent none)."""
+        r = [row["usage_prompt_tokens"] / row["prompt_tokens"] for row in self.rows
+             if row.get("usage_prompt_tokens") and row.get("prompt_tokens")]
+        return float(np.median(r)) if r else 1.0
+
+    def arrivals(self) -> list[Arrival]:
+        ratio = self.prompt_ratio()
+        out = []
+        for row in self.rows:
+            prompt = row.get("usage_prompt_tokens") or max(1, round(row["prompt_tokens"] * ratio))
+            if row["status"] == "ok":
+                output = max(1, int(row["output_tokens"]))
+            else:  # never finished: what it asked for
+                output = int(row.get("max_tokens") or row["target_output_tokens"])
+            out.append(Arrival(int(row["request_id"]), float(row["arrival_s"]), int(prompt), output,
+                               row.get("tenant", "default"), int(row.get("priority", 1))))
+        out.sort(key=lambda a: (a.arrival_s, a.request_id))
+        return out
+
+
+@dataclass
+class Side:
+    """Per-request and per-window quantities of one side (real or simulated)."""
+
+    ttft: dict[int, float] = field(default_factory=dict)
+    tpot: dict[int, float] = field(default_factory=dict)
+    window_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    window_ttft: list[list[float]] = field(default_factory=list)
+    window_tpot: list[list[float]] = field(default_factory=list)
+
+
+def _add_request(side: Side, rid: int, arrival: float, first_seen: float | None, finish: float | None, out: int,
+                 status: str, window_s: float, windows: int, first: float | None = None) -> None:
+    """`first_seen`: a first token to count for TTFT; `first`: one already counted (TPOT only)."""
+    if first_seen is not None:
+        first = first_seen
+        side.ttft[rid] = first - arrival
+        k = int(first // window_s)
+        if k < windows:
+            side.window_ttft[k].append(first - arrival)
+    if status == "ok" and first is not None and finish is not None and out >= 2 and finish > first:
+        side.tpot[rid] = (finish - first) / (out - 1)
+        k = int(finish // window_s)
+        if k < windows:
+            side.window_tpot[k].append(side.tpot[rid])
+
+
+def _empty_side(windows: int) -> Side:
+    return Side(window_tokens=np.zeros(windows), window_ttft=[[] for _ in range(windows)],
+                window_tpot=[[] for _ in range(windows)])
+
+
+def real_side(run: RecordedRun) -> Side:
+    side = _empty_side(run.windows)
+    for row in run.rows:
+        out = int(row.get("output_tokens") or 0)
+        _add_request(side, int(row["request_id"]), float(row["arrival_s"]), row.get("first_token_s"),
+                     row.get("finish_s"), out, row["status"], run.window_s, run.windows)
+        chunks = row.get("chunk_times_s") or []
+        if out and chunks:
+            per = out / len(chunks)
+            for t in chunks:
+                k = int(t // run.window_s)
+                if 0 <= k < run.windows:
+                    side.window_tokens[k] += per
+        elif out and row.get("finish_s") is not None:  # no chunk times: all at the end
+            k = int(row["finish_s"] // run.window_s)
+            if 0 <= k < run.windows:
+                side.window_tokens[k] += out
+    return side
+
+
+def sim_side(run: RecordedRun, profile: Profile) -> Side:
+    """The run replayed on `profile` (deterministic: same run, same profile, same numbers)."""
+    backend = CappedBackend(SimBackend(profile), run.caps)
+    backend.reset(run.seed)
+    arrivals = run.arrivals()
+    times = [a.arrival_s for a in arrivals]
+    side = _empty_side(run.windows)
+    lo = 0
+    dt = run.window_s
+    n = len(arrivals)
+    for k in range(run.windows):
+        hi = lo
+        while hi < n and times[hi] < (k + 1) * dt:
+            hi += 1
+        report = backend.run_window(run.action(k), arrivals[lo:hi], k * dt, dt)
+        lo = hi
+        side.window_tokens[k] = report.output_tokens
+        for rid, _, ttft in report.first_tokens:  # still running at the end or not: its first token counts
+            side.ttft[rid] = ttft
+            side.window_ttft[k].append(ttft)
+        for rec in report.finished:
+            _add_request(side, rec.request_id, rec.arrival_s, None, rec.finish_s, rec.output_tokens, rec.status, dt,
+                         run.windows, first=rec.first_token_s)
+    backend.close()
+    return side
+
+
+def abs_err_pct(sim: float, real: float) -> float:
+    return abs(sim / real - 1.0) * 100.0 if real > 0 else math.nan
+
+
+def _median(x: list[float]) -> float:
+    return float(np.median(x)) if x else math.nan
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRow:
+    window: int
+    real_tokens: float
+    sim_tokens: float
+    real_ttft_ms: float
+    sim_ttft_ms: float
+    real_tpot_ms: float
+    sim_tpot_ms: float
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """How far the simulator's replay is from the recording."""
+
+    n_ttft: int
+    n_tpot: int
+    ttft_err_pct: float        # median over requests of |sim / real - 1|
+    tpot_err_pct: float
+    throughput_err_pct: float  # |sim tokens / real tokens - 1| over the played windows
+    unmatched: int             # requests with a first token in the recording but not in the replay
+    windows: list[WindowRow]
+
+    @property
+    def score(self) -> float:
+        """One number to compare profiles by: the mean of the TTFT and TPOT median errors."""
+        return 0.5 * (self.ttft_err_pct + self.tpot_err_pct)
+
+    def summary(self) -> dict[str, float]:
+        return {"ttft_err_pct": round(self.ttft_err_pct, 2), "tpot_err_pct": round(self.tpot_err_pct, 2),
+                "throughput_err_pct": round(self.throughput_err_pct, 2)}
+
+    def table(self) -> str:
+        lines = [f"{'window':>6} {'real tok':>9} {'sim tok':>9} {'real TTFT ms':>13} {'sim TTFT ms':>12} "
+                 f"{'real TPOT ms':>13} {'sim TPOT ms':>12}"]
+        for w in self.windows:
+            lines.append(f"{w.window:>6} {w.real_tokens:>9.1f} {w.sim_tokens:>9.0f} {w.real_ttft_ms:>13.0f} "
+                         f"{w.sim_ttft_ms:>12.0f} {w.real_tpot_ms:>13.1f} {w.sim_tpot_ms:>12.1f}")
+        lines.append(f"overall: TTFT median error {self.ttft_err_pct:.1f} % ({self.n_ttft} requests), TPOT "
+                     f"median error {self.tpot_err_pct:.1f} % ({self.n_tpot}), throughput error "
+                     f"{self.throughput_err_pct:.1f} %, {self.unmatched} requests without a first token in "
+                     "the replay")
+        return "\n".join(lines)
+
+
+def compare(real: Side, sim: Side) -> Comparison:
+    ttft = [abs_err_pct(sim.ttft[r], v) for r, v in real.ttft.items() if r in sim.ttft]
+    tpot = [abs_err_pct(sim.tpot[r], v) for r, v in real.tpot.items() if r in sim.tpot]
+    rows = [WindowRow(k, float(real.window_tokens[k]), float(sim.window_tokens[k]),
+                      _median(real.window_ttft[k]) * 1e3, _median(sim.window_ttft[k]) * 1e3,
+                      _median(real.window_tpot[k]) * 1e3, _median(sim.window_tpot[k]) * 1e3)
+            for k in range(len(real.window_tokens))]
+    total_real = float(real.window_tokens.sum())
+    return Comparison(len(ttft), len(tpot), _median(ttft), _median(tpot),
+                      abs_err_pct(float(sim.window_tokens.sum()), total_real),
+                      sum(1 for r in real.ttft if r not in sim.ttft), rows)
+
+
+def replay(run: RecordedRun, profile: Profile) -> Comparison:
+    return compare(real_side(run), sim_side(run, profile))

@@ -1,0 +1,230 @@
+"""The command line as a newcomer meets it: bad arguments are refused at parse time (exit 2, one
+line naming the option and what it allows, nothing written), `--help` shows defaults and starts
+nothing, train.py keeps away from the shipped weights, and the set-up files keep their promises
+(one -q, a CPU-only torch pin, no setuptools warnings at build)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+from llmserve_env import cli
+from llmserve_env.__main__ import bench_names
+from llmserve_env.__main__ import main as llmserve_main
+from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
+from llmserve_env.train_config import HELP, Args, build_parser, parse_args
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def refused(main, argv: list[str], capsys) -> str:
+    """Run a CLI's main expecting argparse's refusal; its one error line."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+# -- train.py ---------------------------------------------------------------------------------------
+def test_train_writes_into_its_run_folder_by_default():
+    args = parse_args(["--task", "bursty_workload", "--seed", "3"])
+    assert args.weights_dir == args.run_dir / "bursty_workload__s3" == args.run_path
+    assert args.weights_dir.resolve() != WEIGHTS_DIR.resolve()
+
+
+def test_train_replaces_the_shipped_weights_only_when_told(capsys):
+    assert parse_args(["--replace-shipped-weights"]).weights_dir == WEIGHTS_DIR
+    line = refused(parse_args, ["--out-dir", str(WEIGHTS_DIR)], capsys)
+    assert "argument --out-dir" in line and "--replace-shipped-weights" in line
+
+
+@pytest.mark.parametrize(("argv", "named", "allowed"), [
+    (["--task", "nope"], "--task", "static_workload"),
+    (["--steps", "-5"], "--steps", ">= 1"),
+    (["--steps", "100"], "--steps", "1024"),  # below one rollout: used to train 1,024 steps silently
+    (["--advice", "ture"], "--advice", "true or false"),  # used to read as False
+    (["--init", "follow"], "--init", "--advice true"),
+    (["--init", "nope"], "--init", "heuristic"),
+    (["--num-workers", "0"], "--num-workers", ">= 1"),
+    (["--num-workers", "17"], "--num-workers", "num_envs"),
+    (["--gamma", "1.5"], "--gamma", "0..1"),
+    (["--learning-rate", "0"], "--learning-rate", "> 0"),
+    (["--num-minibatches", "3"], "--num-minibatches", "divide"),
+])
+def test_train_refuses_bad_arguments_before_any_work(argv, named, allowed, tmp_path, capsys):
+    line = refused(parse_args, [*argv, "--run-dir", str(tmp_path / "runs")], capsys)
+    assert line.startswith(f"python train.py: error: argument {named}"), line
+    assert allowed in line, line
+    assert not (tmp_path / "runs").exists(), "nothing may be written for refused arguments"
+
+
+def test_train_help_names_every_setting_with_its_default():
+    text = build_parser().format_help()
+    for name in HELP:
+        if name != "quiet":
+            assert "--" + name.replace("_", "-") in text, name
+    assert "(default: 120000)" in text and "(default: adversarial_multitenant)" in text
+    assert set(HELP) >= {f for f in Args.__dataclass_fields__ if f != "command"}
+
+
+def test_python_m_llmserve_env_train_refuses_without_torch_or_workers(tmp_path, capsys):
+    assert refused(llmserve_main, ["train", "--task", "nope"], capsys).startswith(
+        "python train.py: error: argument --task")
+
+
+# -- evaluate.py and the bench scripts ------------------------------------------------------------
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--output", "/no/such/dir/x.json"], "--output"),  # used to crash after the whole evaluation
+    (["--episodes", "0"], "--episodes"),  # used to raise ValueError: no samples
+    (["--episodes", "-3"], "--episodes"),  # used to raise StatisticsError
+    (["--agent", "nope"], "--agent"),
+    (["--task", "static_workload,nope"], "--task"),
+])
+def test_evaluate_refuses_bad_arguments(argv, named, capsys):
+    from llmserve_env.evaluate import main
+
+    line = refused(main, argv, capsys)
+    assert line.startswith(f"python evaluate.py: error: argument {named}"), line
+
+
+def test_evaluate_one_episode_prints_no_infinite_interval(tmp_path, capsys):
+    import json
+
+    from llmserve_env.evaluate import main
+
+    out = tmp_path / "scores.json"
+    assert main(["--agent", "heuristic", "--task", "static_workload", "--episodes", "1", "--output", str(out),
+                 "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert "inf" not in printed and "n=1, no CI" in printed
+    assert json.loads(out.read_text())["scores"]["heuristic"]["static_workload"]["ci95"] is None
+
+
+def bench_main(script: str):
+    """A bench script's main, loaded from its file as `python bench/NAME.py` would run it."""
+    bench_dir = str(ROOT / "bench")
+    if bench_dir not in sys.path:
+        sys.path.insert(0, bench_dir)  # for bench/local_server.py
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", ROOT / "bench" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module.main
+
+
+@pytest.mark.parametrize(("script", "argv", "named"), [
+    ("sim_speed", ["--episodes", "0"], "--episodes"),  # used to raise ZeroDivisionError
+    ("sim_speed", ["--repeats", "x"], "--repeats"),
+    ("score_table", ["--agents", "nope"], "--agents"),
+    ("score_table", ["--tasks", "nope"], "--tasks"),
+    ("load", ["--clients", "1,x"], "--clients"),
+    ("load", ["--url", "localhost:7860"], "--url"),
+    ("http_step", ["--task", "nope"], "--task"),
+    ("adaptation_headroom", ["--task", "static_workload"], "--task"),
+    ("gateway_accuracy", ["--levels", "0"], "--levels"),
+    ("sim_fidelity", ["--trace-seconds", "0"], "--trace-seconds"),
+])
+def test_bench_scripts_refuse_bad_arguments(script, argv, named, capsys):
+    line = refused(bench_main(script), argv, capsys)
+    assert line.startswith(f"python bench/{script}.py: error: argument {named}"), line
+
+
+def test_bench_command_runs_the_script_with_its_own_arguments(capsys):
+    """`python -m llmserve_env bench sim_speed --episodes 0`: the script's own refusal, exit 2."""
+    assert llmserve_main(["bench", "sim_speed", "--episodes", "0"]) == 2
+    assert "python bench/sim_speed.py: error: argument --episodes" in capsys.readouterr().err
+
+
+def test_every_bench_script_is_reachable_from_the_entry_point():
+    assert set(bench_names()) == {p.stem for p in (ROOT / "bench").glob("*.py")} - {"local_server"}
+
+
+# -- the entry point and the console script --------------------------------------------------------
+def test_entry_point_lists_its_commands_and_serve_help_starts_nothing(capsys):
+    assert llmserve_main(["--help"]) == 0
+    listed = capsys.readouterr().out
+    for command in ("serve", "evaluate", "train", "calibrate", "bench"):
+        assert f"  {command}" in listed
+    # `serve --help` prints its options and exits at once (the old console script started a server).
+    with pytest.raises(SystemExit) as exc:
+        llmserve_main(["serve", "--help"])
+    assert exc.value.code == 0
+    shown = capsys.readouterr().out
+    assert "--port" in shown and "(default: 0.0.0.0)" in shown
+
+
+def test_console_script_has_a_specific_name():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert "server" not in scripts, "a generic `server` collides with other OpenEnv environments' scripts"
+    assert scripts["llmserve-env"] == "llmserve_env.__main__:main"
+
+
+def test_unknown_command_is_refused(capsys):
+    line = refused(llmserve_main, ["nope"], capsys)
+    assert "argument COMMAND: invalid choice: 'nope'" in line
+
+
+# -- argument types -----------------------------------------------------------------------------------
+def test_writable_file_is_checked_before_work(tmp_path):
+    assert cli.writable_file(str(tmp_path / "x.json")) == tmp_path / "x.json"
+    for bad in (tmp_path, tmp_path / "missing" / "x.json"):
+        with pytest.raises(Exception, match="folder"):
+            cli.writable_file(str(bad))
+
+
+def test_progress_bars_stay_off_the_output_when_not_on_a_terminal(capsys):
+    # Under pytest stderr is not a terminal: the bar is disabled, and stdout never gets one.
+    assert list(cli.progress(range(3), desc="x")) == [0, 1, 2]
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ""
+
+
+# -- set-up files ------------------------------------------------------------------------------------
+def test_make_test_prints_pytest_summary_line():
+    """`-q` in the Makefile plus `-q` in addopts made `-qq`, which drops the 'N passed' summary."""
+    recipe = subprocess.run(["make", "-n", "test"], capture_output=True, text=True, cwd=ROOT, timeout=30).stdout
+    pytest_line = next(line for line in recipe.splitlines() if "bin/pytest" in line)
+    addopts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]["addopts"]
+    quiet = pytest_line.split().count("-q") + addopts.split().count("-q")
+    assert quiet == 1, f"{pytest_line!r} + addopts {addopts!r}"
+
+
+def test_presubmit_has_a_make_target_that_installs_the_dev_extra():
+    recipe = subprocess.run(["make", "-n", "-W", "pyproject.toml", "presubmit"], capture_output=True, text=True,
+                            cwd=ROOT, timeout=30).stdout
+    assert ".[dev]" in recipe and "scripts/pre_submission_check.py" in recipe
+
+
+def test_torch_is_pinned_to_its_cpu_build_and_kept_out_of_the_core():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.startswith("torch")]
+    for extra in ("train", "sb3"):
+        torch = [d for d in project["optional-dependencies"][extra] if d.startswith("torch")]
+        linux = [d for d in torch if "sys_platform == 'linux'" in d]
+        assert linux == ["torch==2.13.0+cpu; sys_platform == 'linux'"], (extra, torch)
+    assert "tqdm" in " ".join(project["dependencies"])
+
+
+def test_license_is_an_spdx_string():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["license"] == "Apache-2.0"
+
+
+def test_every_folder_of_the_package_is_listed_for_setuptools():
+    """setuptools warns 'Package would be ignored' for each importable folder (data folders too)
+    that `packages` does not list; the install printed five such warnings."""
+    tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(tool["packages"])
+    skip = {"tests", "bench", "scripts", "runs", "artifacts", "outputs", "build", "dist", "__pycache__"}
+    for here, dirs, files in os.walk(ROOT):
+        dirs[:] = [d for d in dirs if d not in skip and not d.startswith(".") and not d.endswith(".egg-info")]
+        rel = Path(here).relative_to(ROOT)
+        if rel.parts and files:
+            assert "llmserve_env." + ".".join(rel.parts) in listed, f"{rel} is not in [tool.setuptools] packages"

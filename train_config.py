@@ -1,0 +1,252 @@
+"""train.py's settings and command line, without torch (so `--help` and argument errors need no
+`train` extra, and the checks run before any worker starts or any file is written).
+
+Where a run writes: `runs/<task>__s<seed>/` holds the training curves and the exported actor
+(`<task>.npz` + `.json`). The shipped actor that the `ppo` policy, the server and evaluate.py
+load, `weights/<task>.npz`, is replaced only with `--replace-shipped-weights`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from llmserve_env import cli
+from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
+from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+
+ROOT = Path(__file__).resolve().parent
+INITS = ("heuristic", "follow", "tuned_static", "vllm_default", "uniform")
+
+
+@dataclass
+class Args:
+    task: str = "adversarial_multitenant"
+    steps: int = 120_000  # total environment steps (windows)
+    seed: int = 0
+    num_envs: int = 16
+    num_workers: int = 2  # processes stepping environments (one per core)
+    num_steps: int = 64  # windows per env per rollout (one episode of a 64-window task)
+    learning_rate: float = 3e-4
+    anneal_lr: bool = True
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    num_minibatches: int = 4
+    update_epochs: int = 8
+    clip_coef: float = 0.2
+    clip_vloss: bool = True
+    ent_coef: float = 0.003
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    target_kl: float | None = None
+    hidden: int = 64
+    # advice: the tuned heuristic's proposal is an input and each knob is followed or nudged
+    # (agents/advice.py; use with --init follow); off, the agent acts on the plain grid. The
+    # shipped weights were trained without it (see README, "PPO against the rivals").
+    advice: bool = False
+    # start from: heuristic (behaviour cloning), follow (the heuristic exactly; needs advice),
+    # tuned_static, vllm_default, uniform
+    init: str = "heuristic"
+    init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
+    bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
+    bc_epochs: int = 30
+    obs_clip: float = 10.0
+    obs_epsilon: float = 1e-8
+    reward_scale: float = 1.0
+    # Training-only shaping: add score_coef x the grader's episode score to the last window's
+    # reward. The step reward sums goodput over tenants, while the grade also weighs the worst
+    # tenant, quality and cost multiplicatively; the bonus points learning at the grade itself.
+    score_coef: float = 0.0
+    val_every: int = 10  # updates between validation runs
+    val_episodes: int = 16
+    torch_threads: int = 1
+    # Where the exported actor goes: None = this run's folder (run_dir/<task>__s<seed>/).
+    out_dir: Path | None = None
+    run_dir: Path = ROOT / "runs"
+    quiet: bool = False  # no progress bar
+    command: str = field(default="", repr=False)
+
+    @property
+    def batch_size(self) -> int:
+        return self.num_envs * self.num_steps
+
+    @property
+    def minibatch_size(self) -> int:
+        return self.batch_size // self.num_minibatches
+
+    @property
+    def num_updates(self) -> int:
+        return max(1, self.steps // self.batch_size)
+
+    @property
+    def run_path(self) -> Path:
+        """This run's folder: training curves, TensorBoard events and (by default) the actor."""
+        return self.run_dir / f"{self.task}__s{self.seed}"
+
+    @property
+    def weights_dir(self) -> Path:
+        return self.out_dir if self.out_dir is not None else self.run_path
+
+
+HELP: dict[str, str] = {
+    "task": "task to train on",
+    "steps": "total environment steps (windows); at least one rollout (num_envs x num_steps)",
+    "seed": "seed of the run (environments, sampling, initialisation)",
+    "num_envs": "environments stepped in parallel",
+    "num_workers": "processes stepping the environments (one per core), 1..num_envs",
+    "num_steps": "windows per environment per rollout (64 = one episode of a built-in task)",
+    "learning_rate": "Adam step size",
+    "anneal_lr": "decay the learning rate linearly to 0 over the run",
+    "gamma": "discount factor, 0..1",
+    "gae_lambda": "GAE lambda, 0..1",
+    "num_minibatches": "minibatches per update epoch (must divide num_envs x num_steps)",
+    "update_epochs": "passes over each rollout",
+    "clip_coef": "PPO clipping range",
+    "clip_vloss": "clip the value loss as well",
+    "ent_coef": "entropy bonus weight",
+    "vf_coef": "value loss weight",
+    "max_grad_norm": "gradient norm clip",
+    "target_kl": "stop an update's epochs early past this approximate KL (None: never)",
+    "hidden": "hidden units per layer of the actor and critic MLPs",
+    "advice": "give the tuned heuristic's proposal as input; each knob is followed or nudged (agents/advice.py)",
+    "init": "where learning starts: heuristic (behaviour cloning; not with --advice true), follow "
+            "(the heuristic exactly; needs --advice true), tuned_static, vllm_default or uniform",
+    "init_prob": "follow / tuned_static / vllm_default: initial probability of that choice per knob, in (0, 1)",
+    "bc_episodes": "--init heuristic: the tuned heuristic's episodes to imitate (training seeds)",
+    "bc_epochs": "--init heuristic: passes over the demonstrations",
+    "obs_clip": "clip normalised observations to +-this",
+    "obs_epsilon": "variance floor of the observation normalisation",
+    "reward_scale": "multiply rewards by this while learning",
+    "score_coef": "add this x the grader's episode score to the last window's reward (training only)",
+    "val_every": "updates between validation runs",
+    "val_episodes": "validation episodes (validation seeds, never the evaluation seeds)",
+    "torch_threads": "torch threads of the learner",
+    "out_dir": "write the exported actor here instead of the run folder (not weights/: see "
+               "--replace-shipped-weights)",
+    "run_dir": "parent of the run folder <task>__s<seed>/ (curves, TensorBoard events, the actor)",
+    "quiet": "no progress bar",
+}
+POSITIVE_INTS = ("num_envs", "num_workers", "num_steps", "num_minibatches", "update_epochs", "hidden",
+                 "val_every", "val_episodes", "torch_threads", "bc_episodes")
+NON_NEGATIVE_INTS = ("seed", "bc_epochs")
+POSITIVE_FLOATS = ("learning_rate", "clip_coef", "max_grad_norm", "obs_clip", "obs_epsilon", "reward_scale")
+NON_NEGATIVE_FLOATS = ("ent_coef", "vf_coef", "score_coef")
+UNIT_FLOATS = ("gamma", "gae_lambda")
+
+
+def boolean(text: str) -> bool:
+    """true/false (also 1/0, yes/no); anything else is an error, never a silent False."""
+    value = text.strip().lower()
+    if value in ("1", "true", "yes"):
+        return True
+    if value in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _positive_float(text: str) -> float:
+    value = cli.float_at_least(0.0)(text)
+    if value == 0.0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _unit_float(text: str) -> float:
+    value = cli.float_at_least(0.0)(text)
+    if value > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in 0..1, got {text}")
+    return value
+
+
+def _open_unit_float(text: str) -> float:
+    value = _unit_float(text)
+    if value in (0.0, 1.0):
+        raise argparse.ArgumentTypeError(f"expected a number strictly between 0 and 1, got {text}")
+    return value
+
+
+def _optional_positive_float(text: str) -> float | None:
+    return None if text.strip().lower() == "none" else _positive_float(text)
+
+
+def _type_of(name: str, default: object):
+    if name == "task":
+        return cli.task_id
+    if name == "init":
+        return str
+    if name == "init_prob":
+        return _open_unit_float
+    if name == "target_kl":
+        return _optional_positive_float
+    if name in ("out_dir", "run_dir"):
+        return cli.writable_dir
+    if isinstance(default, bool):
+        return boolean
+    if name in POSITIVE_INTS:
+        return cli.int_at_least(1)
+    if name in NON_NEGATIVE_INTS:
+        return cli.int_at_least(0)
+    if name in POSITIVE_FLOATS:
+        return _positive_float
+    if name in NON_NEGATIVE_FLOATS:
+        return cli.float_at_least(0.0)
+    if name in UNIT_FLOATS:
+        return _unit_float
+    if name == "steps":
+        return cli.int_at_least(1)
+    raise AssertionError(f"train_config: no argument type for {name}")  # a new field needs one
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="python train.py", formatter_class=cli.HelpFormatter,
+        description="PPO for LLMServeEnv (needs the `train` extra: make install-train).\n\n" + __doc__.split("\n\n", 1)[1],
+    )
+    for f in dataclasses.fields(Args):
+        if f.name in ("command", "quiet"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        kwargs: dict = {"type": _type_of(f.name, f.default), "default": f.default, "help": HELP[f.name]}
+        if f.name == "init":
+            kwargs["choices"] = INITS
+        ap.add_argument(flag, **kwargs)
+    ap.add_argument("--replace-shipped-weights", action="store_true",
+                    help=f"write the actor into {WEIGHTS_DIR}/<task>.npz/.json, replacing the shipped one "
+                         "that the `ppo` policy, the server and evaluate.py load")
+    cli.add_output_options(ap)
+    return ap
+
+
+def parse_args(argv: list[str]) -> Args:
+    """Args from the command line; every error is argparse's (one line, exit 2) and comes before any work."""
+    ap = build_parser()
+    ns = ap.parse_args(argv)
+    cli.configure_logging(ns)
+    values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(Args) if f.name not in ("command", "quiet")}
+    args = Args(**values, quiet=ns.quiet, command="python train.py " + " ".join(argv))
+    shipped = WEIGHTS_DIR.resolve()
+    if ns.replace_shipped_weights:
+        if args.out_dir is not None and args.out_dir.resolve() != shipped:
+            ap.error("argument --out-dir: not allowed with --replace-shipped-weights (which writes into "
+                     f"{WEIGHTS_DIR})")
+        args.out_dir = WEIGHTS_DIR
+    elif args.out_dir is not None and args.out_dir.resolve() == shipped:
+        ap.error(f"argument --out-dir: {args.out_dir} holds the shipped weights; pass --replace-shipped-weights "
+                 "to replace them")
+    if args.steps < args.batch_size:
+        ap.error(f"argument --steps: expected at least one rollout, num_envs x num_steps = {args.batch_size}, "
+                 f"got {args.steps}")
+    if args.num_workers > args.num_envs:
+        ap.error(f"argument --num-workers: expected 1..num_envs ({args.num_envs}), got {args.num_workers}")
+    if args.batch_size % args.num_minibatches:
+        ap.error(f"argument --num-minibatches: must divide num_envs x num_steps ({args.batch_size}), "
+                 f"got {args.num_minibatches}")
+    if args.init == "follow" and not args.advice:
+        ap.error("argument --init: follow needs --advice true")
+    if args.init == "heuristic" and args.advice:
+        ap.error("argument --init: heuristic (behaviour cloning) is for --advice false; with advice use follow")
+    if args.init == "heuristic" and args.bc_episodes > TRAIN_SEED_LIMIT:
+        ap.error(f"argument --bc-episodes: expected at most {TRAIN_SEED_LIMIT} (training seeds), got {args.bc_episodes}")
+    return args
