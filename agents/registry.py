@@ -12,6 +12,11 @@
 | ppo           | the trained actor in weights/<task>.npz, numpy only                |
 | planner       | model-predictive planning on forks, sampled futures (agents/planner.py) |
 | clairvoyant   | the planner seeing the true future arrivals: an upper bound, not a policy |
+| hpa           | cluster tasks: Kubernetes HPA threshold autoscaling (agents/autoscale.py) |
+| dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
+
+`tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
+are imported on first use (the planner needs statsmodels, the `autoscale` extra).
 """
 
 from __future__ import annotations
@@ -58,7 +63,15 @@ POLICIES: dict[str, PolicyFactory] = {
     "ppo": lambda task_id, **_: PPOPolicy(task_id),
     "planner": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "sampled", seed=seed, **kw),
     "clairvoyant": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "clairvoyant", seed=seed, **kw),
+    "hpa": lambda task_id, **_: _autoscale().hpa(task_id),
+    "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
 }
+
+
+def _autoscale():
+    from llmserve_env.agents import autoscale
+
+    return autoscale
 
 
 def make_policy(name: str, task_id: str, **options: Any) -> Policy:

@@ -30,6 +30,7 @@ from llmserve_env.agents.search import coordinate_descent, git_commit, load_tune
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.tasks import TASKS
 
 if TYPE_CHECKING:
     from llmserve_env.agents.parallel import Runner
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> None:
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
     from llmserve_env.runtime.inprocess import InProcessEnv
 
-    tasks = args.task
+    # The cluster tasks' fixed configurations include a replica count: `python -m agents.autoscale` tunes them.
+    tasks = [t for t in args.task if not TASKS[t].is_cluster]
     stored = load_tuned(args.output)
     command = "python -m agents.tuned_static " + " ".join(sys.argv[1:] if argv is None else argv)
     commit = git_commit()

@@ -9,7 +9,9 @@ training or tuning), in the simulator; each episode is one job for the runner (a
 a local process pool, or Ray when installed or asked for), and every runner gives the same table. Agents come from `agents.registry`: the
 aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
-weights, `tuned_static` without a tuned entry) is listed as skipped for that task.
+weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
+single-server task) is listed as skipped for that task. For each cluster task the last line also
+holds `<task>.best_rival` (the best of tuned_static, hpa and dynamo_planner by mean) and its mean.
 
 Prints a markdown table (rows: agents; columns: tasks; cells: mean ± half-width of the 95 %
 Student-t interval), then, as the last line, one flat JSON object with `<agent>.<task>.mean` and
@@ -25,17 +27,23 @@ import sys
 import time
 
 from llmserve_env import cli
+from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci
 from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.shared.tasks import TASKS
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}
 # The agents the table always has first, in this order.
 CORE = ("random", "starve", "vllm_default")
+# The production rivals a learner must beat on the cluster tasks (issue 14).
+CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
+
+
 def available_agents() -> tuple[list[str], dict[str, str]]:
     """Agents to play, and the agents left out with why."""
     agents = list(CORE) + [a for a in POLICIES if a not in CORE and a not in ALIASES]
@@ -56,7 +64,7 @@ def play_table(agents: list[str], tasks: list[str], episodes: int, runner) -> tu
         for task_id in tasks:
             try:
                 make_policy(agent, task_id)
-            except (WeightsNotFoundError, NotTunedError) as exc:
+            except (WeightsNotFoundError, NotTunedError, NotClusterTaskError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
             cells.append((agent, task_id))
@@ -114,6 +122,12 @@ def main(argv: list[str] | None = None) -> int:
         ci = mean_ci(scores)
         flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
         flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
+    for task_id in tasks:
+        played = {a: cells[(a, task_id)] for a in CLUSTER_RIVALS if (a, task_id) in cells}
+        if TASKS[task_id].is_cluster and played:
+            best = max(played, key=lambda a: mean_ci(played[a]).mean)
+            flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]
+            flat[f"{task_id}.best_rival_mean"] = round(mean_ci(played[best]).mean, 4)
     print(json.dumps(flat))
     return 0
 

@@ -9,7 +9,12 @@ Each measurement is repeated `--repeats` times and the fastest kept (as timeit d
 shared machine the slower runs measure the neighbours, not the simulator).
 The fixed policy is vLLM's defaults (256 sequences, 90 % of memory, FP16, no speculation).
 Prints a table, then (last line) one JSON object with `<task>_steps_per_s`,
-`<task>_requests_per_s` and `<task>_random_steps_per_s` for every task.
+`<task>_requests_per_s` and `<task>_random_steps_per_s` for every single-server task.
+
+Cluster tasks (`shared.tasks.CLUSTER_TASKS`) are timed as whole episodes in process (the cluster
+backend, metrics, reward and the policy itself), one per rival (tuned_static, hpa, dynamo_planner)
+and seed, fastest of `--repeats`: keys `<task>_<rival>_episode_s` and `<task>_<rival>_requests_per_s`.
+The target is a cluster episode with the best rival under 2 s on one core.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import time
 from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
-from llmserve_env.shared.tasks import TASKS, TaskSpec
+from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 
@@ -64,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     cli.configure_logging(args)
     out: dict[str, float] = {}
     print(f"{'task':<26} {'policy':<7} {'steps':>6} {'requests':>9} {'steps/s':>9} {'requests/s':>11}")
-    for tid, task in cli.progress(TASKS.items(), total=len(TASKS), desc="tasks", quiet=args.quiet):
+    for tid, task in cli.progress(SINGLE_SERVER_TASKS.items(), total=len(SINGLE_SERVER_TASKS), desc="tasks",
+                                  quiet=args.quiet):
         episodes = [windows(generate_arrivals(task, args.seed + e), task) for e in range(args.episodes)]
         serve(task, episodes[:1], args.seed, "fixed")  # warm the step-time tables
         for policy in ("fixed", "random"):
@@ -77,7 +83,28 @@ def main(argv: list[str] | None = None) -> None:
                 out[f"{tid}_requests_per_s"] = round(rps, 1)
             else:
                 out[f"{tid}_random_steps_per_s"] = round(sps, 1)
+    print(f"\n{'cluster task':<26} {'rival':<15} {'requests':>9} {'episode s':>10} {'requests/s':>11}")
+    for tid in CLUSTER_TASKS:
+        for rival in ("tuned_static", "hpa", "dynamo_planner"):
+            runs = [cluster_episode(tid, rival, args.seed) for _ in range(args.repeats)]
+            el, reqs = min(runs)
+            print(f"{tid:<26} {rival:<15} {reqs:>9} {el:>10.2f} {reqs / el:>11.0f}")
+            out[f"{tid}_{rival}_episode_s"] = round(el, 3)
+            out[f"{tid}_{rival}_requests_per_s"] = round(reqs / el, 1)
     print(json.dumps(out))
+
+
+def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
+    """(seconds, requests) of one whole in-process episode of `rival` on a cluster task."""
+    from llmserve_env.agents.registry import make_policy
+    from llmserve_env.agents.rollout import play_episode
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    env, policy = InProcessEnv(), make_policy(rival, task_id)
+    t0 = time.perf_counter()
+    play_episode(env, policy, task_id, seed)
+    el = time.perf_counter() - t0
+    return el, sum(s.metrics["arrivals"] for s in env.episode.steps)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from llmserve_env.runtime.errors import (
     EpisodeDoneError,
     EpisodeIdError,
     ForkUnsupportedError,
+    ReplicasOutOfRangeError,
 )
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
@@ -70,6 +71,10 @@ def make_backend(mode: str, task: TaskSpec, profile: Any = None, caps: Any = Non
         from llmserve_env.gateway.backend import GatewayBackend
 
         return GatewayBackend.from_env()
+    if task.is_cluster:
+        from llmserve_env.sim.cluster import ClusterBackend
+
+        return ClusterBackend(task.profile, task.replicas, task.initial_replicas)
     from llmserve_env.sim.backend import SimBackend
     from llmserve_env.sim.caps import CappedBackend
 
@@ -83,9 +88,44 @@ def _served_profile(backend: Backend, task: TaskSpec) -> str:
     return profile.id if profile is not None else task.profile
 
 
+def check_replicas(action: ServeAction, task: TaskSpec) -> None:
+    """ReplicasOutOfRangeError (HTTP 422) when `action.replicas` is set outside the task's range."""
+    n = action.replicas
+    if n is not None and not task.replicas[0] <= n <= task.replicas[1]:
+        raise ReplicasOutOfRangeError(task.task_id, n, *task.replicas)
+
+
+def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | None) -> dict[str, Any]:
+    """The cluster state and the next window's place in the daily cycle (cluster tasks' observations)."""
+    out: dict[str, Any] = dict((notes or {}).get("cluster") or {})
+    if not out:  # the reset observation, or a backend that does not scale (real mode)
+        out = {"target": task.initial_replicas, "ready": task.initial_replicas, "starting": 0, "draining": 0}
+    out["replicas_range"] = list(task.replicas)
+    if task.cycle_windows:
+        k = next_window % task.cycle_windows
+        out["window_in_cycle"] = k
+        out["cycle_windows"] = task.cycle_windows
+        out["time_of_day_h"] = round(24.0 * k / task.cycle_windows, 4)
+    return out
+
+
 def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[str, float],
                      applied: dict[str, bool], notes: dict[str, Any]) -> ServeObservation:
     """Map one window's metrics onto the observation fields (one place, both modes)."""
+    metadata = {
+        "per_tenant": {name: t.to_dict() for name, t in m.per_tenant.items()},
+        "goodput_rps": m.goodput_rps,
+        "p50_tpot_ms": m.p50_tpot_ms,
+        "quality": m.quality,
+        "cost_usd": m.cost_usd,
+        "reward_terms": terms,
+        "applied": applied,
+        "backend_notes": notes,
+        "terminated": ep.done,
+        "drain_windows": m.drain_windows,
+    }
+    if ep.task.is_cluster:
+        metadata["cluster"] = cluster_metadata(ep.task, ep.step_count, notes)
     return ServeObservation(
         queue_depth=m.queue_depth,
         active_requests=m.active_requests,
@@ -106,18 +146,7 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
         episode_id=ep.episode_id,
         reward=reward,
         done=ep.done,
-        metadata={
-            "per_tenant": {name: t.to_dict() for name, t in m.per_tenant.items()},
-            "goodput_rps": m.goodput_rps,
-            "p50_tpot_ms": m.p50_tpot_ms,
-            "quality": m.quality,
-            "cost_usd": m.cost_usd,
-            "reward_terms": terms,
-            "applied": applied,
-            "backend_notes": notes,
-            "terminated": ep.done,
-            "drain_windows": m.drain_windows,
-        },
+        metadata=metadata,
     )
 
 
@@ -185,6 +214,8 @@ class Episode:
             metadata={"horizon": task.horizon, "window_s": task.window_s, "profile": ep.profile,
                       "mode": mode, "seed": seed},
         )
+        if task.is_cluster:
+            ep.last_observation.metadata["cluster"] = cluster_metadata(task, 0, None)
         return ep
 
     def step(self, action: ServeAction) -> ServeObservation:
@@ -192,6 +223,7 @@ class Episode:
             self.last_used = time.monotonic()
             if self.done:
                 raise EpisodeDoneError(self.episode_id, self.task.horizon)
+            check_replicas(action, self.task)
             k = self.step_count
             arrivals = self.windows[k]
             dt = self.task.window_s

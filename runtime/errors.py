@@ -119,3 +119,16 @@ class TraceForbiddenError(EnvError):
     def __init__(self, path: str, root: str):
         super().__init__(f"trace file {path!r} is outside the folder this server replays traces from "
                          f"(LLMSERVE_TRACE_DIR={root}); put the file there and name it relative to it")
+
+
+class ReplicasOutOfRangeError(EnvError):
+    """`replicas` outside the task's allowed range (the single-server tasks allow exactly 1)."""
+
+    status = 422
+
+    def __init__(self, task_id: str, value: int, lo: int, hi: int):
+        allowed = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
+        super().__init__(f"replicas={value} is outside task {task_id!r}'s range: replicas must be {allowed} "
+                         f"(or left out to keep the current count); GET /tasks lists each task's range")
+        self.loc = ["body", "action", "replicas"]
+        self.input = value

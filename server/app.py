@@ -141,6 +141,10 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
         _wire_real_mode(app)
 
     async def env_error(_: Request, exc: EnvError) -> JSONResponse:
+        if exc.status == 422:  # a value out of its range: FastAPI's 422 shape, as the schema documents
+            return JSONResponse(status_code=422, content={"detail": [
+                {"type": "value_error", "loc": list(getattr(exc, "loc", ["body"])), "msg": exc.message,
+                 "input": getattr(exc, "input", None)}]})
         return JSONResponse(status_code=exc.status, content={"detail": exc.message})
 
     async def unknown_task(_: Request, exc: UnknownTaskError) -> JSONResponse:

@@ -16,6 +16,11 @@ Reference points, computed on the episode's own arrivals (regenerated with
   No policy on the profile can meet more, so every score below 1 has headroom.
   Per tenant, the same two counts restricted to its requests (`floor_met_by_tenant`,
   `upper_met_by_tenant`; a tenant's bound is its own feasible requests that fit alone).
+- cluster tasks (`TaskSpec.replicas` above 1): the floor is a fixed small cluster of
+  `task.floor_replicas` naive servers (each request to the first one free); the upper bound is the
+  ideal server scaled to the largest cluster the task allows (peak_tokens_per_s x max replicas).
+  Replica-seconds are billed from request to gone (`sim/cluster.py`), so C below charges
+  over-provisioning, and under-provisioning shows as missed SLOs in G and W.
 
 Print them for any task and seed:
 
@@ -48,11 +53,12 @@ steps) and consistent with the regenerated arrivals, else GradeError.
 from __future__ import annotations
 
 import argparse
+import heapq
 import json
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from llmserve_env.shared.backend import Arrival
@@ -104,12 +110,14 @@ def _serial_floor(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity)
     itl = cap.serial_itl_ms / 1e3
     met = {t.name: 0 for t in task.tenants}
     slo = {t.name: (t.ttft_slo_ms / 1e3, t.tpot_slo_ms / 1e3) for t in task.tenants}
-    free_at = 0.0
+    # task.floor_replicas naive servers (1 on single-server tasks), each request to the first one free
+    free = [0.0] * task.floor_replicas
     for a in arrivals:
+        free_at = heapq.heappop(free)
         start = max(a.arrival_s, free_at)
         first = start + itl + a.prompt_tokens / cap.serial_prefill_tps
         finish = first + (a.output_tokens - 1) * itl
-        free_at = finish
+        heapq.heappush(free, finish)
         ttft_slo, tpot_slo = slo[a.tenant]
         if first - a.arrival_s <= ttft_slo + SLO_EPS_S and itl <= tpot_slo + SLO_EPS_S and finish < horizon_s:
             met[a.tenant] += 1
@@ -153,7 +161,9 @@ def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | No
     if arrivals is None:
         arrivals = generate_arrivals(task, seed)
     floor = _serial_floor(task, arrivals, cap)
-    upper, upper_by_tenant, feasible = _ideal_upper(task, arrivals, cap)
+    # the ideal server scaled to the largest cluster the task allows (unchanged on single-server tasks)
+    upper_cap = cap if task.replicas[1] == 1 else replace(cap, peak_tokens_per_s=cap.peak_tokens_per_s * task.replicas[1])
+    upper, upper_by_tenant, feasible = _ideal_upper(task, arrivals, upper_cap)
     by_tenant = {t.name: 0 for t in task.tenants}
     for a in arrivals:
         by_tenant[a.tenant] += 1

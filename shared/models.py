@@ -21,6 +21,8 @@ QUANTIZATION_TIERS: tuple[QuantizationTier, ...] = ("FP16", "INT8", "INT4")
 BATCH_CAP_RANGE = (1, 512)
 KV_BUDGET_RANGE = (0.1, 1.0)
 SPECULATION_RANGE = (0, 8)
+# The most replicas any task may allow (each task declares its own range in TaskSpec.replicas).
+MAX_REPLICAS = 64
 
 
 # OpenEnv's model settings for actions and observations (openenv.core.env_server.types), so the
@@ -69,6 +71,14 @@ class ServeAction(ActionBase):
     | `prefill_decode_split` | bool  | true/false            | disaggregate prefill and decode onto separate GPU partitions   |
     | `priority_routing`     | bool  | true/false            | admit and protect the priority tenant first                    |
 
+    Optional seventh field, for the cluster tasks:
+
+    | `replicas`             | int   | the task's range      | serving replicas wanted (None = keep the current count)        |
+
+    Every task declares its allowed range (`TaskSpec.replicas`, in `GET /tasks`); the single-server
+    tasks allow exactly 1, so `replicas` may be left out (or be 1) there and anything else is answered
+    with a 422 naming the range. Left out, the action is the seed's six-field action, bit for bit.
+
     `metadata` (inherited) is free-form and ignored by the dynamics.
     """
 
@@ -80,14 +90,16 @@ class ServeAction(ActionBase):
     quantization_tier: QuantizationTier = Field(..., description="Weight precision: FP16, INT8 or INT4")
     prefill_decode_split: bool = Field(..., strict=True, description="Prefill/decode disaggregation on or off")
     priority_routing: bool = Field(..., strict=True, description="Priority-tenant-first admission on or off")
+    replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, strict=True,
+                                 description="Serving replicas wanted, within the task's range (None = unchanged)")
 
     def knobs(self) -> dict[str, Any]:
-        """The six knobs as a plain dict (no metadata)."""
-        return self.model_dump(exclude={"metadata"})
+        """The six knobs as a plain dict (no metadata), plus `replicas` when it is set."""
+        return self.model_dump(exclude={"metadata"} if self.replicas is not None else {"metadata", "replicas"})
 
 
-# The six knobs' names, in the action's field order.
-KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name != "metadata")
+# The six per-replica knobs' names, in the action's field order (`replicas` is not one of them).
+KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name not in ("metadata", "replicas"))
 
 
 class ServeObservation(ObservationBase):

@@ -14,6 +14,11 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | bursty_workload         | MMPP 20 <-> 42 req/s, dwell 8 s / 5 s            | chat 70 % 384/160, 600/60 ms; rag 30 % 1536/96, 1500/80 ms | 64 x 1 s |
 | adversarial_multitenant | 18 req/s + batch spikes x2.5 (2-4 s, p 0.08/s)   | interactive (priority 0) 45 % 192/96, 300/40 ms; code 30 % 768/192, 800/60 ms; batch 25 % 3072/256, 4000/120 ms | 64 x 1 s |
 | azure_conv_trace        | Azure 2023 conversation trace, seeded stretch, 28k tokens/s (~20 req/s) | trace 1020/129 (measured), 1000/60 ms | 64 x 1 s |
+| diurnal_autoscale       | daily cycle 10 -> 30 req/s (peak 14:00), 1-8 replicas | chat 2048/384, 1000/60 ms                             | 48 x 10 s |
+| multitenant_autoscale   | interactive cycle 4 -> 16 req/s + batch jobs at 03:00 and 15:00, 1-8 replicas | interactive (priority 0) 2048/384, 1000/60 ms; batch 4096/512, 20 s/150 ms | 48 x 10 s |
+
+The last two are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
+`SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds.
 
 The loads sit near what a well-set engine sustains on the default profile (the vLLM-like default
 keeps up with static_workload up to about 60 req/s), so a careless setting builds a queue that
@@ -132,6 +137,12 @@ class TaskSpec:
     workload        arrival-process kind and parameters, read by `shared.workloads`
     profile         hardware x model profile id the simulator uses (see sim/profiles)
     cost_budget_per_1k  USD per 1,000 output tokens above which the reward charges a cost penalty
+    replicas        (min, max) serving replicas an action may ask for; (1, 1) for a single server, and
+                    any other value of `ServeAction.replicas` is refused (HTTP 422) naming the range
+    initial_replicas  replicas ready when the episode starts (cluster tasks)
+    floor_replicas  the grader's floor: this many naive one-request-at-a-time servers
+    cycle_windows   windows per daily cycle (0: no cycle); the observation's metadata shows the
+                    window's place in it on cluster tasks
     """
 
     task_id: str
@@ -143,6 +154,15 @@ class TaskSpec:
     window_s: float = 1.0
     profile: str = "h100-llama3.1-8b"
     cost_budget_per_1k: float = 0.0006
+    replicas: tuple[int, int] = (1, 1)
+    initial_replicas: int = 1
+    floor_replicas: int = 1
+    cycle_windows: int = 0
+
+    @property
+    def is_cluster(self) -> bool:
+        """A task whose actions may scale the replica count (served by sim/cluster.py)."""
+        return self.replicas[1] > 1
 
     def tenant(self, name: str) -> TenantSpec:
         for t in self.tenants:
@@ -165,6 +185,8 @@ class TaskSpec:
             "window_s": self.window_s,
             "profile": self.profile,
             "cost_budget_per_1k": self.cost_budget_per_1k,
+            "replicas": {"min": self.replicas[0], "max": self.replicas[1], "initial": self.initial_replicas},
+            "cycle_windows": self.cycle_windows,
             "workload": dict(self.workload),
             "grader_capacity": PROFILE_CAPACITY[self.profile].describe() if self.profile in PROFILE_CAPACITY else None,
             "tenants": [
@@ -263,7 +285,82 @@ AZURE_CONV_TRACE = TaskSpec(
     workload={"kind": "trace", "packaged": "azure_conv_2023.csv", "tokens_per_s": 28000.0},
 )
 
-TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
+# ---------------------------------------------------------------------------------------- cluster tasks
+# A compressed day: 48 windows of 10 s (one window = 30 minutes of the day). The replica physics is not
+# compressed: a replica of the profile takes its cold start (87 s on h100-llama3.1-8b: 8.7 windows) from
+# request to serving, billed throughout, so scaling for a ramp must start well before it.
+#
+# Daily shape: a raised cosine between trough and peak, peak at 14:00 (window 28), trough at 02:00, with
+# a log-normal factor (sigma 0.15) per window and tenant on top of Poisson arrivals. Peak/trough = 3 is an
+# ASSUMPTION in the range production LLM services show (daytime peaks a few times the night-time trough:
+# BurstGPT, Wang et al. 2024, arXiv:2401.17644, Azure OpenAI conversation logs over 213 days; SageServe,
+# Jaiswal et al. 2025, arXiv:2502.14617, Microsoft O365 traffic); the figure itself was not read off a
+# trace. A user replays their own traffic with `trace:PATH?replicas=8` instead.
+# One replica of h100-llama3.1-8b under vLLM's defaults meets ~95 % of the SLOs below at 6 req/s of the
+# diurnal chat mix and ~52 % at 7 req/s (measured: 12 windows of 10 s, Poisson), so the 30 req/s peak
+# needs about 5 replicas and the 10 req/s trough 2. (Heavier requests at lower rates than the
+# single-server tasks keep a whole simulated day of up to 8 engines near a second of CPU.)
+CLUSTER_DAY = {"cycle_windows": 48, "peak_window": 28, "noise_sigma": 0.15}
+
+DIURNAL_AUTOSCALE = TaskSpec(
+    task_id="diurnal_autoscale",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas (Llama-3.1-8B on H100 each) serving a chat tenant (median 2048 in / "
+        "384 out, TTFT 1000 ms, TPOT 60 ms) through a day compressed into 48 windows of 10 s: Poisson "
+        "arrivals on a raised-cosine daily cycle from 10 req/s at 02:00 to 30 req/s at 14:00, with "
+        "log-normal per-window noise. A replica is billed from the moment it is requested and serves "
+        "only after its 87 s cold start (weights plus engine start-up), so scaling must lead the ramp; "
+        "idle replicas cost money. Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("chat", 1, 1.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(2048, 0.7), output_tokens=(384, 0.6)),
+    ),
+    workload={"kind": "cycle", **CLUSTER_DAY, "tenants": {"chat": {"trough_rps": 10.0, "peak_rps": 30.0}}},
+    horizon=48,
+    window_s=10.0,
+    cost_budget_per_1k=0.0003,
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+    cycle_windows=48,
+)
+
+MULTITENANT_AUTOSCALE = TaskSpec(
+    task_id="multitenant_autoscale",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas serving two tenants through a day compressed into 48 windows of 10 s: "
+        "an interactive tenant (priority 0, median 2048 in / 384 out, TTFT 1000 ms, TPOT 60 ms) on a daily "
+        "cycle from 4 req/s at 02:00 to 16 req/s at 14:00, and a batch tenant (priority 2, median 4096 in "
+        "/ 512 out, TTFT 20 s, TPOT 150 ms) whose jobs start at scheduled times every day: 03:00 for 3 hours "
+        "at 4 req/s and 15:00 for 2 hours at 4 req/s. Replicas take 87 s to start and are billed "
+        "throughout; the worst tenant's SLO attainment counts. Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("interactive", 0, 0.75, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(2048, 0.7), output_tokens=(384, 0.6)),
+        TenantSpec("batch", 2, 0.25, ttft_slo_ms=20000.0, tpot_slo_ms=150.0,
+                   prompt_tokens=(4096, 0.5), output_tokens=(512, 0.5), prompt_clip=(256, 16384)),
+    ),
+    workload={"kind": "cycle", **CLUSTER_DAY,
+              "tenants": {"interactive": {"trough_rps": 4.0, "peak_rps": 16.0}},
+              "jobs": [{"tenant": "batch", "start_window": 6, "windows": 6, "rate_rps": 4.0},
+                       {"tenant": "batch", "start_window": 30, "windows": 4, "rate_rps": 4.0}]},
+    horizon=48,
+    window_s=10.0,
+    cost_budget_per_1k=0.0003,
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+    cycle_windows=48,
+)
+
+# The seed's single-server tasks (exactly one replica) and the cluster tasks.
+SINGLE_SERVER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
+CLUSTER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (DIURNAL_AUTOSCALE, MULTITENANT_AUTOSCALE)}
+TASKS: dict[str, TaskSpec] = {**SINGLE_SERVER_TASKS, **CLUSTER_TASKS}
 
 
 def parse_task_ids(spec: str) -> list[str]:

@@ -18,6 +18,11 @@ Arrival processes (`task.workload["kind"]`):
   in a spike, a spike starts with probability `spike_prob` and lasts a whole number of windows
   drawn uniformly from `spike_len_windows` [lo, hi]; during it `spike_tenant`'s rate is
   multiplied by `spike_factor`.
+- "cycle": a daily cycle (cluster tasks). Each tenant under `tenants` sends Poisson traffic whose
+  rate follows a raised cosine over `cycle_windows` windows, from `trough_rps` half a cycle away
+  from `peak_window` up to `peak_rps` at it (evaluated at each window's centre), times a log-normal
+  factor with sigma `noise_sigma` drawn per window and tenant. Each entry of `jobs` adds a tenant's
+  scheduled job: Poisson at `rate_rps` for `windows` windows from `start_window` (every cycle).
 - "trace": a file replayed (`shared.traces`): `packaged` names a trace shipped in shared/data,
   `path` a file. With `speedup` and `start_s` the slice is fixed and the seed changes nothing.
   With `tokens_per_s` the seed picks the slice: the consecutive requests, from a start drawn
@@ -30,7 +35,9 @@ tenant's [min, max].
 
 `resolve_task("trace:PATH")` builds a one-tenant task that replays PATH; an optional query
 string sets `speedup`, `start_s`, `horizon`, `window_s`, `ttft_ms`, `tpot_ms`
-(`trace:/data/t.csv?speedup=4&horizon=32`). The horizon is cut to the replayed slice's length when
+(`trace:/data/t.csv?speedup=4&horizon=32`), and `replicas` (the most replicas an action may ask
+for: above 1 the replay is a cluster task, starting with `initial_replicas`, default 1):
+`trace:/data/week.csv?window_s=10&horizon=1008&replicas=8`. The horizon is cut to the replayed slice's length when
 the trace is shorter (at least one window).
 """
 
@@ -43,6 +50,7 @@ from urllib.parse import parse_qsl
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
 from llmserve_env.shared.traces import TraceError, TraceSlice, load_trace, packaged_trace_path, replay_slice
 
@@ -132,6 +140,44 @@ def _spiky(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.nda
     return np.concatenate(times), np.concatenate(who), spikes
 
 
+def cycle_rate(task: TaskSpec, spec: dict, k: int) -> float:
+    """The mean arrival rate (req/s) of one `cycle` tenant in window k, before the noise factor."""
+    w = task.workload
+    n = int(w["cycle_windows"])
+    phase = ((k + 0.5 - float(w["peak_window"])) / n) % 1.0  # 0 at the peak, 0.5 at the trough
+    shape = 0.5 * (1.0 + math.cos(2.0 * math.pi * phase))
+    lo, hi = float(spec["trough_rps"]), float(spec["peak_rps"])
+    return lo + (hi - lo) * shape
+
+
+def _cycle(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.ndarray]:
+    """(times, tenant index) of the `cycle` process, window by window."""
+    w = task.workload
+    names = [t.name for t in task.tenants]
+    cycled = [(names.index(name), spec) for name, spec in w.get("tenants", {}).items()]
+    jobs = [(names.index(j["tenant"]), int(j["start_window"]), int(j["windows"]), float(j["rate_rps"]))
+            for j in w.get("jobs", [])]
+    sigma = float(w.get("noise_sigma", 0.0))
+    n = int(w["cycle_windows"])
+    times, who = [], []
+    for k in range(task.horizon):
+        t0, t1 = k * task.window_s, (k + 1) * task.window_s
+        for i, spec in cycled:
+            # the noise is drawn whatever the rate, so the stream never depends on the shape
+            rate = cycle_rate(task, spec, k) * math.exp(sigma * float(rng.standard_normal()) - 0.5 * sigma * sigma)
+            ts = _poisson_times(rng, rate, t0, t1)
+            times.append(ts)
+            who.append(np.full(ts.shape[0], i, dtype=np.int64))
+        for i, start, length, rate in jobs:
+            if start <= k % n < start + length:
+                ts = _poisson_times(rng, rate, t0, t1)
+                times.append(ts)
+                who.append(np.full(ts.shape[0], i, dtype=np.int64))
+    if not times:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    return np.concatenate(times), np.concatenate(who)
+
+
 def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     w = task.workload
     path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
@@ -178,6 +224,8 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         who = None
     elif kind == "spiky":
         times, who, _ = _spiky(t_rng, task)
+    elif kind == "cycle":
+        times, who = _cycle(t_rng, task)
     else:
         raise ValueError(f"task {task.task_id!r}: unknown workload kind {kind!r}")
     order = np.argsort(times, kind="stable")
@@ -244,11 +292,13 @@ def resolve_task(task_id: str) -> TaskSpec:
     return get_task(task_id)
 
 
-_TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms"}
+_TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms", "replicas",
+                  "initial_replicas"}
 # Each option's allowed range: what a replay can mean (a 1e-310 speedup or a 1e-320 s window
 # overflowed the horizon arithmetic). start_s is seconds into the trace (0 allowed).
 _OPTION_RANGES = {"speedup": (1e-3, 1e6), "start_s": (0.0, 1e12), "horizon": (1, MAX_HORIZON),
-                  "window_s": (1e-3, 3600.0), "ttft_ms": (1e-3, 1e7), "tpot_ms": (1e-3, 1e7)}
+                  "window_s": (1e-3, 3600.0), "ttft_ms": (1e-3, 1e7), "tpot_ms": (1e-3, 1e7),
+                  "replicas": (1, MAX_REPLICAS), "initial_replicas": (1, MAX_REPLICAS)}
 # Most requests one window of a replay may hold: the simulator serves a window's requests on the
 # calling thread, and a 2 M-request window took 22 s. The built-in tasks peak below 70 per window
 # (5 seeds each); this leaves room for a 50x denser trace and bounds one step to tens of ms.
@@ -295,6 +345,12 @@ def trace_task(task_id: str) -> TaskSpec:
     horizon_opt = _option(options, "horizon", TRACE_DEFAULT_HORIZON, task_id)
     if horizon_opt != int(horizon_opt) or not 1 <= horizon_opt <= MAX_HORIZON:
         raise TraceError(f"{task_id!r}: option horizon must be an integer in 1..{MAX_HORIZON}")
+    max_replicas = _option(options, "replicas", 1, task_id)
+    initial = _option(options, "initial_replicas", 1, task_id)
+    if max_replicas != int(max_replicas) or not 1 <= max_replicas <= MAX_REPLICAS:
+        raise TraceError(f"{task_id!r}: option replicas must be an integer in 1..{MAX_REPLICAS}")
+    if initial != int(initial) or not 1 <= initial <= max_replicas:
+        raise TraceError(f"{task_id!r}: option initial_replicas must be an integer in 1..{int(max_replicas)}")
     trace = load_trace(path)
     start = options.get("start_s")
     start_s = _option(options, "start_s", 0.0, task_id) if start is not None else None
@@ -330,6 +386,8 @@ def trace_task(task_id: str) -> TaskSpec:
         workload=workload,
         horizon=horizon,
         window_s=window_s,
+        replicas=(1, int(max_replicas)),
+        initial_replicas=int(initial),
     )
 
 

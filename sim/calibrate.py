@@ -216,6 +216,7 @@ def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[s
         "memory": hw.pop("memory_source"),
         "model_shapes": "config.json of the Hugging Face checkpoints named in model/draft_model",
         "speculation": prof["speculation"].pop("source"),
+        "cluster": prof["cluster"].pop("source"),
     }
     return prof
 

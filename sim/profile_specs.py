@@ -116,6 +116,22 @@ SPECS: dict[str, dict[str, Any]] = {
     },
 }
 
+# Replica life cycle for the cluster tasks (sim/cluster.py): cold start = FP16 checkpoint bytes / weight_load_gib_per_s
+# + engine_startup_s. Both figures are vLLM start-up logs from public issues, one figure each, so they are
+# single measurements, not distributions.
+CLUSTER_SCALING = {
+    "weight_load_gib_per_s": 0.51,
+    "engine_startup_s": 58.1,
+    "source": "weight_load_gib_per_s: vLLM's log in vllm-project/vllm#38820 (safetensors from local disk, "
+              "default loader): 'Loading weights took 24.84 seconds', 'Model loading took 12.66 GiB' -> "
+              "12.66 / 24.84 = 0.51 GiB/s. engine_startup_s: vllm-project/vllm#20264 (torch.compile cache "
+              "reused between pod scalings): weights loaded in 0.90 s, 'init engine (profile, create kv cache, "
+              "warmup model) took 34.11 seconds', CUDA graph capture 17 s of it, and the first response came "
+              "59 s after start; 59 - 0.90 = 58.1 s of process start, imports, compilation, KV set-up, graph "
+              "capture and warm-up that do not scale with the weight bytes. Cost is per replica-second at "
+              "hardware.price_per_gpu_hour_usd x tp from the moment a replica is requested until it is gone.",
+}
+
 ENGINE_DEFAULTS = {"token_budget": 2048, "gpu_memory_utilization": 0.9, "activation_reserve_gib": 2.0,
                    "split_prefill_compute_share": 0.5, "split_prefill_bandwidth_share": 0.25,
                    "gpu_time_scale": 1.0}
@@ -136,5 +152,6 @@ def base_profile(profile_id: str) -> dict[str, Any]:
         "engine": dict(ENGINE_DEFAULTS),
         "quantization": _tiers(spec["hardware"]["gpu"]),
         "speculation": dict(SPECULATION),
+        "cluster": dict(CLUSTER_SCALING),
         "assumptions": list(COMMON_ASSUMPTIONS),
     }

@@ -163,6 +163,16 @@ class Profile:
         usable = self.memory_gib * self.gpu_memory_utilization - self.activation_reserve_gib
         return max(0.0, usable - self.weights_gib(tier, speculation))
 
+    def cold_start_s(self) -> float:
+        """Seconds from requesting a replica to its serving: the FP16 checkpoint read at the profile's
+        cited load bandwidth, plus engine start-up (figures and sources under `cluster` / provenance)."""
+        c = self.raw["cluster"]
+        return self.weights_gib("FP16", False) / c["weight_load_gib_per_s"] + c["engine_startup_s"]
+
+    def replica_price_per_s(self) -> float:
+        """USD per second one replica (its whole tensor-parallel group) is billed."""
+        return self.tp * self.price_per_gpu_hour / 3600.0
+
     def acceptance_mean(self, tenant: str) -> float:
         return self.spec_acceptance.get(tenant, self.spec_acceptance["default"])
 

@@ -20,7 +20,9 @@ from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.tasks import TASKS
+
+# The single-server tasks' tuning; the cluster tasks' properties are in tests/test_cluster.py.
+from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS as TASKS
 from llmserve_env.sim.step_time import step_model
 
 

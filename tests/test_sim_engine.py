@@ -10,7 +10,7 @@ import tracemalloc
 import pytest
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
-from llmserve_env.shared.tasks import TASKS, TaskSpec, TenantSpec
+from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS, TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.engine import steps_to_cover, tokens_per_step
@@ -47,7 +47,7 @@ def test_implements_backend_protocol():
     assert isinstance(b, Backend) and b.name == "sim"
 
 
-@pytest.mark.parametrize("task_id", sorted(TASKS))
+@pytest.mark.parametrize("task_id", sorted(SINGLE_SERVER_TASKS))  # clusters: tests/test_cluster.py
 def test_same_seed_and_actions_give_bit_identical_reports(task_id):
     task = short(TASKS[task_id])
     rng = random.Random(7)
@@ -75,7 +75,7 @@ def test_engine_randomness_comes_from_the_seed_and_not_the_actions():
     assert [r.accept for r in b._engine.arrivals] != draws[0]
 
 
-@pytest.mark.parametrize("task_id", sorted(TASKS))
+@pytest.mark.parametrize("task_id", sorted(SINGLE_SERVER_TASKS))  # clusters: tests/test_cluster.py
 def test_every_arrival_finishes_once_or_is_pending(task_id):
     task = short(TASKS[task_id], 24)
     rng = random.Random(task_id)

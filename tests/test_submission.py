@@ -14,7 +14,7 @@ from llmserve_env.agents.ppo_policy import WEIGHTS_DIR, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.tasks import TASKS
+from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS
 from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
 
 pytestmark = pytest.mark.presubmit
@@ -29,8 +29,9 @@ RUNTIME_PLAN_ACTIONS = (
 )
 
 
-def test_every_task_ships_weights_that_load_with_numpy_and_act():
-    missing = [t for t in TASKS if not (WEIGHTS_DIR / f"{t}.npz").exists()]
+def test_every_single_server_task_ships_weights_that_load_with_numpy_and_act():
+    """(The cluster tasks have no trained PPO yet: the Gym wrapper has no `replicas` dimension.)"""
+    missing = [t for t in SINGLE_SERVER_TASKS if not (WEIGHTS_DIR / f"{t}.npz").exists()]
     assert not missing, f"no trained weights for {missing} in {WEIGHTS_DIR} (train.py writes them)"
     for path in sorted(WEIGHTS_DIR.glob("*.npz")):
         policy = PPOPolicy(path.stem)

@@ -1,0 +1,237 @@
+"""`ClusterBackend`: N replicas of one profile's engine behind a router (the cluster tasks' `sim` mode).
+
+    backend = ClusterBackend("h100-llama3.1-8b", replicas=(1, 8), initial=2)
+    backend.reset(seed)
+    report = backend.run_window(action, arrivals, t0, dt)   # action.replicas scales the cluster
+
+Each replica is the single-server simulator's `sim.engine.Engine`, driven exactly as `SimBackend`
+drives it (configure / start_window / run / close_window); the six per-replica knobs apply to every
+replica. What is added is the cluster around them:
+
+Replica life cycle (DESIGN.md, "Clusters"):
+
+    requested -> starting -> ready -> draining -> gone
+
+- requested / starting: `action.replicas` above the live count (starting + ready) requests new replicas
+  at the window's start. A starting replica is billed and serves nothing; it becomes ready
+  `profile.cold_start_s()` later (the FP16 checkpoint read at the profile's cited load bandwidth plus
+  engine start-up; figures and sources in the profile's `cluster` block and provenance). It can take
+  requests from that instant, mid-window.
+- scaling down: `action.replicas` below the live count first cancels starting replicas (newest first;
+  billed until the cancel), then drains ready ones (least outstanding work first). A draining replica
+  takes no new request; its queued and running requests finish there under the current knobs (none is
+  moved), and it is gone at the end of the window in which its last request finishes.
+- cost: every replica is billed per second (tp x price per GPU-hour) from its request until it is gone.
+  While the live count is at least 1 there is always a ready replica: cancelling a starting replica
+  comes before draining a ready one, and the range's minimum is at least 1.
+
+Router: least outstanding work, estimated. Each arrival goes to the ready replica with the least
+estimated outstanding work (prompt + output tokens still to process), ties to the lowest index. The
+estimate is the router's own book-keeping, as a production router keeps it (it sees no engine's queue
+mid-window): at each window's start it is reset to the true outstanding tokens of the replica's queued
+and running requests, it grows by each request routed there, and it drains at the replica's measured
+processing rate (prompt + output tokens per busy second in its last window; a new replica starts from
+the cluster's mean).
+
+Deterministic: replica i of an episode with seed s draws its engine randomness from seed
+s x MAX_REPLICAS + i, and nothing depends on wall-clock time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
+from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
+from llmserve_env.sim.backend import _models_for
+from llmserve_env.sim.engine import Engine
+from llmserve_env.sim.profiles import Profile, load_profile
+
+STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+
+
+@dataclass(slots=True)
+class Replica:
+    """One replica: its life-cycle times, its engine once ready, and the router's estimate of its work."""
+
+    index: int
+    requested_s: float
+    ready_s: float
+    state: str = STARTING
+    engine: Engine | None = None
+    gone_s: float | None = None
+    rate_tps: float = 0.0      # measured prompt + output tokens per busy second, last window
+    est_work: float = 0.0      # router's outstanding-work estimate (tokens) at est_t
+    est_t: float = 0.0
+
+    def work_at(self, t: float) -> float:
+        w = self.est_work - self.rate_tps * (t - self.est_t)
+        return w if w > 0.0 else 0.0
+
+    def billed_s(self, t0: float, t1: float) -> float:
+        end = t1 if self.gone_s is None else min(t1, self.gone_s)
+        return max(0.0, end - max(t0, self.requested_s))
+
+
+def _outstanding_tokens(pending: list[RequestRecord]) -> float:
+    work = 0.0
+    for r in pending:
+        work += r.target_output_tokens - r.output_tokens + (r.prompt_tokens if r.first_token_s is None else 0)
+    return work
+
+
+class ClusterBackend:
+    """A simulated cluster of identical serving replicas with a cold start, drain and per-second billing."""
+
+    name = "sim"
+
+    def __init__(self, profile_id: str | Profile = "h100-llama3.1-8b", replicas: tuple[int, int] = (1, 8),
+                 initial: int = 1):
+        self.profile = profile_id if isinstance(profile_id, Profile) else load_profile(profile_id)
+        lo, hi = replicas
+        if not 1 <= lo <= initial <= hi <= MAX_REPLICAS:
+            raise ValueError(f"replicas range {replicas} and initial {initial}: need 1 <= min <= initial <= max "
+                             f"<= {MAX_REPLICAS}")
+        self.range = (lo, hi)
+        self.initial = initial
+        self.cold_start_s = self.profile.cold_start_s()
+        self.price_per_s = self.profile.replica_price_per_s()
+        self._models = _models_for(self.profile)
+        self.reset(0)
+
+    # ----------------------------------------------------------------------------------- life cycle
+
+    def reset(self, seed: int) -> None:
+        self.seed = int(seed)
+        self.replicas: list[Replica] = []
+        for _ in range(self.initial):  # ready at t = 0 (started before the episode; not billed before it)
+            r = self._request(0.0)
+            r.ready_s = 0.0
+        self.target = self.initial
+
+    def _request(self, t: float) -> Replica:
+        r = Replica(len(self.replicas), t, t + self.cold_start_s)
+        self.replicas.append(r)
+        return r
+
+    def _make_ready(self, r: Replica) -> None:
+        r.engine = Engine(self.profile, self.seed * MAX_REPLICAS + r.index, self._models)
+        r.state = READY
+        r.est_t = r.ready_s
+        rates = [x.rate_tps for x in self.replicas if x.state in (READY, DRAINING) and x.rate_tps > 0]
+        r.rate_tps = sum(rates) / len(rates) if rates else 0.0
+
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state in (STARTING, READY)]
+
+    def _scale(self, target: int, t: float) -> None:
+        self.target = target
+        live = self.live()
+        for _ in range(target - len(live)):
+            self._request(t)
+        excess = len(live) - target
+        if excess <= 0:
+            return
+        for r in sorted((r for r in live if r.state == STARTING), key=lambda r: -r.index)[:excess]:
+            r.state, r.gone_s = GONE, t
+            excess -= 1
+        ready = sorted((r for r in live if r.state == READY), key=lambda r: (r.work_at(t), -r.index))
+        for r in ready[:excess]:
+            r.state = DRAINING
+
+    def counts(self) -> dict[str, int]:
+        out = {STARTING: 0, READY: 0, DRAINING: 0}
+        for r in self.replicas:
+            if r.state in out:
+                out[r.state] += 1
+        return out
+
+    # ----------------------------------------------------------------------------------- one window
+
+    def _route(self, arrivals: list[Arrival]) -> dict[int, list[Arrival]]:
+        routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas if r.state == READY}
+        ready = [r for r in self.replicas if r.state == READY]
+        for a in arrivals:
+            t = a.arrival_s
+            best, best_w = None, 0.0
+            for r in ready:
+                if r.ready_s > t:
+                    continue
+                w = r.work_at(t)
+                if best is None or w < best_w:
+                    best, best_w = r, w
+            if best is None:  # cannot happen while a ready replica exists from t0 on (see the docstring)
+                raise RuntimeError(f"no ready replica at t={t:.3f}")
+            best.est_work = best_w + a.prompt_tokens + a.output_tokens
+            best.est_t = t
+            routed[best.index].append(a)
+        return routed
+
+    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
+        t1 = t0 + dt
+        if action.replicas is not None:
+            lo, hi = self.range
+            if not lo <= action.replicas <= hi:
+                raise ValueError(f"replicas must be in {lo}..{hi}, got {action.replicas}")
+            self._scale(action.replicas, t0)
+        for r in self.replicas:
+            if r.state == STARTING and r.ready_s < t1:
+                self._make_ready(r)
+        routed = self._route(arrivals)
+        p = self.profile
+        rep = WindowReport(t0=t0, dt=dt, quality=p.tiers[action.quantization_tier].quality,
+                           applied=dict.fromkeys((*KNOBS, "replicas"), True))
+        used_total = blocks_total = iterations = rejected = 0
+        spec_accepted = 0.0
+        for r in self.replicas:
+            if r.state not in (READY, DRAINING):
+                continue
+            eng = r.engine
+            eng.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
+                          action.quantization_tier, action.prefill_decode_split, action.priority_routing)
+            eng.start_window(routed.get(r.index, []), t0, dt)
+            eng.run(t1)
+            pending, used, mem = eng.close_window()
+            acc = eng.acc
+            rep.finished += acc.finished
+            rep.pending += pending
+            rep.first_tokens += acc.first_tokens
+            rep.itl_samples += acc.itl
+            rep.samples += acc.samples
+            rep.output_tokens += acc.output_tokens
+            rep.prompt_tokens += acc.prompt_tokens
+            rep.evictions += acc.evictions
+            rep.spec_proposed += acc.spec_proposed
+            spec_accepted += acc.spec_accepted
+            rep.busy_s += acc.busy
+            rep.gpu_memory_used_gb += mem
+            used_total += used
+            blocks_total += eng.kv.total
+            iterations += acc.iterations
+            rejected += acc.rejected
+            processed = acc.prompt_tokens + acc.output_tokens
+            if processed > 0 and acc.busy > 0:
+                r.rate_tps = processed / acc.busy
+            r.est_work, r.est_t = _outstanding_tokens(pending), t1
+            if r.state == DRAINING and not pending:
+                r.state, r.gone_s, r.engine = GONE, t1, None
+        rep.spec_accepted = int(round(spec_accepted))
+        rep.kv_occupancy = used_total / blocks_total if blocks_total else 0.0
+        billed = sum(r.billed_s(t0, t1) for r in self.replicas)
+        rep.cost_usd = billed * self.price_per_s
+        counts = self.counts()
+        rep.notes = {
+            "profile": p.id, "iterations": iterations, "kv_blocks_total": blocks_total, "kv_blocks_used": used_total,
+            "rejected": rejected,
+            "cluster": {
+                "target": self.target, "ready": counts[READY], "starting": counts[STARTING],
+                "draining": counts[DRAINING], "replica_seconds": round(billed, 6),
+                "cold_start_s": round(self.cold_start_s, 3),
+                "starting_ready_in_s": sorted(round(r.ready_s - t1, 3) for r in self.replicas if r.state == STARTING),
+            },
+        }
+        return rep
+
+    def close(self) -> None:
+        for r in self.replicas:
+            r.engine = None
