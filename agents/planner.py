@@ -134,6 +134,7 @@ class PlannerPolicy:
             TRAIN_SEED_LIMIT, size=pool, replace=False)] if mode == "sampled" else []
         self._pool: list[tuple[list[list[Arrival]], np.ndarray]] | None = None
         self.shadow: Episode | None = None
+        self._expected: ServeObservation | None = None  # what the mirror saw after the last action
 
     # ------------------------------------------------------------------------------- episode
 
@@ -177,7 +178,7 @@ class PlannerPolicy:
                 raise PlannerError(f"this planner was built for task {self.task_id!r}, the episode is {obs.task_id!r}")
             self.shadow = Episode.start(self.task, int(meta["seed"]), "sim", episode_id="planner-shadow")
             self._expected = None
-            self._done_totals, self._done_met = Totals(), {t.name: 0 for t in self.task.tenants}
+            self._done_totals, self._done_met = Totals(), {t.name: 0.0 for t in self.task.tenants}
             self._true_arrivals = [a for w in self.shadow.windows for a in w]
             return
         exp = self._expected
@@ -197,7 +198,7 @@ class PlannerPolicy:
                 out.append(a)
         return out
 
-    def _futures(self) -> list[tuple[list[list[Arrival]] | None, References]]:
+    def _futures(self) -> list[tuple[list[list[Arrival]], References]] | list[tuple[None, References]]:
         """(arrival windows for the lookahead or None for the true ones, the grader's references)."""
         ep = self.shadow
         assert ep is not None

@@ -57,7 +57,7 @@ import heapq
 import json
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -201,8 +201,8 @@ def _number(step: int, metrics: dict[str, Any], key: str, integer: bool = False)
 
 @dataclass(slots=True)
 class Totals:
-    met: int = 0
-    missed: int = 0
+    met: float = 0  # whole requests in a graded log; a planner's lookahead adds shares of open ones
+    missed: float = 0
     output_tokens: float = 0.0
     quality_tokens: float = 0.0
     cost_usd: float = 0.0
@@ -264,7 +264,7 @@ def scaled_references(ref: References, share: float) -> References:
     )
 
 
-def add_window(tot: Totals, met_by_tenant: dict[str, int], metrics: dict[str, Any]) -> None:
+def add_window(tot: Totals, met_by_tenant: dict[str, float], metrics: dict[str, Any]) -> None:
     """Fold one window's metrics (WindowMetrics.to_dict(), already validated) into running totals:
     what `objective` reads. For callers that score partial episodes (agents/planner.py)."""
     tot.met += metrics["slo_met"]
@@ -277,7 +277,7 @@ def add_window(tot: Totals, met_by_tenant: dict[str, int], metrics: dict[str, An
         met_by_tenant[n] += entry["met"]
 
 
-def objective(task: TaskSpec, tot: Totals, met_by_tenant: dict[str, int],
+def objective(task: TaskSpec, tot: Totals, met_by_tenant: Mapping[str, float],
               ref: References) -> tuple[float, dict[str, float], float, float]:
     """The grade's formula (module docstring) on totals and references: (score, terms, mean quality,
     cost per 1k tokens). grade_episode applies it to a whole log; a planner to an episode so far."""

@@ -187,6 +187,7 @@ class ClusterBackend:
             if r.state not in (READY, DRAINING):
                 continue
             eng = r.engine
+            assert eng is not None  # a ready or draining replica has its engine
             eng.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
                           action.quantization_tier, action.prefill_decode_split, action.priority_routing)
             eng.start_window(routed.get(r.index, []), t0, dt)
