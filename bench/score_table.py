@@ -42,6 +42,8 @@ ALIASES = {"static": "vllm_default"}
 CORE = ("random", "starve", "vllm_default")
 # The production rivals a learner must beat on the cluster tasks (issue 14).
 CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
+# Left out of 'all': the model-predictive planner and its clairvoyant bound (bench/headroom.py).
+PLANNERS = ("planner", "clairvoyant")
 
 
 def available_agents() -> tuple[list[str], dict[str, str]]:
@@ -51,6 +53,10 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     if "llm" in agents and not os.environ.get("OPENAI_API_KEY"):
         agents.remove("llm")
         skipped["llm"] = "OPENAI_API_KEY not set"
+    for planner in PLANNERS:  # ~10 s an episode: they have their own table (--agents names them here)
+        if planner in agents:
+            agents.remove(planner)
+            skipped[planner] = "plans on forks (~0.17 s a decision): bench/headroom.py plays it"
     return agents, skipped
 
 
