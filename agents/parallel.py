@@ -61,6 +61,7 @@ class EpisodeOutcome:
     total_reward: float
     steps: int
     wall_s: float
+    cpu_s: float  # process CPU time of the episode (the planner's cost per decision is read from it)
 
 
 class EpisodeLostError(RuntimeError):
@@ -83,11 +84,11 @@ def play_job(job: EpisodeJob) -> EpisodeOutcome:
         from llmserve_env.runtime.inprocess import InProcessEnv
 
         _ENV = InProcessEnv()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     policy = job.policy()
     r = play_episode(_ENV, policy, job.task_id, job.seed)
     return EpisodeOutcome(job.task_id, job.seed, r.policy, r.score, r.total_reward, r.steps,
-                          time.perf_counter() - t0)
+                          time.perf_counter() - t0, time.process_time() - c0)
 
 
 class Runner(Protocol):

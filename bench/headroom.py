@@ -1,6 +1,7 @@
 """How far every policy is from the best: the headroom table of every task.
 
     python bench/headroom.py --episodes 20 --workers 2
+    python bench/headroom.py --episodes 50 --ray-address auto      # on an existing Ray cluster
     python bench/headroom.py --task bursty_workload --episodes 6 --agents heuristic,planner
 
 For every task in shared.tasks.TASKS (tasks added later included) on held-out evaluation seeds
@@ -25,16 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import make_policy
-from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.tasks import TASKS, UnknownTaskError
 
 AGENTS = ("tuned_static", "heuristic", "ppo", "planner", "clairvoyant")
@@ -42,16 +41,13 @@ IDEAL = "ideal_bound"
 TIMED_TASK = "adversarial_multitenant"
 
 
-def play(job: tuple[str, str, int]) -> tuple[str, str, int, float | None, float, int]:
-    """(agent, task, seed, score or None when the agent does not exist for the task, CPU s, decisions)."""
-    agent, task_id, seed = job
+def available(agent: str, task_id: str) -> bool:
+    """False when the agent does not exist for the task (no weights, nothing tuned)."""
     try:
-        policy = make_policy(agent, task_id)
+        make_policy(agent, task_id)
     except (WeightsNotFoundError, NotTunedError):
-        return agent, task_id, seed, None, 0.0, 0
-    t0 = time.process_time()
-    result = play_episode(InProcessEnv(), policy, task_id, seed)
-    return agent, task_id, seed, result.score, time.process_time() - t0, result.steps
+        return False
+    return True
 
 
 def main() -> None:
@@ -59,7 +55,7 @@ def main() -> None:
     ap.add_argument("--task", default="all", help="comma-separated task ids, or 'all' (every task in TASKS)")
     ap.add_argument("--agents", default=",".join(AGENTS))
     ap.add_argument("--episodes", type=int, default=20)
-    ap.add_argument("--workers", type=int, default=2)
+    add_runner_arguments(ap, default_workers=2)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
     args = ap.parse_args()
     tasks = list(TASKS) if args.task == "all" else [t.strip() for t in args.task.split(",") if t.strip()]
@@ -71,17 +67,21 @@ def main() -> None:
         if a not in AGENTS:
             ap.error(f"unknown agent {a!r}; choose from {', '.join(AGENTS)}")
     seeds = eval_seeds(args.episodes)
-    # the slow agents first, so the pool's tail is short
-    jobs = [(a, t, s) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
-            for s in seeds]
+    # the slow agents first, so the workers' tail is short; one job per episode (agents/parallel.py)
+    cells = [(a, t) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
+             if available(a, t)]
+    jobs = [registry_job(a, t, s) for a, t in cells for s in seeds]
     t0 = time.perf_counter()
     scores: dict[tuple[str, str], dict[int, float]] = {}
     cpu: dict[tuple[str, str], list[tuple[float, int]]] = {}
-    with ProcessPoolExecutor(args.workers) as pool:
-        for agent, task_id, seed, score, cpu_s, steps in pool.map(play, jobs):
-            if score is not None:
-                scores.setdefault((agent, task_id), {})[seed] = score
-                cpu.setdefault((agent, task_id), []).append((cpu_s, steps))
+    runner = runner_from_args(ap, args)
+    try:
+        outcomes = runner.map(jobs)
+    finally:
+        runner.close()
+    for (agent, task_id), o in zip([c for c in cells for _ in seeds], outcomes, strict=True):
+        scores.setdefault((agent, task_id), {})[o.seed] = o.score
+        cpu.setdefault((agent, task_id), []).append((o.cpu_s, o.steps))
     wall = time.perf_counter() - t0
 
     out: dict[str, float | int] = {"episodes": args.episodes}
@@ -118,7 +118,7 @@ def main() -> None:
     print("\n".join(lines))
     if "planner_ms_per_decision" in out:
         print(f"planner: {out['planner_ms_per_decision']} ms CPU per decision on {TIMED_TASK} at its defaults")
-    print(f"wall {wall:.0f} s on {args.workers} workers")
+    print(f"wall {wall:.0f} s, {args.workers} workers ({runner.name} runner)")
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n")
     print(json.dumps(out))
