@@ -88,8 +88,10 @@ def test_cold_start_spans_several_windows_and_is_billed():
         obs = ep.step(with_replicas(5))
         c = obs.metadata["cluster"]
         seen.append((c["ready"], c["starting"]))
-        # billed: 5 replicas x 10 s x price from the first window on, starting or not
-        assert obs.metadata["cost_usd"] == pytest.approx(5 * DIURNAL.window_s * prof.replica_price_per_s())
+        # billed: 5 replicas x 10 s x price from the first window on, starting or not (the last
+        # window also carries the drain after the horizon, charged to the episode)
+        if not obs.done:
+            assert obs.metadata["cost_usd"] == pytest.approx(5 * DIURNAL.window_s * prof.replica_price_per_s())
     assert seen[0] == (2, 3)
     assert seen[windows_to_ready - 2] == (2, 3)  # still starting just before the cold start ends
     assert seen[-1] == (5, 0)
