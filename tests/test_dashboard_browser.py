@@ -89,6 +89,22 @@ def _playwright():
 
 
 @pytest.fixture(scope="module")
+def live_server() -> Iterator[Any]:
+    """This module's own app and server. The session's shared app also serves TestClient sessions
+    (the `client` fixture), whose lifespan shutdown stops the Gradio queue mounted at /web: a
+    dashboard event after that shows "Error" (seen once test_cluster.py ran between the live
+    server's start and these tests)."""
+    from llmserve_env.launch import ThreadServer
+    from llmserve_env.server.app import build_app
+    from llmserve_env.server.config import ServerSettings
+
+    app = build_app(ServerSettings(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=32,
+                                   max_body_bytes=256 * 1024))
+    with ThreadServer(app) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
 def browser():
     factory, why = _playwright()
     if factory is None:
