@@ -173,7 +173,9 @@ class RayRunner:
 
 
 def ray_available() -> bool:
-    return find_spec("ray") is not None
+    spec = find_spec("ray")
+    # a bare folder named ray on sys.path (Ray's own /tmp/ray session folder, say) is no install
+    return spec is not None and spec.origin is not None
 
 
 def make_runner(kind: str = "auto", workers: int = 1, ray_address: str | None = None) -> Runner:

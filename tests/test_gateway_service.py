@@ -265,9 +265,10 @@ def test_sigterm_records_every_request_in_flight(tmp_path):
                 except httpx.HTTPError:
                     assert time.monotonic() < deadline and proc.poll() is None, "the server did not start"
                     time.sleep(0.2)
+            # generous timeouts: the trace parses in a child process, slow on a loaded 2-core machine
             ep = httpx.post(base + "/reset", json={"task_id": f"trace:{trace}?horizon=2&window_s=0.5"},
-                            timeout=10).json()["observation"]["episode_id"]
-            obs = httpx.post(base + "/step", timeout=10, json={"episode_id": ep, "action": {
+                            timeout=60).json()["observation"]["episode_id"]
+            obs = httpx.post(base + "/step", timeout=60, json={"episode_id": ep, "action": {
                 "batch_cap": 8, "kv_budget_fraction": 1.0, "speculation_depth": 0, "quantization_tier": "FP16",
                 "prefill_decode_split": False, "priority_routing": False}}).json()["observation"]
             assert obs["active_requests"] + obs["queue_depth"] == 12  # 2000-token answers: all still there
