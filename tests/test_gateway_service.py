@@ -281,5 +281,9 @@ def test_sigterm_records_every_request_in_flight(tmp_path):
                 proc.wait()
     rows = read_records(record)
     assert sorted(r["request_id"] for r in rows) == list(range(12))
-    assert {r["status"] for r in rows} == {"cancelled"} and {r["episode_id"] for r in rows} == {ep}
-    assert sum(r["dispatch_s"] is not None for r in rows) == 8  # batch_cap 8 were in flight, 4 queued
+    # every request once, in a terminal state: the ones still running or queued at SIGTERM cancelled (on
+    # a quiet machine a request may finish before the signal lands: then it is 'ok', never missing)
+    statuses = {r["status"] for r in rows}
+    assert "cancelled" in statuses and statuses <= {"cancelled", "ok"}, statuses
+    assert {r["episode_id"] for r in rows} == {ep}
+    assert sum(r["dispatch_s"] is not None for r in rows) >= 8  # batch_cap 8 were in flight at once
