@@ -49,9 +49,6 @@ serve: install
 test: install-dev
 	$(VENV)/bin/pytest
 
-presubmit: install-dev
-	$(PY) scripts/pre_submission_check.py $(PRESUBMIT_ARGS)
-
 # The pre-submission check's arguments: no Docker build by default (most machines have no engine);
 # PRESUBMIT_ARGS= builds the image too, PRESUBMIT_ARGS="--space-url https://NAME.hf.space" checks a Space.
 PRESUBMIT_ARGS ?= --skip-docker
