@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.agents.advice import view_shape
+from llmserve_env.agents.parallel import init_ray
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import git_commit
@@ -129,10 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    if args.ray_address:
-        ray.init(address=args.ray_address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=max(2, args.env_runners + 1), include_dashboard=False, log_to_driver=False)
+    init_ray(args.ray_address, max(2, args.env_runners + 1))
     t0 = time.perf_counter()
     algo = build_config(args.task, args.env_runners, args.hidden, args.seed, args.train_batch, args.minibatch,
                         args.epochs, args.lr, args.entropy).build_algo()

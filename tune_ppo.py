@@ -21,6 +21,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from llmserve_env.agents.parallel import init_ray
 from llmserve_env.shared.tasks import UnknownTaskError, get_task
 
 # Fields of train.Args searched, and how (Ray Tune sample spaces are built lazily in `space()`).
@@ -80,10 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
     from ray import tune
 
-    if args.ray_address:
-        ray.init(address=args.ray_address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=max(2, args.concurrent), include_dashboard=False, log_to_driver=False)
+    init_ray(args.ray_address, max(2, args.concurrent))
     param_space = space() | {"task": args.task, "total_steps": args.steps, "seed": args.seed}
     tuner = tune.Tuner(
         tune.with_resources(trial, {"cpu": 1}),

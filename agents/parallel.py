@@ -148,10 +148,7 @@ class RayRunner:
         self._ray = ray
         self._owns = not ray.is_initialized()
         if self._owns:
-            if address:
-                ray.init(address=address, log_to_driver=False)
-            else:
-                ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
+            init_ray(address, workers)
         self._play = ray.remote(num_cpus=1, max_retries=RAY_MAX_RETRIES)(play_job)
 
     def map(self, jobs: Sequence[EpisodeJob]) -> list[EpisodeOutcome]:
@@ -170,6 +167,17 @@ class RayRunner:
     def close(self) -> None:
         if self._owns:
             self._ray.shutdown()
+
+
+def init_ray(address: str | None, local_cpus: int) -> None:
+    """Join the Ray cluster at `address` (`auto`, `ray://host:10001`), or start a local Ray with
+    `local_cpus` CPUs: how the runner, train_rllib.py and tune_ppo.py all start Ray."""
+    import ray
+
+    if address:
+        ray.init(address=address, log_to_driver=False)
+    else:
+        ray.init(num_cpus=local_cpus, include_dashboard=False, log_to_driver=False)
 
 
 def ray_available() -> bool:
