@@ -193,7 +193,7 @@ class ClusterBackend:
             eng.start_window(routed.get(r.index, []), t0, dt)
             eng.run(t1)
             pending, used, mem = eng.close_window()
-            acc = eng.acc
+            acc = eng.take_measurements()
             rep.finished += acc.finished
             rep.pending += pending
             rep.first_tokens += acc.first_tokens
