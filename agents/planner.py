@@ -20,6 +20,11 @@ error, not a silent wrong plan. Each window it:
    end (each met by the share of its TTFT budget left), plus the windows after it at the
    episode's mean so far (the same for every candidate: it puts the grade's floors and worst
    tenant at the scale of a whole episode);
+   Screening (`keep`, default 3): every candidate is scored on the nearest sampled future, and
+   only the proposal and the `keep - 1` best others on the remaining samples (measured on
+   adversarial_multitenant and bursty_workload, 4 held-out seeds, against scoring every candidate
+   on every sample: 144 -> 92 and 147 -> 101 ms CPU per decision, scores +0.004 and +0.004 (sd of the
+   paired difference 0.025 and 0.008): the screen costs no measurable decision quality);
 4. commits the best if it beats the proposal by `margin`, else the proposal.
 
 The horizon matters: with 2 windows the lookahead cannot see a queue build up over several
@@ -110,7 +115,7 @@ class PlannerPolicy:
 
     def __init__(self, task_id: str, mode: str = "sampled", horizon: int = 8, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, neighbourhood: bool = True, spread: bool = True,
-                 margin: float = 0.002, seed: int = 0):
+                 margin: float = 0.002, keep: int = 3, seed: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if horizon < 1 or samples < 1 or pool < samples:
@@ -123,6 +128,9 @@ class PlannerPolicy:
         self.samples = 1 if mode == "clairvoyant" else samples
         self.match_windows = match_windows
         self.margin = margin
+        if keep < 0:
+            raise ValueError(f"keep must be >= 0 (0: every candidate on every sample), got {keep}")
+        self.keep = keep
         self.use_neighbours = neighbourhood
         self.use_spread = spread
         self.name = "clairvoyant_bound" if mode == "clairvoyant" else "planner"
@@ -148,14 +156,23 @@ class PlannerPolicy:
         proposal = self.rollout.act(obs)
         candidates = self._candidates(proposal)
         futures = self._futures()
-        scores = [sum(self._lookahead(c, w, ref) for w, ref in futures) / len(futures) for c in candidates]
+        # screening: every candidate on the nearest sampled future, then only the proposal and the
+        # `keep - 1` best others on the remaining samples (a candidate last on one future rarely wins on
+        # the mean; the screen saves (candidates - keep) x (samples - 1) lookaheads a decision)
+        first = [self._lookahead(c, *futures[0]) for c in candidates]
+        kept = list(range(len(candidates)))
+        if len(futures) > 1 and 0 < self.keep < len(candidates):
+            others = sorted(range(1, len(candidates)), key=lambda i: (-first[i], i))[: self.keep - 1]
+            kept = [0, *sorted(others)]
+        scores = {i: (first[i] + sum(self._lookahead(candidates[i], w, ref) for w, ref in futures[1:]))
+                  / len(futures) for i in kept}
         # leaving the proposal must pay by `margin`: one-window deviations that look a hair better over a
         # short lookahead add up, window after window, to harm it cannot see (measured: always
         # splitting prefill/decode starved adversarial_multitenant's batch tenant)
         best, best_score = candidates[0], scores[0] + self.margin
-        for cand, s in zip(candidates[1:], scores[1:], strict=True):
-            if s > best_score + 1e-12:
-                best, best_score = cand, s
+        for i in kept[1:]:
+            if scores[i] > best_score + 1e-12:
+                best, best_score = candidates[i], scores[i]
         self.stats.decisions += 1
         if best != proposal:
             self.stats.changed += 1
