@@ -51,10 +51,11 @@ Deterministic for a seed: the seed pool is drawn from `seed`, nothing else is ra
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from llmserve_env.agents.base import make_action
+from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy, tuned_params
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.runtime.episode import Episode
@@ -76,8 +77,39 @@ SPREAD: tuple[ServeAction, ...] = (
 SAMPLE_ID_BASE = 1 << 40
 
 
+# Cluster tasks: the production rivals whose proposals join the candidates every window (agents/registry.py).
+CLUSTER_RIVALS = ("hpa", "dynamo_planner", "tuned_static")
+# Lookahead windows beyond a replica's cold start on cluster tasks: a scale-up is judged on windows it serves.
+COLD_START_MARGIN_WINDOWS = 3
+SINGLE_SERVER_HORIZON = 8
+
+
 class PlannerError(EnvError):
     status = 409
+
+
+def default_horizon(task: TaskSpec) -> int:
+    """8 windows on a single server (see the module docstring); on cluster tasks the cold start in windows
+    plus COLD_START_MARGIN_WINDOWS, so a replica asked for now serves inside the lookahead."""
+    if not task.is_cluster:
+        return SINGLE_SERVER_HORIZON
+    from llmserve_env.sim.profiles import load_profile
+
+    cold = load_profile(task.profile).cold_start_s()
+    return math.ceil(cold / task.window_s) + COLD_START_MARGIN_WINDOWS
+
+
+def _rival_policies(task_id: str, names: tuple[str, ...]) -> list[Policy]:
+    if not names:
+        return []
+    from llmserve_env.agents.registry import make_policy  # the registry imports this module
+
+    out = []
+    for n in names:
+        p = make_policy(n, task_id)
+        p.reset()
+        out.append(p)
+    return out
 
 
 @dataclass
@@ -113,16 +145,24 @@ def neighbours(a: ServeAction, multi_priority: bool) -> list[ServeAction]:
 class PlannerPolicy:
     """Model-predictive control over forks of the episode (module docstring)."""
 
-    def __init__(self, task_id: str, mode: str = "sampled", horizon: int = 8, samples: int = 2,
+    def __init__(self, task_id: str, mode: str = "sampled", horizon: int | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, neighbourhood: bool = True, spread: bool = True,
-                 margin: float = 0.002, keep: int = 3, seed: int = 0):
+                 margin: float = 0.002, keep: int = 3, replica_deltas: tuple[int, ...] = (1, 3),
+                 rivals: tuple[str, ...] = CLUSTER_RIVALS, seed: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.task_id = task_id
+        self.task: TaskSpec = resolve_task(task_id)
+        if horizon is None:
+            horizon = default_horizon(self.task)
         if horizon < 1 or samples < 1 or pool < samples:
             raise ValueError(f"need horizon >= 1, samples >= 1 and pool >= samples "
                              f"(got horizon={horizon}, samples={samples}, pool={pool})")
-        self.task_id = task_id
-        self.task: TaskSpec = resolve_task(task_id)
+        if any(d < 1 for d in replica_deltas):
+            raise ValueError(f"replica_deltas must be positive steps, got {replica_deltas}")
+        unknown = [r for r in rivals if r not in CLUSTER_RIVALS]
+        if unknown:
+            raise ValueError(f"rivals must be among {', '.join(CLUSTER_RIVALS)}, got {unknown}")
         self.mode = mode
         self.horizon = horizon
         self.samples = 1 if mode == "clairvoyant" else samples
@@ -137,6 +177,10 @@ class PlannerPolicy:
         self.multi_priority = len({t.priority for t in self.task.tenants}) > 1
         self._ttft = {t.name: t.ttft_slo_ms / 1e3 for t in self.task.tenants}
         self.rollout = HeuristicPolicy(self.task, tuned_params(task_id))  # tuned where tuned, else defaults
+        self.cluster = self.task.is_cluster
+        self.replica_deltas = tuple(replica_deltas) if self.cluster else ()
+        self.rival_names = tuple(rivals) if self.cluster else ()
+        self.rivals: list[Policy] = []
         self.stats = PlannerStats()
         self._pool_seeds = [int(s) for s in np.random.default_rng([seed, 0x504C414E]).choice(
             TRAIN_SEED_LIMIT, size=pool, replace=False)] if mode == "sampled" else []
@@ -149,12 +193,19 @@ class PlannerPolicy:
     def reset(self) -> None:
         self.rollout.reset()
         self.shadow = None
+        self.rivals = _rival_policies(self.task_id, self.rival_names)
 
     def act(self, obs: ServeObservation) -> ServeAction:
         self._sync(obs)
         assert self.shadow is not None
         proposal = self.rollout.act(obs)
-        candidates = self._candidates(proposal)
+        # the rivals see every observation (their controllers keep state); their proposals are candidates
+        rival_actions = [r.act(obs) for r in self.rivals]
+        if self.cluster:
+            target = self.shadow.backend.target  # the replicas asked for so far (None in an action keeps it)
+            proposal = proposal.model_copy(update={"replicas": target if proposal.replicas is None
+                                                   else proposal.replicas})
+        candidates = self._candidates(proposal, rival_actions)
         futures = self._futures()
         # screening: every candidate on the nearest sampled future, then only the proposal and the
         # `keep - 1` best others on the remaining samples (a candidate last on one future rarely wins on
@@ -204,10 +255,23 @@ class PlannerPolicy:
             raise PlannerError("the episode diverged from the planner's mirror of it (is it a sim-mode episode "
                                "played from its reset by this planner alone?)")
 
-    def _candidates(self, proposal: ServeAction) -> list[ServeAction]:
+    def _candidates(self, proposal: ServeAction, rival_actions: list[ServeAction] | None = None) -> list[ServeAction]:
+        """The proposal first, then its knob neighbours and the spread; on cluster tasks also the proposal
+        at the replica counts `+-replica_deltas` away (within the task's range) and the rivals' actions.
+        Every cluster candidate names its replica count (the spread keeps the proposal's)."""
         out = [proposal]
         extra = (neighbours(proposal, self.multi_priority) if self.use_neighbours else []) + \
                 (list(SPREAD) if self.use_spread else [])
+        if self.cluster:
+            lo, hi = self.task.replicas
+            n = proposal.replicas
+            assert n is not None
+            extra = [a if a.replicas is not None else a.model_copy(update={"replicas": n}) for a in extra]
+            for d in self.replica_deltas:
+                for m in (n - d, n + d):
+                    if lo <= m <= hi:
+                        extra.append(proposal.model_copy(update={"replicas": m}))
+            extra += rival_actions or []
         for a in extra:
             if not self.multi_priority and a.priority_routing:
                 a = a.model_copy(update={"priority_routing": False})
@@ -256,7 +320,7 @@ class PlannerPolicy:
         end = min(ep.task.horizon, k + self.horizon)
         if wins is not None:
             branch.windows = ep.windows[:k] + wins[k:]
-        rollout = copy.copy(self.rollout)
+        rollout = copy.copy(self.rollout)  # the heuristic's state is immutable values; replicas held
         obs = branch.step(cand)
         for _ in range(k + 1, end):
             obs = branch.step(rollout.act(obs))
