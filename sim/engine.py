@@ -224,6 +224,9 @@ class Engine:
         else:
             self._run_unified(t_end)
         self._admit_arrivals(INF)
+        # every arrival is queued now: drop the window's list, whose finished requests a fork would copy
+        # (a 10 s cluster window holds ~200, most of them done)
+        self.arrivals, self.arrival_idx = [], 0
         share = self.profile.split_prefill_compute_share
         if self.split:
             op, od = max(0.0, self.prefill_clock_s - t_end), max(0.0, self.decode_clock_s - t_end)
