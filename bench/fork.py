@@ -58,19 +58,20 @@ def live_requests(ep: Episode) -> int:
     return len(ep.tracker._open)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/fork.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--at", default="16,32,48", help="windows at which episodes are forked")
     ap.add_argument("--repeats", type=int, default=200)
     ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated task ids (default: every task)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     at = [int(x) for x in args.at.split(",")]
     seeds = list(range(args.seeds))
     tasks = [t for t in args.tasks.split(",") if t]
     unknown = [t for t in tasks if t not in TASKS]
     if unknown:
-        ap.error(f"--tasks: unknown task(s) {unknown}; known: {sorted(TASKS)}")
+        ap.error(f"argument --tasks: unknown task(s) {unknown}; known: {sorted(TASKS)}")
     out: dict[str, float] = {}
     print(f"{'task':<26} {'states':>6} {'live req':>8} {'fork p50 ms':>11} {'p90 ms':>7} {'deepcopy p50 ms':>15} "
           f"{'ratio':>6}")
