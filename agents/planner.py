@@ -74,6 +74,7 @@ from llmserve_env.shared.grader import References, Totals, add_window, compute_r
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
+from llmserve_env.sim.cluster import ClusterBackend
 
 MODES = ("sampled", "clairvoyant")
 # Fixed settings tried every window beside the proposal's neighbourhood: vLLM's defaults, and a
@@ -211,7 +212,9 @@ class PlannerPolicy:
         # the rivals see every observation (their controllers keep state); their proposals are candidates
         rival_actions = [r.act(obs) for r in self.rivals]
         if self.cluster:
-            target = self.shadow.backend.target  # the replicas asked for so far (None in an action keeps it)
+            backend = self.shadow.backend
+            assert isinstance(backend, ClusterBackend)  # a cluster task's sim episode
+            target = backend.target  # the replicas asked for so far (None in an action keeps it)
             proposal = proposal.model_copy(update={"replicas": target if proposal.replicas is None
                                                    else proposal.replicas})
         candidates = self._candidates(proposal, rival_actions)
