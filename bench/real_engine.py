@@ -33,12 +33,15 @@ all held-out windows). Without the binary it says so and exits 0 (last line: {"s
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import random
 import socket
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +56,8 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.calibrate import FitRefusedError, run_records
 from llmserve_env.sim.calibrate_engine_log import EngineTiming, engine_speed, match, read_engine_log
 from llmserve_env.sim.caps import RequestCaps
-from llmserve_env.sim.profiles import load_profile
+from llmserve_env.sim.measured_step import KEY, MeasuredStepModel, StepCoefficients
+from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.record_fit import load_runs
 from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, replay
 
@@ -159,6 +163,53 @@ def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestC
             "load_start": load0, "load_end": os.getloadavg()[0], "loop_lag_p99_max_ms": max(lag_p99, default=0.0)}
 
 
+@dataclass(frozen=True, slots=True)
+class ProbeRow:
+    """b requests sent at once (same prompt size, ignore_eos): their prompts share one batch, then b
+    sequences decode together, so the engine's eval ms per token is its decode step at b slots."""
+
+    batch: int
+    prompt_tokens: int          # per request, as the engine counted them
+    eval_ms_per_token: float    # median over the b requests (the engine's `timings`)
+
+
+async def _probe_one(client: httpx.AsyncClient, base_url: str, model: str, words: int, tokens: int,
+                     rng: random.Random) -> dict[str, Any]:
+    prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(words))  # fresh: no cached prefix
+    r = await client.post(f"{base_url}/completions", json={"model": model, "prompt": prompt, "max_tokens": tokens,
+                                                          "ignore_eos": True})
+    r.raise_for_status()
+    return r.json()["timings"]
+
+
+def decode_probe(base_url: str, model: str, batches: list[int], words: int, tokens: int = 32) -> list[ProbeRow]:
+    """llama-server's decode step by slots in use, from its own `timings` (llama.cpp's /completions)."""
+    rng = random.Random(0x9B)
+
+    async def run() -> list[ProbeRow]:
+        rows = []
+        async with httpx.AsyncClient(timeout=300.0) as client:
+            for b in batches:
+                ts = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
+                rows.append(ProbeRow(b, int(np.median([t["prompt_n"] for t in ts])),
+                                     float(np.median([t["predicted_ms"] / t["predicted_n"] for t in ts]))))
+        return rows
+
+    return asyncio.run(run())
+
+
+def probe_table(rows: list[ProbeRow], prof: Profile, tokens: int) -> str:
+    """The engine's decode step against the fitted profile's, at the probe's batch and mean context."""
+    model = MeasuredStepModel(prof, "FP16", StepCoefficients.from_dict(prof.raw["engine"][KEY]))
+    lines = [f"{'slots':>5} {'prompt tok':>10} {'engine ms/step':>14} {'fitted ms/step':>14} {'error %':>8}"]
+    for r in rows:
+        ctx = r.batch * (r.prompt_tokens + tokens / 2)
+        sim = model.iteration_s(r.batch, ctx, 0, [], 0, 0) * 1e3
+        lines.append(f"{r.batch:>5} {r.prompt_tokens:>10} {r.eval_ms_per_token:>14.1f} {sim:>14.1f} "
+                     f"{(sim / r.eval_ms_per_token - 1) * 100:>+8.1f}")
+    return "\n".join(lines)
+
+
 def wait_idle(base_url: str, timeout_s: float = 15.0) -> None:
     """Until llama-server's /metrics says no request is processing (no-op for a server without them)."""
     url = base_url.removesuffix("/v1") + "/metrics"
@@ -207,6 +258,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=MODEL_ALIAS, help="model name to request [%(default)s]")
     ap.add_argument("--engine-cpus", default=None, help="pin llama-server to these CPUs (taskset list, e.g. 1)")
     ap.add_argument("--gateway-cpus", default=None, help="pin this process (the gateway) to these CPUs (e.g. 0)")
+    ap.add_argument("--probe", default=None, metavar="B,B,...",
+                    help="after the episodes, send B requests at once for each B (two prompt sizes) and compare the "
+                    "engine's decode step at B slots with the fitted profile's, e.g. 1,2,4,8")
     ap.add_argument("--priority", choices=("none", "nice", "rt"), default="none",
                     help="raise llama-server (nice: -10; rt: SCHED_FIFO 50) and this process (nice -10); "
                     "needs root [%(default)s]")
@@ -228,6 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     if a.priority != "none" and os.geteuid() != 0:
         ap.error("--priority nice/rt needs root (a negative nice value and SCHED_FIFO are privileged)")
     fit_seeds, held_seeds = seeds[:-a.held_out], seeds[-a.held_out:]
+    try:
+        probe_batches = [int(b) for b in a.probe.split(",")] if a.probe else []
+    except ValueError:
+        probe_batches = [0]
+    if any(not 1 <= b <= 8 for b in probe_batches):
+        ap.error(f"--probe takes slot counts 1-8 (the server's -np 8), got {a.probe!r}")
     folder = llama_dir()
     if a.base_url is None and not ((folder / "llama-server").exists() and (folder / "model.gguf").exists()):
         reason = f"no llama-server/model.gguf in {folder}; run scripts/build_llama_server.sh first"
@@ -247,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
         proc = start_server(folder, port, log, isolation_prefix(a.engine_cpus, a.priority))
         base_url = f"http://127.0.0.1:{port}/v1"
     played, timings = [], {}
+    probes: dict[int, list[ProbeRow]] = {}
     try:
         for seed in seeds:
             rec = out / f"records_seed{seed}.jsonl"
@@ -255,6 +316,8 @@ def main(argv: list[str] | None = None) -> None:
             played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
             wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
             timings[seed] = engine_lines(log)[seen:]
+        if probe_batches and proc is not None:
+            probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
     finally:
         if proc is not None:
             proc.terminate()
@@ -299,6 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"held-out seeds {held_seeds} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
     print(f"held-out seeds {held_seeds} on the fitted profile, {total.n_ttft} requests (TTFT), {total.n_tpot} "
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")
+    for words, rows in probes.items():
+        print(f"decode step by slots in use ({words}-word prompts, {a.max_completion_tokens} tokens each, sent at once):")
+        print(probe_table(rows, fitted, a.max_completion_tokens))
     print(f"records, engine log and profile: {out}")
     print(json.dumps(total.summary()))
 

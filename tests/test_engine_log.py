@@ -55,6 +55,7 @@ def test_records_match_the_log_in_completion_order_and_a_foreign_log_is_refused(
     (["--engine-cpus", "0-999"], "not on this machine"),
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
     (["--rate-scale", "2"], "--rate-scale must be in (0, 1]"),
+    (["--probe", "1,9"], "--probe takes slot counts 1-8"),
 ])
 def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engine(argv, says, capsys):
     """Checked first, so a bad command line says so even where the engine is not built (CI)."""
