@@ -362,9 +362,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"held-out seeds {held_seeds} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
     print(f"held-out seeds {held_seeds} on the fitted profile, {total.n_ttft} requests (TTFT), {total.n_tpot} "
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")
-    for words, rows in probes.items():
+    for words, prows in probes.items():
         print(f"decode step by slots in use ({words}-word prompts, {a.max_completion_tokens} tokens each, sent at once):")
-        print(probe_table(rows, fitted, a.max_completion_tokens))
+        print(probe_table(prows, fitted, a.max_completion_tokens))
     print(f"records, engine log and profile: {out}")
     print(json.dumps(total.summary()))
 
