@@ -20,7 +20,7 @@ Variables (defaults in brackets):
     LLMSERVE_REAL_MAX_REQUESTS_PER_STEP [64] arrivals per window sent; the rest end `rejected`
     LLMSERVE_REAL_MAX_PROMPT_TOKENS     [4096] longer prompts are cut to this
     LLMSERVE_REAL_MAX_COMPLETION_TOKENS [512] max_tokens is capped at this
-    LLMSERVE_REAL_MAX_INFLIGHT_TOKENS   [131072] in-flight token budget at kv_budget_fraction = 1.0
+    LLMSERVE_REAL_MAX_INFLIGHT_TOKENS   [131072] in-flight token budget at kv_budget_fraction = 1.0, per endpoint
     LLMSERVE_REAL_MAX_USD_PER_EPISODE   [5.0] spend guard, dollars (worst case reserved at dispatch)
     LLMSERVE_REAL_MAX_REQUESTS_PER_EPISODE [10000] spend guard, HTTP attempts
     LLMSERVE_REAL_MAX_TOKENS_PER_EPISODE [5000000] spend guard, prompt + max_tokens reserved

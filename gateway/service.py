@@ -290,4 +290,12 @@ async def endpoint_health_async(max_age_s: float | None = None) -> dict[str, obj
     return await asyncio.to_thread(SERVICE.endpoint_health, max_age_s)
 
 
-atexit.register(shutdown)
+
+def _shutdown_at_exit() -> None:
+    # At interpreter exit a log handler's stream may already be closed (pytest's capture, a closed
+    # pipe): its line is dropped rather than logging's own traceback printed after the output.
+    logging.raiseExceptions = False
+    shutdown()
+
+
+atexit.register(_shutdown_at_exit)

@@ -28,15 +28,26 @@ def pool():
         yield (a.base_url, b.base_url)
 
 
+@pytest.fixture(scope="module")
+def service():
+    """The module's own gateway loop, shut down at its end: one left running at exit would log to
+    pytest's closed capture stream after the summary line."""
+    from llmserve_env.gateway.service import GatewayService
+
+    svc = GatewayService()
+    yield svc
+    svc.shutdown()
+
+
 def act(replicas: int | None) -> ServeAction:
     return ServeAction(batch_cap=8, kv_budget_fraction=0.5, speculation_depth=0, quantization_tier="FP16",
                        prefill_decode_split=False, priority_routing=False, replicas=replicas)
 
 
-def play(pool, replicas: int | None, tmp_path, windows: int = 3) -> tuple[list, list[dict]]:
+def play(pool, service, replicas: int | None, tmp_path, windows: int = 3) -> tuple[list, list[dict]]:
     record = tmp_path / f"pool{replicas}.jsonl"
     b = GatewayBackend(GatewayConfig(api_key=Secret("EMPTY"), base_url=pool[0], endpoints=pool,
-                                     record_path=str(record)), tiers=TIERS)
+                                     record_path=str(record)), tiers=TIERS, service=service)
     arrivals = [Arrival(i, 0.04 * i, 48, 24) for i in range(16)]
     try:
         b.begin(0, f"pool-{replicas}", DT, arrivals)
@@ -47,8 +58,8 @@ def play(pool, replicas: int | None, tmp_path, windows: int = 3) -> tuple[list, 
     return reports, read_records(record)
 
 
-def test_requests_spread_over_the_first_k_endpoints(pool, tmp_path):
-    reports, records = play(pool, 2, tmp_path)
+def test_requests_spread_over_the_first_k_endpoints(pool, service, tmp_path):
+    reports, records = play(pool, service, 2, tmp_path)
     served = Counter(r["endpoint"] for r in records if r["status"] == "ok")
     assert set(served) == set(pool) and min(served.values()) >= 4, served
     assert reports[0].applied["replicas"] is True
@@ -57,8 +68,8 @@ def test_requests_spread_over_the_first_k_endpoints(pool, tmp_path):
     assert cluster["starting"] == 0 and cluster["cold_start_applied"] is False
 
 
-def test_one_replica_keeps_every_request_on_the_first_endpoint(pool, tmp_path):
-    _, records = play(pool, 1, tmp_path)
+def test_one_replica_keeps_every_request_on_the_first_endpoint(pool, service, tmp_path):
+    _, records = play(pool, service, 1, tmp_path)
     assert {r["endpoint"] for r in records} == {pool[0]}
 
 
@@ -117,8 +128,9 @@ def test_start_up_probes_every_endpoint_of_the_pool(pool):
         check_real_mode([0.5], {**env, "LLMSERVE_REAL_ENDPOINTS": f"{pool[0]},{dead}"}, GatewayService())
 
 
-def test_a_task_starting_with_more_replicas_than_endpoints_is_refused(pool):
-    b = GatewayBackend(GatewayConfig(api_key=Secret("EMPTY"), base_url=pool[0], endpoints=pool), tiers=TIERS)
+def test_a_task_starting_with_more_replicas_than_endpoints_is_refused(pool, service):
+    b = GatewayBackend(GatewayConfig(api_key=Secret("EMPTY"), base_url=pool[0], endpoints=pool), tiers=TIERS,
+                       service=service)
     try:
         with pytest.raises(GatewayConfigError, match="starts with 3 replicas and real mode has 2 endpoints"):
             b.begin(0, "too-many", DT, [], initial_replicas=3)
