@@ -636,7 +636,7 @@ def build_dashboard(
                 tenant_plots_out = [plot("SLO attainment", "fraction of settled requests", [0.0, 1.05],
                                          visible=False) for _ in range(MAX_TENANTS)]
             # Fixed axes from the start: the replica counts often sit at one value for many windows.
-            replicas_axis = [0.0, max(t.replicas[1] for t in TASKS.values()) + 0.5]
+            replicas_axis: list[float | None] = [0.0, max(t.replicas[1] for t in TASKS.values()) + 0.5]
             with gr.Row():
                 replicas_plot = plot("Cluster: replicas asked for", "replicas", replicas_axis, height=180,
                                      visible=False)
