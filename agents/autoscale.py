@@ -38,7 +38,9 @@ command into agents/tuned_static.json (so `tuned_static(task_id)` serves it unch
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import logging
 import math
 import sys
 import time
@@ -52,13 +54,14 @@ from typing import Any
 import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy
+from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.agents.tuned_static import TUNED_PATH as STATIC_TUNED_PATH
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import CLUSTER_TASKS, TaskSpec, get_task
+from llmserve_env.shared.tasks import CLUSTER_TASKS, TASKS, TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "autoscale_tuned.json"
 
@@ -328,73 +331,105 @@ def _static_action(values: dict[str, Any]) -> ServeAction:
 
 # --------------------------------------------------------------------------------------------- tuning
 
+KINDS = ("tuned_static", "hpa", "dynamo_planner")
 
-def _mean(env: EpisodeEnv, make: Any, task_id: str, seeds: Sequence[int]) -> float:
+
+def rival(kind: str, task_id: str, values: dict[str, Any]) -> Policy:
+    """A fresh `kind` rival with parameter `values`: module-level, so a `functools.partial` of it
+    pickles and a tuning job can be played by another process or a Ray worker (agents/parallel.py)."""
+    task = get_task(task_id)
+    if kind == "hpa":
+        hp = HPAParams(**values)
+        return AutoscalePolicy("hpa", task, HPAController(task, hp), hp.knobs)
+    if kind == "dynamo_planner":
+        pp = PlannerParams(**values)
+        return AutoscalePolicy("dynamo_planner", task, PlannerController(task, pp), pp.knobs)
+    if kind == "tuned_static":
+        return StaticPolicy(_static_action(values), name="tuned_static")
+    raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+def _mean(env: EpisodeEnv, kind: str, task_id: str, values: dict[str, Any], seeds: Sequence[int],
+          runner: Runner | None = None) -> float:
+    """Mean score of one configuration on `seeds`: on `env`, or as parallel jobs on `runner`."""
+    make = functools.partial(rival, kind, task_id, values)
+    if runner is not None:
+        return float(np.mean([o.score for o in runner.map([EpisodeJob(make, task_id, s) for s in seeds])]))
     return float(np.mean([play_episode(env, make(), task_id, s).score for s in seeds]))
 
 
-def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print) -> tuple[dict, float, int]:
+def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
+              runner: Runner | None = None) -> tuple[dict, float, int]:
     task = get_task(task_id)
+    grid: dict[str, tuple[Any, ...]]
     if kind == "hpa":
         grid, base = HPA_GRID, asdict(HPAParams())
-
-        def make(v):
-            p = HPAParams(**v)
-            return lambda: AutoscalePolicy("hpa", task, HPAController(task, p), p.knobs)
     elif kind == "dynamo_planner":
         grid, base = PLANNER_GRID, asdict(PlannerParams())
-
-        def make(v):
-            p = PlannerParams(**v)
-            return lambda: AutoscalePolicy("dynamo_planner", task, PlannerController(task, p), p.knobs)
     else:
         grid = STATIC_GRID
         base = {**VLLM_DEFAULT.knobs(), "replicas": task.initial_replicas}
-
-        def make(v):
-            return lambda: StaticPolicy(_static_action(v), name="tuned_static")
     names = list(grid)
 
     def values_at(point: tuple[int, ...]) -> dict[str, Any]:
         return {**base, **{n: grid[n][i] for n, i in zip(names, point, strict=True)}}
 
     start = tuple(grid[n].index(base[n]) if base.get(n) in grid[n] else 0 for n in names)
-    best, score, evaluated = coordinate_descent(lambda pt: _mean(env, make(values_at(pt)), task_id, seeds),
+    best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),
                                                 [len(grid[n]) for n in names], [start],
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))
     return values_at(best), score, evaluated
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="all", help="a cluster task id or 'all'")
-    ap.add_argument("--kind", default="all", help="hpa, dynamo_planner, tuned_static or 'all'")
-    ap.add_argument("--seeds", type=int, default=4, help="training seeds per configuration")
+    from llmserve_env import cli
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+
+    ap = argparse.ArgumentParser(prog="python -m agents.autoscale", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.task_list, default="all",
+                    help=f"comma-separated cluster task ids ({', '.join(CLUSTER_TASKS)}), or 'all'")
+    ap.add_argument("--kind", type=cli.names_from(KINDS), default="all",
+                    help=f"comma-separated rivals to tune ({', '.join(KINDS)}), or 'all'")
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=4, help="training seeds per configuration")
+    add_runner_arguments(ap)
+    cli.add_output_options(ap)
     args = ap.parse_args(argv)
+    single = [t for t in args.task if not get_task(t).is_cluster]
+    if args.task != list(TASKS) and single:  # 'all' means the cluster tasks; naming another is an error
+        ap.error(f"argument --task: {', '.join(single)} is a single-server task; autoscalers tune the cluster "
+                 f"tasks ({', '.join(CLUSTER_TASKS)}): python -m agents.tuned_static tunes the others")
+    cli.configure_logging(args)
+    runner = runner_from_args(ap, args)
     from llmserve_env.runtime.inprocess import InProcessEnv
 
-    tasks = list(CLUSTER_TASKS) if args.task == "all" else [args.task]
-    kinds = ["tuned_static", "hpa", "dynamo_planner"] if args.kind == "all" else [args.kind]
+    tasks = [t for t in args.task if get_task(t).is_cluster]
     command = "python -m agents.autoscale " + " ".join(sys.argv[1:] if argv is None else argv)
     commit = git_commit()
-    env = InProcessEnv()
-    for task_id in tasks:
-        for kind in kinds:
-            t0 = time.perf_counter()
-            values, score, evaluated = tune_kind(env, kind, task_id, train_seeds(args.seeds))
-            record = {"train_score": round(score, 6), "train_seeds": train_seeds(args.seeds),
-                      "configs_evaluated": evaluated, "search_wall_s": round(time.perf_counter() - t0, 1),
-                      "command": command, "git_commit": commit}
-            if kind == "tuned_static":
-                stored = load_tuned(STATIC_TUNED_PATH)
-                stored["tasks"][task_id] = {"action": _static_action(values).knobs(), **record}
-                STATIC_TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
-            else:
-                stored = load_tuned(TUNED_PATH)
-                stored["tasks"].setdefault(task_id, {})[kind] = {"params": values, **record}
-                TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
-            print(f"{task_id} {kind}: {values} train score {score:.4f} ({evaluated} evals, "
-                  f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    log = logging.getLogger(__name__).info
+    try:
+        for task_id in tasks:
+            for kind in args.kind:
+                t0 = time.perf_counter()
+                env = cli.EpisodeCounter(InProcessEnv(), f"tuning {kind} on {task_id}", quiet=args.quiet)
+                values, score, evaluated = tune_kind(env, kind, task_id, train_seeds(args.seeds), log=log,
+                                                     runner=runner)
+                env.close()
+                record = {"train_score": round(score, 6), "train_seeds": train_seeds(args.seeds),
+                          "configs_evaluated": evaluated, "search_wall_s": round(time.perf_counter() - t0, 1),
+                          "command": command, "git_commit": commit}
+                if kind == "tuned_static":
+                    stored = load_tuned(STATIC_TUNED_PATH)
+                    stored["tasks"][task_id] = {"action": _static_action(values).knobs(), **record}
+                    STATIC_TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
+                else:
+                    stored = load_tuned(TUNED_PATH)
+                    stored["tasks"].setdefault(task_id, {})[kind] = {"params": values, **record}
+                    TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
+                print(f"{task_id} {kind}: {values} train score {score:.4f} ({evaluated} evals, "
+                      f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    finally:
+        runner.close()
 
 
 if __name__ == "__main__":

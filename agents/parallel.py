@@ -24,6 +24,7 @@ silently missing. Ray is imported only by the `ray` runner: it is never needed t
 
 from __future__ import annotations
 
+import argparse
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -210,14 +211,21 @@ def make_runner(kind: str = "auto", workers: int = 1, ray_address: str | None = 
 
 def add_runner_arguments(ap: Any, default_workers: int = 1) -> None:
     """The command-line options every episode-heavy command shares (evaluate, benches, searches)."""
+    # A parser built with ArgumentDefaultsHelpFormatter prints each default itself: say it once.
+    formatter = getattr(ap, "formatter_class", None)
+    prints_defaults = isinstance(formatter, type) and issubclass(formatter, argparse.ArgumentDefaultsHelpFormatter)
+
+    def helped(text: str, default: str) -> str:
+        return text if prints_defaults else f"{text} (default {default})"
+
     ap.add_argument("--workers", type=_positive_int, default=default_workers,
-                    help=f"episodes played at once (default {default_workers})")
+                    help=helped("episodes played at once", str(default_workers)))
     ap.add_argument("--runner", choices=RUNNERS, default="auto",
-                    help="where episodes run: auto = Ray if installed else a process pool (serial for "
-                         "one worker), or serial / pool / ray (default auto)")
+                    help=helped("where episodes run: auto = Ray if installed else a process pool (serial for "
+                                "one worker), or serial / pool / ray", "auto"))
     ap.add_argument("--ray-address", default=None,
-                    help="an existing Ray cluster: 'auto' or 'ray://host:10001' (default: none, a local "
-                         "Ray when the ray runner is used)")
+                    help=helped("an existing Ray cluster: 'auto' or 'ray://host:10001'",
+                                "none: a local Ray when the ray runner is used"))
 
 
 def runner_from_args(ap: Any, args: Any) -> Runner:

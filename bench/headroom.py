@@ -55,14 +55,14 @@ def available(agent: str, task_id: str) -> bool:
     return True
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--task", default="all", help="comma-separated task ids, or 'all' (every task in TASKS)")
     ap.add_argument("--agents", default=",".join(AGENTS))
     ap.add_argument("--episodes", type=int, default=20)
     add_runner_arguments(ap, default_workers=2)
     ap.add_argument("--markdown", type=Path, default=None, help="also write the table as Markdown here")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     tasks = list(TASKS) if args.task == "all" else [t.strip() for t in args.task.split(",") if t.strip()]
     for t in tasks:
         if t not in TASKS:

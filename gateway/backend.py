@@ -30,7 +30,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
 
-from llmserve_env.gateway.config import GatewayConfig, is_loopback_url
+from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, is_loopback_url
 from llmserve_env.gateway.dispatcher import Dispatcher
 from llmserve_env.gateway.pricing import TierTable, load_tier_table
 from llmserve_env.gateway.service import SERVICE, GatewayClosedError, GatewayService
@@ -109,13 +109,29 @@ class GatewayBackend:
                              output_tokens=min(a.output_tokens, c.max_completion_tokens))
                 for a in arrivals]
 
-    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: list[Arrival]) -> list[Arrival]:
-        """Start an episode for the runtime: refuse a window the step timeout cannot hold
-        (GatewayConfigError), reset under the runtime's episode id, and return the arrivals as they
-        will be sent (`cap_arrivals`), so the metrics judge what the endpoint was asked to do."""
+    @property
+    def max_replicas(self) -> int:
+        """The most replicas an action may ask for here: the endpoints in the pool (LLMSERVE_REAL_ENDPOINTS)."""
+        return len(self.config.pool)
+
+    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: list[Arrival],
+              initial_replicas: int = 1) -> list[Arrival]:
+        """Start an episode for the runtime: refuse a window the step timeout cannot hold, or a task that
+        starts with more replicas than the pool has endpoints (GatewayConfigError), reset under the
+        runtime's episode id, and return the arrivals as they will be sent (`cap_arrivals`), so the
+        metrics judge what the endpoint was asked to do."""
         self.config.check_window(window_s)
+        if initial_replicas > self.max_replicas:
+            raise GatewayConfigError(
+                f"this task starts with {initial_replicas} replicas and real mode has {self.max_replicas} "
+                f"endpoint{'s' if self.max_replicas > 1 else ''}: list at least {initial_replicas} in "
+                "LLMSERVE_REAL_ENDPOINTS (comma-separated base URLs)")
         self.reset(seed, episode_id=episode_id)
+        self._service.call(self._start_replicas(initial_replicas), timeout=30)
         return self.cap_arrivals(arrivals)
+
+    async def _start_replicas(self, k: int) -> None:
+        self._dispatcher.start_replicas(k)
 
     # ----------------------------------------------------------------- Backend protocol
 

@@ -12,12 +12,15 @@ Variables (defaults in brackets):
                                         OPENAI_BASE_URL (127.0.0.0/8, ::1, localhost) it may be left unset
                                         and the dummy key "EMPTY" (vLLM's convention) is sent.
     OPENAI_BASE_URL                     [https://api.openai.com/v1] any OpenAI-compatible server
+    LLMSERVE_REAL_ENDPOINTS             comma-separated base URLs of identical OpenAI-compatible servers: the
+                                        pool that `replicas` maps onto (the gateway routes over the first k,
+                                        least outstanding work); replaces OPENAI_BASE_URL (set one of them)
     LLMSERVE_REAL_MODEL                 pin one model for every quantization tier (the tier then changes nothing)
     LLMSERVE_REAL_TIERS                 path to a JSON tier table (see gateway.pricing); read at start-up
     LLMSERVE_REAL_MAX_REQUESTS_PER_STEP [64] arrivals per window sent; the rest end `rejected`
     LLMSERVE_REAL_MAX_PROMPT_TOKENS     [4096] longer prompts are cut to this
     LLMSERVE_REAL_MAX_COMPLETION_TOKENS [512] max_tokens is capped at this
-    LLMSERVE_REAL_MAX_INFLIGHT_TOKENS   [131072] in-flight token budget at kv_budget_fraction = 1.0
+    LLMSERVE_REAL_MAX_INFLIGHT_TOKENS   [131072] in-flight token budget at kv_budget_fraction = 1.0, per endpoint
     LLMSERVE_REAL_MAX_USD_PER_EPISODE   [5.0] spend guard, dollars (worst case reserved at dispatch)
     LLMSERVE_REAL_MAX_REQUESTS_PER_EPISODE [10000] spend guard, HTTP attempts
     LLMSERVE_REAL_MAX_TOKENS_PER_EPISODE [5000000] spend guard, prompt + max_tokens reserved
@@ -56,6 +59,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
+from llmserve_env.shared.models import MAX_REPLICAS
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -115,12 +119,30 @@ def is_loopback_url(url: str) -> bool:
         return False
 
 
+def parse_endpoints(text: str) -> tuple[str, ...]:
+    """LLMSERVE_REAL_ENDPOINTS: comma-separated http(s) base URLs, each with a host, none twice."""
+    urls = tuple(u.strip().rstrip("/") for u in text.split(",") if u.strip())
+    if not urls:
+        raise ValueError("expected comma-separated http(s) base URLs, e.g. http://127.0.0.1:8000/v1,http://127.0.0.1:8001/v1")
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"{u!r} is not an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
+    if len(set(urls)) != len(urls):
+        raise ValueError("an endpoint is listed twice (each replica is one endpoint)")
+    if len(urls) > MAX_REPLICAS:
+        raise ValueError(f"at most {MAX_REPLICAS} endpoints (the most replicas any task may ask for)")
+    return urls
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything real mode needs, validated. Build with `from_env` (through GatewaySettings) or directly in tests."""
 
     api_key: Secret
     base_url: str = OPENAI_DEFAULT_BASE_URL
+    # The endpoint pool `replicas` maps onto (LLMSERVE_REAL_ENDPOINTS); empty: base_url alone.
+    endpoints: tuple[str, ...] = ()
     model: str | None = None
     tiers_path: str | None = None
     max_requests_per_step: int = 64
@@ -153,6 +175,13 @@ class GatewayConfig:
     def __post_init__(self) -> None:
         if urlsplit(self.base_url).scheme not in ("http", "https"):
             raise GatewayConfigError(f"OPENAI_BASE_URL must be an http(s) URL, got {self.base_url!r}")
+        if self.endpoints:
+            try:
+                parse_endpoints(",".join(self.endpoints))
+            except ValueError as exc:
+                raise GatewayConfigError(f"LLMSERVE_REAL_ENDPOINTS: {exc}") from None
+            if self.base_url != self.endpoints[0]:
+                raise GatewayConfigError("base_url must be the pool's first endpoint")
         if self.client not in CLIENT_KINDS:
             raise GatewayConfigError(f"LLMSERVE_REAL_CLIENT must be one of {CLIENT_KINDS}, got {self.client!r}")
         for name in ("max_requests_per_step", "max_prompt_tokens", "max_completion_tokens",
@@ -171,6 +200,11 @@ class GatewayConfig:
         """Read and check every real-mode variable (os.environ by default); GatewayConfigError names the bad ones."""
         return GatewaySettings.from_env(environ).to_config()
 
+    @property
+    def pool(self) -> tuple[str, ...]:
+        """The endpoints `replicas` maps onto: LLMSERVE_REAL_ENDPOINTS, else OPENAI_BASE_URL alone."""
+        return self.endpoints or (self.base_url,)
+
     def check_window(self, window_s: float) -> None:
         """A window must fit in one step: a step timeout below it would compress the episode clock."""
         if self.step_timeout_s <= window_s + STEP_MARGIN_S:
@@ -183,6 +217,7 @@ class GatewayConfig:
         """JSON-able summary for logs and metadata (no key)."""
         return {
             "base_url": self.base_url,
+            "endpoints": list(self.pool),
             "model": self.model,
             "client": self.client,
             "max_requests_per_step": self.max_requests_per_step,
@@ -218,6 +253,7 @@ class GatewaySettings(BaseSettings):
 
     api_key: SecretStr | None = _env("OPENAI_API_KEY", default=None)
     base_url: str | None = _env("OPENAI_BASE_URL", default=None)
+    endpoints: str | None = _env("LLMSERVE_REAL_ENDPOINTS", default=None)
     model: str | None = _env("LLMSERVE_REAL_MODEL", default=None, min_length=1, max_length=512)
     tiers: Path | None = _env("LLMSERVE_REAL_TIERS", default=None)
     max_requests_per_step: Count = _env("LLMSERVE_REAL_MAX_REQUESTS_PER_STEP", default=64)
@@ -257,6 +293,11 @@ class GatewaySettings(BaseSettings):
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError("must be an http(s) URL with a host, e.g. http://127.0.0.1:8000/v1")
         return v.rstrip("/")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints(cls, v: str | None) -> str | None:
+        return None if v is None else ",".join(parse_endpoints(v))
 
     @field_validator("tiers")
     @classmethod
@@ -310,7 +351,13 @@ class GatewaySettings(BaseSettings):
                 _describe_error(e) for e in exc.errors())) from None
 
     def to_config(self) -> GatewayConfig:
-        base_url = self.base_url
+        endpoints = parse_endpoints(self.endpoints) if self.endpoints else ()
+        if endpoints and self.base_url:
+            raise GatewayConfigError(
+                "real-mode configuration: OPENAI_BASE_URL and LLMSERVE_REAL_ENDPOINTS are both set; set one: "
+                "LLMSERVE_REAL_ENDPOINTS for a pool of endpoints (`replicas` picks how many serve), "
+                "OPENAI_BASE_URL for one")
+        base_url = endpoints[0] if endpoints else self.base_url
         key = self.api_key.get_secret_value() if self.api_key is not None else ""
         if not base_url and not key:
             raise GatewayConfigError(
@@ -320,15 +367,18 @@ class GatewaySettings(BaseSettings):
             )
         base_url = base_url or OPENAI_DEFAULT_BASE_URL
         if not key:
-            if not is_loopback_url(base_url):
+            remote = [u for u in (endpoints or (base_url,)) if not is_loopback_url(u)]
+            if remote:
+                name = "LLMSERVE_REAL_ENDPOINTS" if endpoints else "OPENAI_BASE_URL"
                 raise GatewayConfigError(
-                    f"OPENAI_API_KEY is not set and OPENAI_BASE_URL ({base_url}) is not a loopback address; "
+                    f"OPENAI_API_KEY is not set and {name} ({remote[0]}) is not a loopback address; "
                     "set OPENAI_API_KEY (any placeholder if that server needs no key)"
                 )
             key = LOOPBACK_DUMMY_KEY
         return GatewayConfig(
             api_key=Secret(key),
             base_url=base_url,
+            endpoints=endpoints,
             model=self.model,
             tiers_path=str(self.tiers) if self.tiers is not None else None,
             max_requests_per_step=self.max_requests_per_step,

@@ -14,6 +14,14 @@ run it under looptime), so requests stay in flight across windows.
   forever). With `prefill_decode_split`, prompts of LLMSERVE_REAL_PREFILL_LANE_TOKENS or more go
   to a prefill lane and the rest to a decode lane, each with half the slots and half the budget
   (batch_cap 1 cannot be split: the split is then reported as not applied).
+- Replicas (an endpoint pool, LLMSERVE_REAL_ENDPOINTS): `action.replicas` = k serves on the pool's
+  first k endpoints (None keeps the count). Each arrival is routed at its release to the endpoint
+  with the least outstanding work (shared/routing.py, the simulator's router rule), and waits in
+  that endpoint's queue: the six knobs apply to every endpoint (batch_cap and the token budget are
+  per endpoint, as per replica in the simulator). An endpoint past the first k takes no new request
+  and finishes what it holds (draining). Cold start is not applied: the endpoints are already up,
+  so a replica is ready at once (and costs tokens, not replica-seconds); starting endpoints on
+  demand is not supported.
 - Attempts: the spend guard reserves each attempt's worst case; 429/408/409/5xx and connection
   errors before the first token are retried after Retry-After or capped exponential back-off with
   jitter; a stream cut after its first token ends `error` (a retry would stream the answer twice);
@@ -45,7 +53,7 @@ import bisect
 import logging
 import random
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from llmserve_env.gateway.budget import BudgetExceededError, ProcessGuard, Reservation, SpendGuard
@@ -64,6 +72,7 @@ from llmserve_env.shared.backend import (
     WindowReport,
 )
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.routing import least_outstanding, outstanding_work
 
 logger = logging.getLogger("llmserve_env.gateway")
 
@@ -99,6 +108,7 @@ class Entry:
     prompt: str
     max_tokens: int
     release_t: float  # scheduled release on the loop clock (its arrival)
+    endpoint: int = 0  # its place in the pool (routed at release)
     lane: int = DECODE_LANE
     tokens: int = 0  # prompt + max_tokens: its claim on the in-flight token budget
     tier: str = ""
@@ -138,12 +148,16 @@ class Lanes:
 
 
 class Dispatcher:
-    def __init__(self, config: GatewayConfig, client: StreamClient, tiers: TierTable,
+    def __init__(self, config: GatewayConfig, client: StreamClient | Sequence[StreamClient], tiers: TierTable,
                  count_tokens: Callable[[str], int], *, recorder: JsonlRecorder | None = None,
                  lag_monitor: bool | LoopLagMonitor = True, process: ProcessGuard | None = None,
                  on_endpoint: Callable[[bool, str | None], None] | None = None):
         self.config = config
-        self.client = client
+        # one client per endpoint of the pool (config.pool), in its order
+        self.clients: list[StreamClient] = list(client) if isinstance(client, Sequence) else [client]
+        if len(self.clients) != len(config.pool):
+            raise ValueError(f"{len(self.clients)} clients for {len(config.pool)} endpoints")
+        self.client = self.clients[0]
         self.tiers = tiers
         self.recorder = recorder
         self._secret: Secret = config.api_key
@@ -169,8 +183,10 @@ class Dispatcher:
         self._lanes: Lanes | None = None
         self._waiting: list[Entry] = []
         self._running: set[Entry] = set()
-        self._lane_running: list[int] = [0, 0]
-        self._lane_tokens: list[int] = [0, 0]
+        self._replicas = 1  # endpoints taking new requests: the pool's first k
+        n = len(self.clients)
+        self._lane_running: list[list[int]] = [[0, 0] for _ in range(n)]  # [endpoint][lane]
+        self._lane_tokens: list[list[int]] = [[0, 0] for _ in range(n)]
         self._handles: dict[int, tuple[asyncio.TimerHandle, Arrival]] = {}
         self._window = WindowAccumulator()
         self._seed = 0
@@ -213,6 +229,17 @@ class Dispatcher:
         self._anchor = None
         self._served = {}
         self._mismatch = None
+        self._replicas = 1
+
+    def start_replicas(self, k: int) -> None:
+        """The count the episode starts with (its task's initial replicas), before its first window."""
+        self._check_replicas(k)
+        self._replicas = k
+
+    def _check_replicas(self, k: int) -> None:
+        if not 1 <= k <= len(self.clients):
+            raise ValueError(f"replicas must be in 1..{len(self.clients)} (LLMSERVE_REAL_ENDPOINTS has "
+                             f"{len(self.clients)} endpoint{'s' if len(self.clients) > 1 else ''}), got {k}")
 
     @property
     def busy(self) -> bool:
@@ -323,6 +350,9 @@ class Dispatcher:
 
     def _set_action(self, action: ServeAction) -> None:
         old = self._action
+        if action.replicas is not None:
+            self._check_replicas(action.replicas)
+            self._replicas = action.replicas
         self._action = action
         self._lanes = Lanes.for_action(action, self.config.max_inflight_tokens)
         if old is None or old.priority_routing != action.priority_routing:
@@ -330,12 +360,12 @@ class Dispatcher:
                 e.sort_key = self._key(e)
             self._waiting.sort(key=lambda e: e.sort_key)
         # Lanes may have changed: re-tag running requests and rebuild the lane counters.
-        self._lane_running = [0, 0]
-        self._lane_tokens = [0, 0]
+        self._lane_running = [[0, 0] for _ in self.clients]
+        self._lane_tokens = [[0, 0] for _ in self.clients]
         for e in self._running:
             e.lane = self._lane_of(e)
-            self._lane_running[e.lane] += 1
-            self._lane_tokens[e.lane] += e.tokens
+            self._lane_running[e.endpoint][e.lane] += 1
+            self._lane_tokens[e.endpoint][e.lane] += e.tokens
         self._pump()
 
     def _key(self, e: Entry) -> tuple:
@@ -367,37 +397,53 @@ class Dispatcher:
         if self._guard.exhausted is not None:
             self._finish(entry, "rejected", f"spend limit reached ({self._guard.exhausted} per episode)", now)
             return
+        entry.endpoint = self._route()
         entry.sort_key = self._key(entry)
         bisect.insort(self._waiting, entry, key=lambda e: e.sort_key)
         self._pump()
+
+    def _route(self) -> int:
+        """The endpoint, of the first k, with the least outstanding work (shared/routing.py)."""
+        if self._replicas == 1:
+            return 0
+        work = [0.0] * self._replicas
+        for e in (*self._waiting, *self._running):
+            if e.endpoint < self._replicas:
+                r = e.record
+                work[e.endpoint] += outstanding_work(r.prompt_tokens, e.max_tokens, len(r.chunk_times_s),
+                                                     r.first_token_s is not None)
+        return least_outstanding(work)
 
     def _pump(self) -> None:
         """Admit waiting requests, in order, while their lane has room."""
         lanes = self._lanes
         if lanes is None or not self._waiting:
             return
-        blocked = [False] * len(lanes.limits)
+        n_lanes = len(lanes.limits)
+        blocked = [[False] * n_lanes for _ in self.clients]  # [endpoint][lane]: its head did not fit
+        open_lanes = n_lanes * len(self.clients)
         admitted: list[Entry] = []
         process = self._process
         for e in self._waiting:
-            lane = self._lane_of(e)
-            if blocked[lane]:
+            lane, ep = self._lane_of(e), e.endpoint
+            if blocked[ep][lane]:
                 continue
             if process.full:  # the whole server is at LLMSERVE_REAL_MAX_INFLIGHT_TOTAL: wait for a slot
                 process.waiting.add(self)
                 self._window.process_capped = True
                 break
             limits = lanes.limits[lane]
-            running, used = self._lane_running[lane], self._lane_tokens[lane]
+            running, used = self._lane_running[ep][lane], self._lane_tokens[ep][lane]
             if limits.admits(running, used, e.tokens):
                 e.lane = lane
-                self._lane_running[lane] += 1
-                self._lane_tokens[lane] += e.tokens
+                self._lane_running[ep][lane] += 1
+                self._lane_tokens[ep][lane] += e.tokens
                 process.inflight += 1
                 admitted.append(e)
             else:
-                blocked[lane] = True
-                if all(blocked):
+                blocked[ep][lane] = True
+                open_lanes -= 1
+                if open_lanes == 0:
                     break
         if not admitted:
             return
@@ -459,7 +505,7 @@ class Dispatcher:
                     self._window.retries += int(attempt_no > 1)
                     self._window.prompt_tokens += e.record.prompt_tokens
                     try:
-                        outcome = await self.client.stream(request, on_chunk)
+                        outcome = await self.clients[e.endpoint].stream(request, on_chunk)
                     except AttemptError as err:
                         billed = self._settle(e, reservation, process_res, err.outcome)
                         self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err)
@@ -569,8 +615,8 @@ class Dispatcher:
             self._window.rejected += 1
         if e in self._running:
             self._running.discard(e)
-            self._lane_running[e.lane] -= 1
-            self._lane_tokens[e.lane] -= e.tokens
+            self._lane_running[e.endpoint][e.lane] -= 1
+            self._lane_tokens[e.endpoint][e.lane] -= e.tokens
             self._window.set_running(len(self._running), now)
             self._free_process_slot()
         self._emit(rec, e)
@@ -608,6 +654,7 @@ class Dispatcher:
                 "episode": self._episode,
                 "step": e.step if e is not None else self._step,
                 "seed": self._seed,
+                "endpoint": self.config.pool[e.endpoint] if e is not None else None,
                 "model": e.price.model if e is not None and e.price is not None else None,
                 "served_model": e.served_model if e is not None else None,
                 "tier": e.tier if e is not None else None,
@@ -633,7 +680,13 @@ class Dispatcher:
         got = w.take()
         lanes = self._lanes
         assert lanes is not None
-        in_use = sum(self._lane_tokens)
+        in_use = sum(map(sum, self._lane_tokens))
+        # Serving endpoints: the first k, and any past them still finishing what they hold (draining).
+        holding = [sum(r) > 0 for r in self._lane_running]
+        holding_q = {e.endpoint for e in self._waiting}
+        draining = sum(1 for i in range(self._replicas, len(self.clients)) if holding[i] or i in holding_q)
+        serving = self._replicas + draining
+        budget_total = lanes.budget_total * serving
         pending = [_snapshot(e.record) for e in self._waiting] + [_snapshot(e.record) for e in self._running]
         pending.sort(key=lambda r: r.request_id)
         price = self.tiers.for_tier(action.quantization_tier)
@@ -666,6 +719,9 @@ class Dispatcher:
             "served_model": self._served.get(price.model),
             "model_mismatches": got.model_mismatches,
             "lanes": 2 if lanes.split else 1,
+            "cluster": {"target": self._replicas, "ready": self._replicas, "starting": 0, "draining": draining,
+                        "endpoints": len(self.clients), "cold_start_applied": False,
+                        "in_flight_by_endpoint": [sum(r) for r in self._lane_running]},
             **lag,
             "client_bottleneck": bottleneck,
             "spend_requests": self._guard.requests,
@@ -692,13 +748,13 @@ class Dispatcher:
             first_tokens=got.first_tokens,
             itl_samples=got.itl_samples,
             samples=[ResourceSample(t_s=t0 + dt, running=len(self._running), queued=len(self._waiting),
-                                    kv_blocks_used=blocks_for(in_use), kv_blocks_total=blocks_for(lanes.budget_total),
+                                    kv_blocks_used=blocks_for(in_use), kv_blocks_total=blocks_for(budget_total),
                                     gpu_memory_used_gb=0.0)],
             output_tokens=got.output_tokens,
             prompt_tokens=got.prompt_tokens,
             busy_s=busy,
             gpu_memory_used_gb=0.0,
-            kv_occupancy=min(1.0, in_use / lanes.budget_total),
+            kv_occupancy=min(1.0, in_use / budget_total),
             cost_usd=got.cost_usd,
             quality=price.quality,
             applied={
@@ -708,6 +764,8 @@ class Dispatcher:
                 "prefill_decode_split": lanes.split or not action.prefill_decode_split,
                 "quantization_tier": self._tier_applied(),
                 "speculation_depth": False,
+                # routed over the first k endpoints (cold start: not applied, notes["cluster"])
+                **({"replicas": True} if action.replicas is not None else {}),
             },
             notes=notes,
         )

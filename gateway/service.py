@@ -22,7 +22,7 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,7 +104,7 @@ class GatewayService:
         self._clients: dict[tuple, _Shared] = {}
         self._recorders: dict[str, _Shared] = {}
         self._guards: dict[tuple, ProcessGuard] = {}
-        self._keys: dict[Dispatcher, tuple[tuple | None, str | None]] = {}  # its shared client and record file
+        self._keys: dict[Dispatcher, tuple[list[tuple | None], str | None]] = {}  # its shared clients and record file
         self.endpoint: EndpointState | None = None
 
     # ----------------------------------------------------------------- the loop
@@ -143,16 +143,21 @@ class GatewayService:
 
     async def open_dispatcher(self, config: GatewayConfig, tiers: TierTable, http_client: Any = None,
                               lag_monitor: bool = True) -> Dispatcher:
-        if http_client is not None:  # a test's own client: not shared
-            client = build_stream_client(config, http_client)
-            client_key = None
-        else:
-            client_key = (config.client, config.base_url, config.stall_timeout_s, config.api_key)
+        clients: list[StreamClient] = []
+        client_keys: list[tuple | None] = []
+        for url in config.pool:  # one client per endpoint of the pool (LLMSERVE_REAL_ENDPOINTS)
+            one = config if url == config.base_url else replace(config, base_url=url, endpoints=())
+            if http_client is not None:  # a test's own client: not shared
+                clients.append(build_stream_client(one, http_client))
+                client_keys.append(None)
+                continue
+            client_key = (config.client, url, config.stall_timeout_s, config.api_key)
             shared = self._clients.get(client_key)
             if shared is None:
-                shared = self._clients[client_key] = _Shared(build_stream_client(config))
+                shared = self._clients[client_key] = _Shared(build_stream_client(one))
             shared.refs += 1
-            client = shared.value
+            clients.append(shared.value)
+            client_keys.append(client_key)
         recorder = None
         if config.record_path:
             path = str(Path(config.record_path).resolve())
@@ -167,9 +172,9 @@ class GatewayService:
             guard = self._guards[guard_key] = ProcessGuard(config.max_usd_total, config.max_inflight_total)
         if self.endpoint is None or self.endpoint.config.base_url != config.base_url:
             self.endpoint = EndpointState(config)
-        d = Dispatcher(config, client, tiers, count_tokens, recorder=recorder,
+        d = Dispatcher(config, clients, tiers, count_tokens, recorder=recorder,
                        lag_monitor=self.lag if lag_monitor else False, process=guard, on_endpoint=self.endpoint.saw)
-        self._keys[d] = (client_key, str(Path(config.record_path).resolve()) if config.record_path else None)
+        self._keys[d] = (client_keys, str(Path(config.record_path).resolve()) if config.record_path else None)
         self.dispatchers.add(d)
         await d.start()
         return d
@@ -180,10 +185,11 @@ class GatewayService:
             return await d.stop(reason)
         finally:
             self.dispatchers.discard(d)
-            client_key, record_key = self._keys.pop(d, (None, None))
-            if client_key is None:
-                await d.client.aclose()
-            else:
+            client_keys, record_key = self._keys.pop(d, ([None] * len(d.clients), None))
+            for client, client_key in zip(d.clients, client_keys, strict=True):
+                if client_key is None:
+                    await client.aclose()
+                    continue
                 shared = self._clients.get(client_key)
                 if shared is not None:
                     shared.refs -= 1
@@ -284,4 +290,12 @@ async def endpoint_health_async(max_age_s: float | None = None) -> dict[str, obj
     return await asyncio.to_thread(SERVICE.endpoint_health, max_age_s)
 
 
-atexit.register(shutdown)
+
+def _shutdown_at_exit() -> None:
+    # At interpreter exit a log handler's stream may already be closed (pytest's capture, a closed
+    # pipe): its line is dropped rather than logging's own traceback printed after the output.
+    logging.raiseExceptions = False
+    shutdown()
+
+
+atexit.register(_shutdown_at_exit)

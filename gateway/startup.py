@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError
-from llmserve_env.gateway.pricing import load_tier_table
-from llmserve_env.gateway.probe import probe_endpoint
+from llmserve_env.gateway.pricing import TierTable, load_tier_table
+from llmserve_env.gateway.probe import ProbeResult, probe_endpoint
 from llmserve_env.gateway.service import SERVICE, GatewayService
 
 logger = logging.getLogger("llmserve_env.gateway")
@@ -32,6 +33,16 @@ def check_real_mode(window_lengths: Iterable[float], environ: Mapping[str, str] 
     if not config.probe:
         logger.warning("LLMSERVE_REAL_PROBE=0: %s was not probed at start-up", config.base_url)
         return config
+    for url in config.pool:  # every endpoint of LLMSERVE_REAL_ENDPOINTS, or OPENAI_BASE_URL alone
+        one = config if url == config.base_url else replace(config, base_url=url, endpoints=())
+        name = f"LLMSERVE_REAL_ENDPOINTS endpoint {url}" if config.endpoints else f"OPENAI_BASE_URL={url}"
+        result = _probe(one, name, tiers)
+        if url == config.base_url:  # /health reports the first endpoint
+            (service or SERVICE).set_probe(config, result)
+    return config
+
+
+def _probe(config: GatewayConfig, name: str, tiers: TierTable) -> ProbeResult:
     # An endpoint started alongside the server may need a moment: retry refused connections until
     # the probe timeout has passed, then judge.
     deadline = time.monotonic() + config.probe_timeout_s
@@ -39,13 +50,12 @@ def check_real_mode(window_lengths: Iterable[float], environ: Mapping[str, str] 
     while not result.reachable and time.monotonic() + PROBE_RETRY_S < deadline:
         time.sleep(PROBE_RETRY_S)
         result = probe_endpoint(config, max(0.1, deadline - time.monotonic()))
-    (service or SERVICE).set_probe(config, result)
     skip = "set LLMSERVE_REAL_PROBE=0 to start without this check"
     if not result.reachable:
-        raise GatewayConfigError(f"OPENAI_BASE_URL={config.base_url} is unreachable ({result.error}); "
+        raise GatewayConfigError(f"{name} is unreachable ({result.error}); "
                                  f"start that server or fix the address ({skip})")
     if result.key_refused:
-        raise GatewayConfigError(f"OPENAI_BASE_URL={config.base_url} refused the key ({result.error}); "
+        raise GatewayConfigError(f"{name} refused the key ({result.error}); "
                                  f"check OPENAI_API_KEY ({skip})")
     if result.models is not None:
         wanted = sorted({t.model for t in tiers.tiers.values()})
@@ -53,10 +63,10 @@ def check_real_mode(window_lengths: Iterable[float], environ: Mapping[str, str] 
         if missing:
             listed = ", ".join(result.models[:20]) + (" ..." if len(result.models) > 20 else "")
             raise GatewayConfigError(
-                f"the endpoint does not serve {', '.join(missing)} (its /models lists: {listed}); set "
+                f"{name} does not serve {', '.join(missing)} (its /models lists: {listed}); set "
                 f"LLMSERVE_REAL_MODEL to one model it serves, or LLMSERVE_REAL_TIERS to a table of its models ({skip})")
     else:
         logger.warning("%s/models gave no model list (%s): the served model is checked per response only",
                        config.base_url, result.error or "not an OpenAI list")
     logger.info("real mode: %s answered in %.0f ms", config.base_url, result.elapsed_ms)
-    return config
+    return result

@@ -88,11 +88,20 @@ def _served_profile(backend: Backend, task: TaskSpec) -> str:
     return profile.id if profile is not None else task.profile
 
 
-def check_replicas(action: ServeAction, task: TaskSpec) -> None:
-    """ReplicasOutOfRangeError (HTTP 422) when `action.replicas` is set outside the task's range."""
+def check_replicas(action: ServeAction, task: TaskSpec, backend_max: int | None = None) -> None:
+    """ReplicasOutOfRangeError (HTTP 422) when `action.replicas` is set outside the task's range, or
+    above `backend_max` (real mode: the endpoints in LLMSERVE_REAL_ENDPOINTS)."""
     n = action.replicas
-    if n is not None and not task.replicas[0] <= n <= task.replicas[1]:
-        raise ReplicasOutOfRangeError(task.task_id, n, *task.replicas)
+    if n is None:
+        return
+    lo, hi = task.replicas
+    if backend_max is not None and backend_max < hi:
+        if not lo <= n <= max(lo, backend_max):
+            raise ReplicasOutOfRangeError(task.task_id, n, lo, max(lo, backend_max),
+                                          why=f"real mode serves on {backend_max} endpoint(s) "
+                                              "(LLMSERVE_REAL_ENDPOINTS)")
+    elif not lo <= n <= hi:
+        raise ReplicasOutOfRangeError(task.task_id, n, lo, hi)
 
 
 def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | None) -> dict[str, Any]:
@@ -189,7 +198,8 @@ class Episode:
         references = compute_references(task, seed, PROFILE_CAPACITY.get(served) or task.capacity(), arrivals)
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
-                arrivals = backend.begin(seed, episode_id, task.window_s, arrivals)  # type: ignore[attr-defined]
+                arrivals = backend.begin(seed, episode_id, task.window_s, arrivals,  # type: ignore[attr-defined]
+                                         initial_replicas=task.initial_replicas)
             except ValueError as exc:  # a window the step timeout cannot hold (a trace task's window_s)
                 backend.close()
                 raise EnvError(str(exc)) from None
@@ -223,7 +233,7 @@ class Episode:
             self.last_used = time.monotonic()
             if self.done:
                 raise EpisodeDoneError(self.episode_id, self.task.horizon)
-            check_replicas(action, self.task)
+            check_replicas(action, self.task, getattr(self.backend, "max_replicas", None))
             k = self.step_count
             arrivals = self.windows[k]
             dt = self.task.window_s

@@ -126,9 +126,10 @@ class ReplicasOutOfRangeError(EnvError):
 
     status = 422
 
-    def __init__(self, task_id: str, value: int, lo: int, hi: int):
+    def __init__(self, task_id: str, value: int, lo: int, hi: int, why: str | None = None):
         allowed = f"exactly {lo}" if lo == hi else f"{lo}..{hi}"
+        where = f"; {why}" if why else ""
         super().__init__(f"replicas={value} is outside task {task_id!r}'s range: replicas must be {allowed} "
-                         f"(or left out to keep the current count); GET /tasks lists each task's range")
+                         f"(or left out to keep the current count){where}; GET /tasks lists each task's range")
         self.loc = ["body", "action", "replicas"]
         self.input = value

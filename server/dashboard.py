@@ -12,13 +12,16 @@ through POST /grader. Plots are Gradio's own components (Vega, bundled with Grad
 It is the landing tab of /web (OpenEnv's generic Playground is the second): before the first
 episode it shows what to do instead of empty plots; the manual knobs start at the heuristic's
 first action for the chosen task (a valid action that serves the load); each knob has a plot of
-its own (constant lines hid each other); the page reflows to one column on a phone;
-and a "Connect from Python" panel gives the same episode as code against the URL the page was
-served from.
+its own (constant lines hid each other), and so has each tenant's SLO attainment; on the cluster
+tasks the replicas asked for, the ready / starting / draining replicas and the cost per window are
+plotted too (from the observation's `metadata["cluster"]` and `metadata["cost_usd"]`); the page
+reflows to one column on a phone (the tables scroll inside their own box: DASHBOARD_CSS); and a
+"Connect from Python" panel gives the same episode as code against the URL the page was served from.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -36,6 +39,10 @@ from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObs
 from llmserve_env.shared.tasks import TASKS, TaskSpec, get_task
 from pydantic import ValidationError
 
+# One attainment plot per tenant (lines at the same value hid each other on a shared plot); the
+# page is built once, so it has as many tenant plots as the task with the most tenants, and hides
+# the ones a task does not use.
+MAX_TENANTS = max(len(t.tenants) for t in TASKS.values())
 MANUAL = "manual"
 POLICY_LABELS: dict[str, str] = {
     "heuristic": "Heuristic (adaptive queue/latency rules)",
@@ -46,6 +53,10 @@ POLICY_LABELS: dict[str, str] = {
     "starve": "Starve (batch cap 1: a bad floor)",
     "random": "Random",
     "llm": "LLM (OpenAI-compatible chat model)",
+    "planner": "Planner (lookahead on forks of the episode)",
+    "clairvoyant": "Clairvoyant planner (sees future arrivals: a bound)",
+    "hpa": "HPA (Kubernetes autoscaler; cluster tasks)",
+    "dynamo_planner": "Dynamo Planner (predictive autoscaler; cluster tasks)",
     MANUAL: "Manual knobs (set below)",
 }
 # How many windows "Run to end" plays between screen updates: the plots grow while it runs.
@@ -72,6 +83,17 @@ LAST_WINDOW_NOTE = (
     "SLO miss (the end-of-episode backlog), so the reward usually drops in the final window: a policy "
     "cannot defer its backlog past the horizon."
 )
+# A table's columns are at least ~67 px wide in Gradio 6.31, so the 8-column action timeline made a
+# 390 px phone's page 533 px wide, and every plot drawn after that kept the width (Vega draws at its
+# container's width and a fixed-width SVG then holds the container). `contain: inline-size` keeps
+# a table's content from widening the page; the table, its columns sized by their content, scrolls
+# sideways inside its own box instead (columns given as shares of a phone's width wrapped their
+# text a letter or two a line).
+DASHBOARD_CSS = """
+<style>
+#dash-actions, #dash-tenants { contain: inline-size; overflow-x: auto; }
+</style>
+"""
 FRAME_COLUMNS = ["step", "value", "series"]
 # Vega's category10-like palette; measured series come first, SLO lines after them.
 PALETTE = ("#4c78a8", "#f58518", "#e45756", "#54a24b", "#b279a2", "#9d755d", "#72b7b2", "#eeca3b")
@@ -95,6 +117,9 @@ class DashboardRun:
     obs: ServeObservation
     rows: list[dict[str, Any]] = field(default_factory=list)
     grade: GradeResult | None = None
+    # The props (colours, axis limits, title) each plot was last sent, by its place in the outputs:
+    # see `only_changed_props`.
+    plot_props: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def done(self) -> bool:
@@ -133,9 +158,17 @@ def step_row(obs: ServeObservation, action: ServeAction, previous: list[dict[str
         "reward": float(obs.reward or 0.0),
         "cumulative_reward": cumulative,
         "per_tenant": dict(meta.get("per_tenant", {})),
+        "cost_usd": float(meta.get("cost_usd", 0.0)),
+        **cluster_row(meta.get("cluster")),
         **action.knobs(),
         "weight_bits": weight_bits(action.quantization_tier),
     }
+
+
+def cluster_row(cluster: dict[str, Any] | None) -> dict[str, int]:
+    """The replica counts at the window's end (cluster tasks; zeros elsewhere, never plotted there)."""
+    c = cluster or {}
+    return {f"replicas_{state}": int(c.get(state, 0)) for state in ("ready", "starting", "draining")}
 
 
 def new_run(env: LLMServeEnvironment, task_id: str, seed: int, policy_name: str) -> DashboardRun:
@@ -163,15 +196,14 @@ def with_slo_lines(frame: pd.DataFrame, rows: list[dict[str, Any]], slos: dict[s
     return pd.concat([frame, pd.DataFrame.from_records(lines, columns=FRAME_COLUMNS)], ignore_index=True)
 
 
-def tenant_frame(rows: list[dict[str, Any]]) -> pd.DataFrame:
-    """Each tenant's SLO attainment per window, where it had a settled request (the metric reads 1.0
+def tenant_frame(rows: list[dict[str, Any]], name: str) -> pd.DataFrame:
+    """One tenant's SLO attainment per window, where it had a settled request (the metric reads 1.0
     over an empty window, which would draw a met SLO that nothing earned)."""
-    records = [
-        (r["step"], float(t["attainment"]), name)
-        for r in rows
-        for name, t in r["per_tenant"].items()
-        if t.get("met", 0) + t.get("missed", 0) > 0
-    ]
+    records = []
+    for r in rows:
+        t = r["per_tenant"].get(name)
+        if t is not None and t.get("met", 0) + t.get("missed", 0) > 0:
+            records.append((r["step"], float(t["attainment"]), name))
     return pd.DataFrame.from_records(records, columns=FRAME_COLUMNS)
 
 
@@ -207,7 +239,9 @@ def action_table(rows: list[dict[str, Any]]) -> pd.DataFrame:
         "priority_routing",
         "reward",
     ]
-    table = pd.DataFrame([{c: r[c] for c in cols} for r in rows], columns=cols)
+    if any(r.get("replicas") is not None for r in rows):
+        cols.insert(1, "replicas")
+    table = pd.DataFrame([{c: r.get(c) for c in cols} for r in rows], columns=cols)
     return table.round({"kv_budget_fraction": 3, "reward": 3})
 
 
@@ -239,7 +273,7 @@ def weight_bits(tier: str) -> int:
     return int("".join(ch for ch in tier if ch.isdigit()))
 
 
-def plotted(frame: pd.DataFrame, from_zero: bool = True) -> dict[str, Any] | None:
+def plotted(frame: pd.DataFrame, from_zero: bool = True, **props: Any) -> dict[str, Any] | None:
     """A plot's new data with a fixed colour per series, or None until there is a point to draw.
 
     Gradio's plot builds its Vega spec (colour domain included) when it goes from no value to a
@@ -249,9 +283,10 @@ def plotted(frame: pd.DataFrame, from_zero: bool = True) -> dict[str, Any] | Non
     axis runs to 1, since Vega would otherwise draw a zero-height domain labelled "0.000000".
     """
     if frame.empty:
-        return None
+        return gr.update(value=None, **props) if props else None
     series = dict.fromkeys(frame["series"])
     update: dict[str, Any] = {
+        **props,
         "value": frame,
         "color_map": {s: PALETTE[i % len(PALETTE)] for i, s in enumerate(series)},
     }
@@ -273,13 +308,7 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
         series_frame(rows, {"p50_itl_ms": "p50 ITL", "p50_tpot_ms": "p50 TPOT"}), rows, tpot_slos
     )
     started = run is not None
-    return (
-        status_markdown(run),
-        gr.update(visible=not started),
-        gr.update(visible=started),
-        grade_markdown(run),
-        run.grade.model_dump(mode="json") if run is not None and run.grade is not None else None,
-        tenant_totals(run) if run is not None else None,
+    plots = [
         plotted(ttft),
         plotted(itl),
         plotted(series_frame(rows, {"throughput_tps": "output tokens/s"})),
@@ -299,9 +328,75 @@ def views(run: DashboardRun | None) -> tuple[Any, ...]:
         plotted(series_frame(rows, {"weight_bits": "weight bits"})),
         plotted(series_frame(rows, {"prefill_decode_split": "prefill/decode split"}), from_zero=False),
         plotted(series_frame(rows, {"priority_routing": "priority routing"}), from_zero=False),
-        plotted(tenant_frame(rows), from_zero=False),
+        *tenant_plots(rows, task),
+        *cluster_plots(rows, task),
+    ]
+    return (
+        status_markdown(run),
+        gr.update(visible=not started),
+        gr.update(visible=started),
+        grade_markdown(run),
+        run.grade.model_dump(mode="json") if run is not None and run.grade is not None else None,
+        tenant_totals(run) if run is not None else None,
+        *only_changed_props(plots, run.plot_props if run is not None else {}),
         action_table(rows),
     )
+
+
+def only_changed_props(updates: list[Any], sent: dict[int, dict[str, Any]]) -> list[Any]:
+    """The plot updates without the props each plot already has.
+
+    Gradio's plot swaps the data in place when only its value changes, but draws the whole Vega
+    view again when a prop it reads changes, and a list or dict sent again is a new object to it:
+    colours and axis limits sent with every update re-drew every plot at every update. A plot that
+    goes back to no value forgets what it was sent: its next value builds a new spec from the
+    props sent with it.
+    """
+    out = []
+    for i, update in enumerate(updates):
+        if update is None or update.get("value") is None:
+            sent.pop(i, None)
+            out.append(update)
+            continue
+        known = sent.setdefault(i, {})
+        changed = {k: v for k, v in update.items()
+                   if k not in ("value", "__type__") and (k not in known or known[k] != v)}
+        known.update(changed)
+        out.append(gr.update(value=update["value"], **changed))
+    return out
+
+
+def tenant_plots(rows: list[dict[str, Any]], task: TaskSpec | None) -> list[Any]:
+    """MAX_TENANTS plot updates: one per tenant of the task, titled with its name; the rest hidden."""
+    names = [t.name for t in task.tenants] if task is not None else []
+    out = []
+    for i in range(MAX_TENANTS):
+        if i < len(names):
+            out.append(plotted(tenant_frame(rows, names[i]), from_zero=False, visible=True,
+                               title=f"SLO attainment: tenant {names[i]}"))
+        else:
+            out.append(gr.update(value=None, visible=False))
+    return out
+
+
+CLUSTER_SERIES = (
+    ("replicas", "asked for"),
+    ("replicas_ready", "ready"),
+    ("replicas_starting", "starting (billed, loading)"),
+    ("replicas_draining", "draining (no new requests)"),
+    ("cost_usd", "$ per window"),
+)
+
+
+def cluster_plots(rows: list[dict[str, Any]], task: TaskSpec | None) -> list[Any]:
+    """The replicas asked for, ready, starting and draining, and the cost: on cluster tasks only."""
+    shown = task is not None and task.is_cluster
+    if not shown:
+        return [gr.update(value=None, visible=False) for _ in CLUSTER_SERIES]
+    cluster_rows = [r if r.get("replicas") is not None else {**r, "replicas": r["replicas_ready"]} for r in rows]
+    # from_zero=False: these axes are fixed where the plots are built
+    return [plotted(series_frame(cluster_rows, {key: label}), from_zero=False, visible=True)
+            for key, label in CLUSTER_SERIES]
 
 
 def error_lines(exc: Exception) -> str:
@@ -443,7 +538,9 @@ def build_dashboard(
         return python_markdown(server_url(headers), task_id, seed_value, action)
 
     def plot(title_text: str, y_title: str, y_lim: list[float | None] | None = None, **kw: Any) -> gr.LinePlot:
-        with gr.Column(min_width=PLOT_MIN_WIDTH):
+        # A plot that may be hidden sits in its row directly: a hidden plot in a column of its own
+        # would leave the empty column's width behind.
+        with gr.Column(min_width=PLOT_MIN_WIDTH) if kw.get("visible", True) else contextlib.nullcontext():
             return gr.LinePlot(
                 x="step",
                 y="value",
@@ -454,13 +551,14 @@ def build_dashboard(
                 y_lim=y_lim,  # type: ignore[arg-type]  # gradio defaults it to None, annotates a list
                 color_title="",
                 elem_classes=["llmserve-plot"],
-                **{"height": PLOT_HEIGHT, **kw},
+                **{"height": PLOT_HEIGHT, "min_width": PLOT_MIN_WIDTH, **kw},
             )
 
     default_task = next(iter(TASKS))
     start_action = first_heuristic_action(default_task)
     b0, kv0, spec0, quant0, split0, prio0 = knob_values(start_action)
     with gr.Blocks(title=title) as dashboard:
+        gr.HTML(DASHBOARD_CSS, container=False, padding=False, js_on_load=None)
         gr.Markdown(
             "## Episode dashboard\nPlay one episode in process and watch the server, window by "
             "window. Pick a task, a seed and a policy, then press **Run episode**. (The **Playground** "
@@ -509,11 +607,7 @@ def build_dashboard(
                     tenants_df = gr.Dataframe(
                         label="Per-tenant SLO attainment over the episode",
                         interactive=False,
-                        elem_id="dash-tenants",
-                        # Shares of the width, wrapped headers: sized by its content, the table made a
-                        # phone's page 1,103 px wide (still 533 px: Gradio's ~67 px column minimum).
-                        column_widths=[f"{100 / 7:.2f}%"] * 7,
-                        wrap=True,
+                        elem_id="dash-tenants",  # scrolls inside its box on a phone (DASHBOARD_CSS)
                     )
             with gr.Row():
                 ttft_plot = plot("Time to first token vs SLO", "ms")
@@ -539,9 +633,22 @@ def build_dashboard(
                 split_plot = plot("Action: prefill/decode split", "on = 1, off = 0", [0.0, 1.05], height=150)
                 prio_plot = plot("Action: priority routing", "on = 1, off = 0", [0.0, 1.05], height=150)
             with gr.Row():
-                tenant_plot = plot("Per-tenant SLO attainment", "fraction", [0.0, 1.05])
-            actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions",
-                                  column_widths=["12.5%"] * 8, wrap=True)
+                tenant_plots_out = [plot("SLO attainment", "fraction of settled requests", [0.0, 1.05],
+                                         visible=False) for _ in range(MAX_TENANTS)]
+            # Fixed axes from the start: the replica counts often sit at one value for many windows.
+            replicas_axis: list[float | None] = [0.0, max(t.replicas[1] for t in TASKS.values()) + 0.5]
+            with gr.Row():
+                replicas_plot = plot("Cluster: replicas asked for", "replicas", replicas_axis, height=180,
+                                     visible=False)
+                ready_plot = plot("Cluster: ready replicas", "replicas", replicas_axis, height=180, visible=False)
+            with gr.Row():
+                starting_plot = plot("Cluster: starting replicas", "replicas", replicas_axis, height=180,
+                                     visible=False)
+                draining_plot = plot("Cluster: draining replicas", "replicas", replicas_axis, height=180,
+                                     visible=False)
+            with gr.Row():
+                cost_plot = plot("Cluster: cost", "$ per window", [0.0, None], visible=False)
+            actions_df = gr.Dataframe(label="Action timeline", interactive=False, elem_id="dash-actions")
         with gr.Accordion("Connect from Python", open=False, elem_id="dash-connect"):
             python_md = gr.Markdown(elem_id="dash-python")
         run_state = gr.State(None, time_to_live=SESSION_TTL_S)
@@ -568,7 +675,12 @@ def build_dashboard(
             bits_plot,
             split_plot,
             prio_plot,
-            tenant_plot,
+            *tenant_plots_out,
+            replicas_plot,
+            ready_plot,
+            starting_plot,
+            draining_plot,
+            cost_plot,
             actions_df,
         ]
         knob_inputs = [batch_in, kv_in, spec_in, quant_in, split_in, prio_in]

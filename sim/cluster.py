@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
+from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
@@ -78,10 +79,8 @@ class Replica:
 
 
 def _outstanding_tokens(pending: list[RequestRecord]) -> float:
-    work = 0.0
-    for r in pending:
-        work += r.target_output_tokens - r.output_tokens + (r.prompt_tokens if r.first_token_s is None else 0)
-    return work
+    return sum(outstanding_work(r.prompt_tokens, r.target_output_tokens, r.output_tokens, r.first_token_s is not None)
+               for r in pending)
 
 
 class ClusterBackend:
@@ -157,15 +156,12 @@ class ClusterBackend:
         ready = [r for r in self.replicas if r.state == READY]
         for a in arrivals:
             t = a.arrival_s
-            best, best_w = None, 0.0
-            for r in ready:
-                if r.ready_s > t:
-                    continue
-                w = r.work_at(t)
-                if best is None or w < best_w:
-                    best, best_w = r, w
-            if best is None:  # cannot happen while a ready replica exists from t0 on (see the docstring)
+            eligible = [r for r in ready if r.ready_s <= t]
+            if not eligible:  # cannot happen while a ready replica exists from t0 on (see the docstring)
                 raise RuntimeError(f"no ready replica at t={t:.3f}")
+            work = [r.work_at(t) for r in eligible]
+            i = least_outstanding(work)
+            best, best_w = eligible[i], work[i]
             best.est_work = best_w + a.prompt_tokens + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)

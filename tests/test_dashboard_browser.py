@@ -54,8 +54,11 @@ FONT_HOSTS = {"fonts.googleapis.com", "fonts.gstatic.com"}
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 TASK = "adversarial_multitenant"
 TENANTS = ("interactive", "code", "batch")
-# One plot per series group, each knob on its own, and the per-tenant attainment last.
-PLOT_COUNT = 15
+# One plot per series group, each knob on its own, and one attainment plot per tenant (the cluster
+# plots are hidden on a single-server task).
+PLOT_COUNT = 14 + len(TENANTS)
+CLUSTER_TITLES = ("Cluster: replicas asked for", "Cluster: ready replicas", "Cluster: starting replicas",
+                  "Cluster: draining replicas", "Cluster: cost")
 PHONE = {"width": 390, "height": 844}
 # The outermost elements reaching past the right edge (what makes a page scroll sideways).
 WIDEST = """w => [...document.querySelectorAll('body *')]
@@ -67,6 +70,11 @@ WIDEST = """w => [...document.querySelectorAll('body *')]
 COUNT_POINTS = "els => els.map(el => el.querySelectorAll('g.mark-symbol.role-mark path').length)"
 COUNT_LINES = "els => els.map(el => el.querySelectorAll('g.mark-line.role-mark path').length)"
 # A line is only drawn if its series is in the plot's colour domain, which the legend lists.
+# How long one Step or Run update may take to show. The first update of an episode draws every
+# plot: measured 1-3 s of browser CPU on a quiet machine, 8-16 s with the CPU throttled 6x
+# (Chromium's CPU throttling), and a page frozen > 90 s once at 20x; a fresh-clone `make test` on
+# this 2-core machine, load 9-20, once needed more than the 60 s the waits used to allow.
+UPDATE_TIMEOUT_MS = 180_000
 LEGENDS = "els => els.map(el => [...el.querySelectorAll('.role-legend-label text')].map(t => t.textContent))"
 TITLES = "els => els.map(el => [...el.querySelectorAll('.role-title-text text')].map(t => t.textContent).join(''))"
 
@@ -193,7 +201,7 @@ def dashboard(live_server, browser, request) -> Iterator[Dashboard]:
     page.route("**/*", only_local)
     page.goto(live_server.url + "/web/", wait_until="domcontentloaded")
     # The Dashboard is the landing tab: no click needed to reach it.
-    page.locator("#dash-status").get_by_text("No episode yet").wait_for(timeout=60_000)
+    page.locator("#dash-status").get_by_text("No episode yet").wait_for(timeout=UPDATE_TIMEOUT_MS)
     yield Dashboard(page, external)
     context.close()
     assert set(external) <= FONT_HOSTS, f"the page needed hosts besides the server: {sorted(set(external))}"
@@ -219,24 +227,24 @@ def test_dashboard_lands_on_an_empty_state_that_says_what_to_do(dashboard, live_
 def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
     page, status = dashboard.page, dashboard.status
     page.locator("#dash-new").click()
-    status.get_by_text("window 0/").wait_for(timeout=60_000)
+    status.get_by_text("window 0/").wait_for(timeout=UPDATE_TIMEOUT_MS)
     expect(page.locator("#dash-empty")).to_be_hidden()
     page.locator("#dash-step").click()
-    status.get_by_text("window 1/").wait_for(timeout=60_000)
+    status.get_by_text("window 1/").wait_for(timeout=UPDATE_TIMEOUT_MS)
     page.locator("#dash-step").click()
-    status.get_by_text("window 2/").wait_for(timeout=60_000)
+    status.get_by_text("window 2/").wait_for(timeout=UPDATE_TIMEOUT_MS)
     page.wait_for_function(  # two windows: two points per line of the TTFT plot
         f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')])[0] >= 4",
         timeout=60_000,
     )
 
     horizon = dashboard.run_to_end(TASK)
-    plots = page.locator(".llmserve-plot")
+    plots = page.locator(".llmserve-plot:visible")
     # Vega renders after the data arrives: wait until every plot has its points.
     try:
         page.wait_for_function(
-            f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')])"
-            f".every(n => n >= {horizon // 2})",
+            f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')]"
+            f".filter(el => el.offsetParent !== null)).every(n => n >= {horizon // 2})",
             timeout=60_000,
         )
     except Exception as exc:
@@ -253,8 +261,11 @@ def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
     for title in ("Action: KV budget", "Action: speculation depth", "Action: quantization",
                   "Action: prefill/decode split", "Action: priority routing"):
         assert title in titles, titles
-    assert plots.evaluate_all(COUNT_LINES)[-1] == len(TENANTS), "one attainment line per tenant"
-    assert plots.evaluate_all(LEGENDS)[-1] == list(TENANTS), "stale series are not drawn"
+    # One attainment plot per tenant, each with its one line (a shared plot hid equal lines).
+    assert titles[-len(TENANTS):] == [f"SLO attainment: tenant {t}" for t in TENANTS], titles
+    assert plots.evaluate_all(COUNT_LINES)[-len(TENANTS):] == [1] * len(TENANTS)
+    assert plots.evaluate_all(LEGENDS)[-len(TENANTS):] == [[t] for t in TENANTS], "stale series are not drawn"
+    assert not set(CLUSTER_TITLES) & set(titles), "cluster plots only on cluster tasks"
     tenants = page.locator("#dash-tenants").inner_text()
     assert all(name in tenants for name in TENANTS), tenants
     # The two things a newcomer asks about are explained beside their plots.
@@ -264,10 +275,6 @@ def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
 
 
 @pytest.mark.parametrize("dashboard", [PHONE], indirect=True)
-@pytest.mark.xfail(strict=False, reason=(
-    "unfinished: the page is 390 px wide before the first episode and the plots stack one per line, "
-    "but Gradio 6.31 gives each table column a ~67 px minimum, so the 8-column action timeline "
-    "makes the page 533 px wide (was 1,103 px before the tables got relative column widths)"))
 def test_dashboard_reflows_on_a_phone(dashboard):
     page = dashboard.page
     assert page.evaluate("() => document.documentElement.scrollWidth") <= PHONE["width"]
@@ -288,7 +295,6 @@ def test_dashboard_reflows_on_a_phone(dashboard):
     dashboard.shoot("dashboard_phone.png")
 
 
-@pytest.mark.xfail(strict=False, reason="timed out once in a fresh-clone make test (manual episode never reached window 1 in 60 s) after passing in the full CI run and alone; not diagnosed: see the closing note")
 def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
     from llmserve_env.server.dashboard import first_heuristic_action
     from llmserve_env.shared.tasks import TASKS
@@ -302,10 +308,29 @@ def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
     page.locator("#dash-quant").get_by_text("INT8").click()
     expect(page.locator("#dash-quant input[value=INT8]")).to_be_checked()
     page.locator("#dash-step").click()
-    dashboard.status.get_by_text("policy manual: running, window 1/").wait_for(timeout=60_000)
+    dashboard.status.get_by_text("policy manual: running, window 1/").wait_for(timeout=UPDATE_TIMEOUT_MS)
     table = page.locator("#dash-actions")
     table.get_by_text("INT8").first.wait_for(state="attached", timeout=30_000)
     kv = f"{start.kv_budget_fraction:g}"
     # The action timeline's first row: step 1, batch cap 7, the starting KV budget, speculation, INT8.
     row = rf"\b1\s+7\s+{re.escape(kv)}\s+{start.speculation_depth}\s+INT8\b"
     assert re.search(row, table.inner_text()), table.inner_text()
+
+
+def test_cluster_tasks_plot_replicas_by_state_and_cost(dashboard):
+    page, status = dashboard.page, dashboard.status
+    dashboard.choose("dash-task", "diurnal_autoscale")
+    dashboard.choose("dash-policy", "HPA (Kubernetes autoscaler; cluster tasks)")
+    for window in (1, 2, 3):
+        page.locator("#dash-step").click()
+        status.get_by_text(f"policy hpa: running, window {window}/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+    plots = page.locator(".llmserve-plot:visible")
+    page.wait_for_function(
+        f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')]"
+        f".filter(el => el.offsetParent !== null)).every(n => n >= 3)", timeout=60_000)
+    titles = plots.evaluate_all(TITLES)
+    assert [t for t in titles if t.startswith("Cluster:")] == list(CLUSTER_TITLES), titles
+    # diurnal_autoscale has one tenant: one attainment plot, the others hidden
+    assert [t for t in titles if t.startswith("SLO attainment")] == ["SLO attainment: tenant chat"], titles
+    assert "replicas" in page.locator("#dash-actions").inner_text()
+    dashboard.shoot("dashboard_cluster.png")

@@ -117,3 +117,73 @@ def test_ray_retries_an_episode_whose_worker_died(ray_runner, tmp_path) -> None:
                                             "static_workload", 1_000_000)])[0]
     assert (tmp_path / "died").exists()
     assert outcome.score == expect.score
+
+
+# -- every episode-heavy command takes the runner options (issue 19) ---------------------------------
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench_main(script: str):
+    """A bench script's main, loaded from its file as `python bench/NAME.py` runs it."""
+    import importlib.util
+
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location(f"bench_{script}", ROOT / "bench" / f"{script}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.main
+
+
+def _main(name: str):
+    if name.startswith("bench/"):
+        return _bench_main(name.removeprefix("bench/"))
+    import importlib
+
+    return importlib.import_module(f"llmserve_env.{name}").main
+
+
+@pytest.mark.parametrize("command", ["evaluate", "bench/score_table", "bench/headroom", "agents.tuned_static",
+                                     "agents.heuristic", "agents.autoscale"])
+def test_every_episode_heavy_command_takes_the_runner_options(command, capsys) -> None:
+    main = _main(command)
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    assert all(option in text for option in ("--workers", "--runner", "--ray-address")), text
+    # the options reach make_runner: an address without the ray runner is refused before any work
+    with pytest.raises(SystemExit) as exc:
+        main(["--runner", "pool", "--workers", "2", "--ray-address", "auto"])
+    assert exc.value.code == 2
+    assert "--ray-address needs the ray runner" in capsys.readouterr().err
+
+
+def test_autoscale_tuning_jobs_give_the_same_scores_on_a_pool() -> None:
+    """The rivals' tuning configurations travel as picklable jobs: a pool scores them as in process."""
+    from dataclasses import asdict
+
+    from llmserve_env.agents.autoscale import HPAParams, _mean
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    values = asdict(HPAParams(target_in_system=32.0, stabilization=3))
+    seeds = [1_000_000, 1_000_001]
+    env = InProcessEnv()
+    in_process = _mean(env, "hpa", "diurnal_autoscale", values, seeds)
+    pool = PoolRunner(2)
+    try:
+        assert _mean(env, "hpa", "diurnal_autoscale", values, seeds, runner=pool) == in_process
+    finally:
+        pool.close()
+        env.close()
+
+
+def test_autoscale_refuses_a_single_server_task(capsys) -> None:
+    from llmserve_env.agents.autoscale import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--task", "static_workload"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --task" in err and "diurnal_autoscale" in err

@@ -1,0 +1,31 @@
+"""The router's rule, one definition for both backends: least outstanding work.
+
+A request's outstanding work is the tokens still to process for it: its prompt until its first
+token (prefill), plus the output tokens still to come. A new request goes to the replica with the
+least outstanding work, ties to the lowest index.
+
+- sim (`sim/cluster.py`): the work is the router's own estimate between window starts (it sees no
+  engine's queue mid-window), drained at each replica's measured processing rate;
+- real (`gateway/dispatcher.py`): the gateway sees every request it routed, so the work is exact:
+  the prompt until the first streamed chunk, plus max_tokens minus the chunks received so far.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+def outstanding_work(prompt_tokens: int, target_output_tokens: int, produced_tokens: int, started: bool) -> float:
+    """Tokens still to process for one request (prompt until its first token, then output to come)."""
+    return max(0, target_output_tokens - produced_tokens) + (0 if started else prompt_tokens)
+
+
+def least_outstanding(work: Sequence[float]) -> int:
+    """The index of the replica with the least outstanding work; ties to the lowest index."""
+    if not work:
+        raise ValueError("no replica to route to")
+    best = 0
+    for i in range(1, len(work)):
+        if work[i] < work[best]:
+            best = i
+    return best
