@@ -45,8 +45,10 @@ a 12-window lookahead (cold start 8.7 windows + 3) with the windows after it val
 so far (the same for every candidate) ended before the ramp: the next 12 windows' load fits on 2
 replicas, and the peak it cannot see was priced as the calm morning. It held 2 replicas until SLOs
 already failed (seeds 0 and 1: scale-up asked at 07:30 and 07:00, ready 87 s later) and on seed 2
-scaled down to 1 replica at 08:30, 5.5 h before the peak (score 0.276 against tuned_static's 0.805). The
-full lookahead costs more CPU a decision (README, Headroom).
+scaled down to 1 replica at 08:30, 5.5 h before the peak (score 0.276 against tuned_static's 0.805). Held
+to the end, a count cannot rise later ("3 now, 4 at the ramp"), so it over-provisions early: it
+matches tuned_static on diurnal_autoscale and, on multitenant_autoscale, scores 0.079 below the
+12-window lookahead (still 0.099 above tuned_static); it costs 1.5-2x the CPU (README, Headroom).
 
 Information modes, named in every output (`name`):
 
