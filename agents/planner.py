@@ -48,7 +48,7 @@ already failed (seeds 0 and 1: scale-up asked at 07:30 and 07:00, ready 87 s lat
 scaled down to 1 replica at 08:30, 5.5 h before the peak (score 0.276 against tuned_static's 0.805). Held
 to the end, a count cannot rise later ("3 now, 4 at the ramp"), so it over-provisions early: it
 matches tuned_static on diurnal_autoscale and, on multitenant_autoscale, scores 0.079 below the
-12-window lookahead (still 0.099 above tuned_static); it costs 1.5-2x the CPU (README, Headroom).
+12-window lookahead (still 0.099 above tuned_static); it costs 1.4-2.3x the CPU (README, Headroom).
 
 Information modes, named in every output (`name`):
 
