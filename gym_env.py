@@ -11,8 +11,9 @@ Action space: `MultiDiscrete([10, 7, 7, 3, 2, 2])`, one index per knob: batch ca
 scale (1, 2, 4, ..., 512), KV budget fraction (0.1 .. 1.0, 7 levels), speculation depth
 (0, 1, 2, 3, 4, 6, 8), quantization tier (FP16, INT8, INT4), prefill/decode split, priority
 routing. On cluster tasks (`diurnal_autoscale`, `multitenant_autoscale`, a `trace:PATH?replicas=N`
-replay) a seventh index picks the replica count, `MultiDiscrete([10, 7, 7, 3, 2, 2, 8])` for 1-8
-replicas; the single-server tasks keep exactly the six. See `agents/encoding.py` for the grid.
+replay) a seventh index moves the replicas asked for by one (one fewer, keep, one more; kept in
+the task's range): `MultiDiscrete([10, 7, 7, 3, 2, 2, 3])`; the single-server tasks keep exactly
+the six. See `agents/encoding.py` for the grid and why a step, not a count.
 
 Observation space: `Box(0, 4, (25,), float32)`: the observation's numeric fields on fixed log or
 ratio scales (roughly 0..1), the previous window's arrival rate and queue, the previous action,

@@ -89,8 +89,7 @@ def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> l
         while True:
             obs = env.last_observation
             assert obs is not None  # reset just set it
-            current = (obs.metadata.get("cluster") or {}).get("target")
-            idx = encode_action(policy.act(obs), replicas, current)
+            idx = encode_action(policy.act(obs), replicas, env.view.encoder.current_replicas)
             feats.append(x)
             acts.append(idx)
             x, r, terminated, truncated, _ = env.step(idx)
@@ -444,8 +443,9 @@ def train(args: Args) -> dict:
     elif args.init == "follow":
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":
-        agent.start_near(encode_action(initial_action(args.task, args.init), task.replicas, task.initial_replicas),
-                         args.init_prob)
+        start = initial_action(args.task, args.init)
+        # on a cluster task the replica head starts at "keep" (a step every window would walk to a bound)
+        agent.start_near(encode_action(start, task.replicas, start.replicas), args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 

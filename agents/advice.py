@@ -145,6 +145,9 @@ class FeatureView:
         return x if self.advisor is None else np.concatenate([x, self.advisor.observe(obs)])
 
     def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
-        action = self.advisor.decode(idx) if self.advisor is not None else decode_action(idx, self.replicas)
+        if self.advisor is not None:
+            action = self.advisor.decode(idx)
+        else:
+            action = decode_action(idx, self.replicas, self.encoder.current_replicas)
         self.encoder.record_action(action)
         return action

@@ -13,11 +13,16 @@ Action grid (a `MultiDiscrete` vector of indices, one per knob):
 | 3     | `quantization_tier`    | FP16, INT8, INT4                         |
 | 4     | `prefill_decode_split` | off, on                                  |
 | 5     | `priority_routing`     | off, on                                  |
-| 6     | `replicas`             | the task's range, lo .. hi (cluster tasks only) |
+| 6     | `replicas`             | one fewer, keep, one more (cluster tasks only) |
 
 The `replicas` head exists on cluster tasks only (`TaskSpec.is_cluster`): on the single-server tasks
 the grid is exactly the six knobs above, so weights trained before the cluster tasks keep their
-shapes and their behaviour.
+shapes and their behaviour. It moves the replicas asked for (`metadata.cluster.target`) by at most
+one a window, kept in the task's range, rather than naming a count: a sampled count (PPO explores
+by sampling every head every window) would start and drain replicas at random, each start billed
+for a cold start (87 s, 9 windows) before it serves, and no episode would stay near a sound policy;
+a step is explored as a small random walk. One step a window crosses 1 -> 8 replicas in 7 windows,
+faster than one replica starts.
 
 Observation features: fixed transforms (log scales for heavy-tailed counts and latencies,
 ratios for fractions) that put every feature roughly in [0, 1] and clip to [0, OBS_HIGH]; the
@@ -43,6 +48,7 @@ BATCH_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 KV_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
 SPEC_DEPTHS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
 ACTION_NVEC: tuple[int, ...] = (len(BATCH_CAPS), len(KV_FRACTIONS), len(SPEC_DEPTHS), len(QUANTIZATION_TIERS), 2, 2)
+REPLICA_STEPS: tuple[int, ...] = (-1, 0, 1)  # the cluster tasks' `replicas` head: change of the count asked for
 
 OBS_HIGH = 4.0
 
@@ -62,12 +68,14 @@ def is_cluster(replicas: Replicas) -> bool:
 
 
 def action_nvec(replicas: Replicas = SINGLE) -> tuple[int, ...]:
-    """The action grid: the six knobs, plus one choice per replica count on a cluster task."""
-    return ACTION_NVEC + ((replicas[1] - replicas[0] + 1,) if is_cluster(replicas) else ())
+    """The action grid: the six knobs, plus the replica step (REPLICA_STEPS) on a cluster task."""
+    return ACTION_NVEC + ((len(REPLICA_STEPS),) if is_cluster(replicas) else ())
 
 
-def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE) -> ServeAction:
-    """The `ServeAction` a MultiDiscrete index vector stands for (on `action_nvec(replicas)`)."""
+def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE,
+                  current: int | None = None) -> ServeAction:
+    """The `ServeAction` a MultiDiscrete index vector stands for (on `action_nvec(replicas)`); on a
+    cluster task `current` is the replica count asked for so far (`metadata.cluster.target`)."""
     if len(idx) != len(action_nvec(replicas)):
         raise ValueError(f"expected {len(action_nvec(replicas))} action indices for replicas {replicas}, "
                          f"got {len(idx)}")
@@ -81,7 +89,10 @@ def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE) 
         priority_routing=bool(prio),
     )
     if is_cluster(replicas):
-        return action.model_copy(update={"replicas": replicas[0] + int(idx[6])})
+        if current is None:
+            raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
+        n = min(max(current + REPLICA_STEPS[int(idx[6])], replicas[0]), replicas[1])
+        return action.model_copy(update={"replicas": n})
     return action
 
 
@@ -92,13 +103,15 @@ def _nearest(choices: Sequence[float], value: float, log: bool = False) -> int:
 
 
 def encode_action(action: ServeAction, replicas: Replicas = SINGLE, current: int | None = None) -> np.ndarray:
-    """The grid point nearest to `action` (exact for actions on the grid). On a cluster task an
-    action that leaves `replicas` unset keeps the current count: `current` (the task's minimum if
-    not given)."""
+    """The grid point nearest to `action` (exact for actions on the grid). On a cluster task the
+    replica step is the one towards `action.replicas` from `current`, the count asked for so far
+    (keep when `replicas` is unset)."""
     extra: list[int] = []
     if is_cluster(replicas):
-        n = action.replicas if action.replicas is not None else (current or replicas[0])
-        extra = [min(max(n, replicas[0]), replicas[1]) - replicas[0]]
+        if current is None:
+            raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
+        n = action.replicas if action.replicas is not None else current
+        extra = [REPLICA_STEPS.index(int(np.sign(n - current)))]
     return np.array(
         [
             _nearest(BATCH_CAPS, action.batch_cap, log=True),
@@ -213,6 +226,12 @@ class ObservationEncoder:
         self._prev_rate = 0.0
         self._prev_queue = 0.0
         self._prev_action: ServeAction | None = None
+        self.current_replicas: int | None = None  # metadata.cluster.target of the last observation
+
+    def current(self, obs: ServeObservation) -> int:
+        """The replica count asked for so far on a cluster task (the target the last window ran to)."""
+        c = (obs.metadata or {}).get("cluster") or {}
+        return int(c.get("target", self.replicas[0]))
 
     def record_action(self, action: ServeAction) -> None:
         self._prev_action = action
@@ -244,6 +263,7 @@ class ObservationEncoder:
         ]
         if is_cluster(self.replicas):
             feats += cluster_features(obs, self.replicas)
+            self.current_replicas = self.current(obs)
         self._prev_rate = obs.request_arrival_rate
         self._prev_queue = float(obs.queue_depth)
         return np.clip(np.asarray(feats, dtype=np.float32), 0.0, OBS_HIGH)
