@@ -571,7 +571,8 @@ def train(args: Args) -> dict:
                 break
 
         val_score = float("nan")
-        if update % args.val_every == 0 or update == args.num_updates:
+        out_of_time = args.max_wall_s is not None and time.perf_counter() - started >= args.max_wall_s
+        if update % args.val_every == 0 or update == args.num_updates or out_of_time:
             val_score = validate(agent, rms, args, envs)
             writer.add_scalar("charts/val_score", val_score, global_step)
             if val_score > best["val_score"]:
@@ -593,6 +594,9 @@ def train(args: Args) -> dict:
         if not np.isnan(val_score):
             log.info("update %d/%d: validation %.4f (best %.4f), %.0f env steps/s", update, args.num_updates,
                      val_score, best["val_score"], sps)
+        if out_of_time:
+            log.info("stopping after update %d: --max-wall-s %.0f s passed", update, args.max_wall_s)
+            break
 
     envs.close()
     wall = time.perf_counter() - started
@@ -601,6 +605,7 @@ def train(args: Args) -> dict:
         "global_steps": global_step,
         "episodes": episodes,
         "wall_s": round(wall, 1),
+        "stopped_by_max_wall_s": bool(global_step < args.num_updates * args.batch_size),
         "env_steps_per_s": round(global_step / wall, 1),
         "env_step_share": round(env_time / wall, 3),
         "final_train_score": float(np.mean(recent_scores[-2 * N:])) if recent_scores else None,

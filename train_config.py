@@ -66,6 +66,8 @@ class Args:
     # tenant, quality and cost multiplicatively; the bonus points learning at the grade itself.
     score_coef: float = 0.0
     val_every: int = 10  # updates between validation runs
+    # a wall-clock budget: the run stops after the update that passes it (validated then), as if it were the last
+    max_wall_s: float | None = None
     val_episodes: int = 16
     torch_threads: int = 1
     # Where the exported actor goes: None = this run's folder (run_dir/<task>__s<seed>/).
@@ -136,6 +138,8 @@ HELP: dict[str, str] = {
     "reward_scale": "multiply rewards by this while learning",
     "score_coef": "add this x the grader's episode score to the last window's reward (training only)",
     "val_every": "updates between validation runs",
+    "max_wall_s": "stop after the update that passes this many seconds of wall time, validating it (None: run "
+                  "all of --total-steps)",
     "val_episodes": "validation episodes (validation seeds, never the evaluation seeds)",
     "torch_threads": "torch threads of the learner",
     "out_dir": "write the exported actor here instead of the run folder (not weights/: see "
@@ -193,7 +197,7 @@ def _type_of(name: str, default: object):
         return str
     if name == "init_prob":
         return _open_unit_float
-    if name == "target_kl":
+    if name in ("target_kl", "max_wall_s"):
         return _optional_positive_float
     if name in ("out_dir", "run_dir"):
         return cli.writable_dir
