@@ -170,3 +170,9 @@ def test_teacher_demos_replay_the_teacher_on_the_grid():
     steps = want - CLUSTER_TASKS[task].initial_replicas
     assert list(acts[:, 6]) == [UP] * steps + [KEEP] * (48 - steps)
     assert rets.shape == (48,) and 0.0 < score <= 1.0
+
+
+def test_cluster_gym_env_passes_gymnasiums_checker():
+    from gymnasium.utils.env_checker import check_env
+
+    check_env(LLMServeGymEnv("multitenant_autoscale"), skip_render_check=True)
