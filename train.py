@@ -74,7 +74,7 @@ log = logging.getLogger("llmserve_env.train")
 # Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
 # ----------------------------------------------------------------------------------------------
 def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> list[tuple]:
-    """(features, action indices, discounted returns) of the teacher's episodes, one per seed (on the
+    """(features, action indices, discounted returns, grade) of the teacher's episodes, one per seed (on the
     plain action grid: behaviour cloning is for --advice false). The teacher's own action is mapped to
     the nearest grid point and that is what the episode plays, so the demonstration's states are the
     ones its labels lead to."""
