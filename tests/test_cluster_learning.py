@@ -176,3 +176,20 @@ def test_cluster_gym_env_passes_gymnasiums_checker():
     from gymnasium.utils.env_checker import check_env
 
     check_env(LLMServeGymEnv("multitenant_autoscale"), skip_render_check=True)
+
+
+def test_actor_vs_rivals_refuses_a_missing_or_mismatched_actor(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "actor_vs_rivals.py"
+    spec = importlib.util.spec_from_file_location("bench_actor_vs_rivals", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for argv in (["--task", "bursty_workload", "--weights", str(tmp_path / "none.npz")],
+                 ["--task", "diurnal_autoscale", "--weights", str(WEIGHTS_DIR / "bursty_workload.npz")]):
+        with pytest.raises(SystemExit) as exc:
+            module.main(argv)
+        assert exc.value.code == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(
+            "python bench/actor_vs_rivals.py: error: argument --weights")
