@@ -443,9 +443,10 @@ def train(args: Args) -> dict:
     elif args.init == "follow":
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":
-        start = initial_action(args.task, args.init)
+        start_action = initial_action(args.task, args.init)
         # on a cluster task the replica head starts at "keep" (a step every window would walk to a bound)
-        agent.start_near(encode_action(start, task.replicas, start.replicas), args.init_prob)
+        keep = start_action.replicas or task.initial_replicas
+        agent.start_near(encode_action(start_action, task.replicas, keep), args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
