@@ -29,7 +29,7 @@ from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import KEY, StepCoefficients
 from llmserve_env.sim.profiles import Profile, profile_from_dict
-from llmserve_env.sim.replay import Comparison, RecordedRun, real_side, replay, sim_side
+from llmserve_env.sim.replay import Comparison, RecordedRun, pooled, real_side, replay, sim_side
 
 REQUIRED = ("request_id", "arrival_s", "status", "prompt_tokens", "target_output_tokens")
 REQUIRED_OK = ("dispatch_s", "first_token_s", "finish_s", "output_tokens")
@@ -205,19 +205,14 @@ class RecordFit:
     after: list[Comparison]    # the fitted one
     evaluations: int
 
-    @staticmethod
-    def _pooled(cs: list[Comparison]) -> dict[str, float]:
-        w = [c.n_ttft + c.n_tpot for c in cs]
-        keys = ("ttft_err_pct", "tpot_err_pct", "throughput_err_pct")
-        return {k: float(np.average([c.summary()[k] for c in cs], weights=w)) for k in keys}
-
     @property
     def before_summary(self) -> dict[str, float]:
-        return self._pooled(self.before)
+        """Medians over every request of every run (not a mean of per-run medians)."""
+        return pooled(self.before).summary()
 
     @property
     def after_summary(self) -> dict[str, float]:
-        return self._pooled(self.after)
+        return pooled(self.after).summary()
 
     @property
     def improved(self) -> bool:

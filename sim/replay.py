@@ -182,6 +182,10 @@ class Comparison:
     throughput_err_pct: float  # |sim tokens / real tokens - 1| over the played windows
     unmatched: int             # requests with a first token in the recording but not in the replay
     windows: list[WindowRow]
+    ttft_errs: tuple[float, ...] = ()   # per request, % (what the medians are taken over)
+    tpot_errs: tuple[float, ...] = ()
+    real_tokens: float = 0.0            # output tokens in the played windows
+    sim_tokens: float = 0.0
 
     @property
     def score(self) -> float:
@@ -212,11 +216,86 @@ def compare(real: Side, sim: Side) -> Comparison:
                       _median(real.window_ttft[k]) * 1e3, _median(sim.window_ttft[k]) * 1e3,
                       _median(real.window_tpot[k]) * 1e3, _median(sim.window_tpot[k]) * 1e3)
             for k in range(len(real.window_tokens))]
-    total_real = float(real.window_tokens.sum())
-    return Comparison(len(ttft), len(tpot), _median(ttft), _median(tpot),
-                      abs_err_pct(float(sim.window_tokens.sum()), total_real),
-                      sum(1 for r in real.ttft if r not in sim.ttft), rows)
+    total_real, total_sim = float(real.window_tokens.sum()), float(sim.window_tokens.sum())
+    return Comparison(len(ttft), len(tpot), _median(ttft), _median(tpot), abs_err_pct(total_sim, total_real),
+                      sum(1 for r in real.ttft if r not in sim.ttft), rows, tuple(ttft), tuple(tpot),
+                      total_real, total_sim)
+
+
+def pooled(cs: list[Comparison]) -> Comparison:
+    """Several runs as one: medians over all their requests, throughput over all their windows (the
+    per-window rows are not pooled: windows of different runs are different times)."""
+    ttft = [e for c in cs for e in c.ttft_errs]
+    tpot = [e for c in cs for e in c.tpot_errs]
+    real, sim = sum(c.real_tokens for c in cs), sum(c.sim_tokens for c in cs)
+    return Comparison(len(ttft), len(tpot), _median(ttft), _median(tpot), abs_err_pct(sim, real),
+                      sum(c.unmatched for c in cs), [], tuple(ttft), tuple(tpot), real, sim)
 
 
 def replay(run: RecordedRun, profile: Profile) -> Comparison:
     return compare(real_side(run), sim_side(run, profile))
+
+
+@dataclass(frozen=True, slots=True)
+class ConcurrencyRow:
+    """Requests whose mean concurrency (themselves plus the others in flight, averaged over their life on
+    the real engine) fell in [lo, hi): where in the load the replay's error is."""
+
+    lo: float
+    hi: float
+    n: int
+    real_ttft_ms: float       # medians over the bucket's requests
+    sim_ttft_ms: float
+    ttft_err_pct: float       # median |sim / real - 1|
+    real_tpot_ms: float
+    sim_tpot_ms: float
+    tpot_err_pct: float
+    tpot_bias_pct: float      # median (sim / real - 1): negative = the simulator too fast
+
+
+BUCKETS = ((1.0, 1.5), (1.5, 2.5), (2.5, 4.0), (4.0, math.inf))
+
+
+def _concurrency(ok: list[dict[str, Any]]) -> dict[int, float]:
+    """Each completed request's mean number of requests in flight (itself included) over dispatch..finish."""
+    out = {}
+    for r in ok:
+        a, b = float(r["dispatch_s"]), float(r["finish_s"])
+        if b <= a:
+            continue
+        over = sum(max(0.0, min(b, float(o["finish_s"])) - max(a, float(o["dispatch_s"]))) for o in ok if o is not r)
+        out[int(r["request_id"])] = 1.0 + over / (b - a)
+    return out
+
+
+def by_concurrency(runs: list[RecordedRun], profile: Profile) -> list[ConcurrencyRow]:
+    """The replay's per-request errors of `runs` on `profile`, bucketed by the real engine's concurrency."""
+    pts: list[tuple[float, float | None, float | None, float | None, float | None]] = []
+    for run in runs:
+        real, sim = real_side(run), sim_side(run, profile)
+        conc = _concurrency([r for r in run.rows if r["status"] == "ok"])
+        pts += [(c, real.ttft.get(rid), sim.ttft.get(rid), real.tpot.get(rid), sim.tpot.get(rid))
+                for rid, c in conc.items()]
+    rows = []
+    for lo, hi in BUCKETS:
+        g = [p for p in pts if lo <= p[0] < hi]
+        if not g:
+            continue
+        tt = [(rt, st) for _, rt, st, _, _ in g if rt and st]
+        tp = [(rp, sp) for _, _, _, rp, sp in g if rp and sp]
+        rows.append(ConcurrencyRow(
+            lo, hi, len(g), _median([a for a, _ in tt]) * 1e3, _median([b for _, b in tt]) * 1e3,
+            _median([abs_err_pct(b, a) for a, b in tt]), _median([a for a, _ in tp]) * 1e3,
+            _median([b for _, b in tp]) * 1e3, _median([abs_err_pct(b, a) for a, b in tp]),
+            _median([(b / a - 1.0) * 100.0 for a, b in tp])))
+    return rows
+
+
+def concurrency_table(rows: list[ConcurrencyRow]) -> str:
+    lines = [f"{'concurrency':>11} {'requests':>8} {'real TTFT ms':>12} {'sim TTFT ms':>11} {'TTFT err %':>10} "
+             f"{'real TPOT ms':>12} {'sim TPOT ms':>11} {'TPOT err %':>10} {'TPOT bias %':>11}"]
+    for r in rows:
+        span = f"{r.lo:g}-{r.hi:g}" if math.isfinite(r.hi) else f"{r.lo:g}+"
+        lines.append(f"{span:>11} {r.n:>8} {r.real_ttft_ms:>12.0f} {r.sim_ttft_ms:>11.0f} {r.ttft_err_pct:>10.1f} "
+                     f"{r.real_tpot_ms:>12.1f} {r.sim_tpot_ms:>11.1f} {r.tpot_err_pct:>10.1f} {r.tpot_bias_pct:>+11.1f}")
+    return "\n".join(lines)

@@ -277,3 +277,26 @@ def test_the_stand_in_serves_a_fitted_profile_at_its_speed(tmp_path):
     # a 40-token prompt costs >= 12 ms + 40 x 6 ms = 252 ms on this engine; the server waits it (a busy
     # machine can only add to it)
     assert rec.status == "ok" and rec.first_token_s - rec.dispatch_s >= 0.25
+
+
+def test_pooled_errors_are_medians_over_every_request_not_a_mean_of_run_medians():
+    from llmserve_env.sim.replay import Comparison, pooled
+    a = Comparison(3, 3, 2.0, 2.0, 10.0, 0, [], (1.0, 2.0, 3.0), (1.0, 2.0, 3.0), 100.0, 110.0)
+    b = Comparison(1, 1, 50.0, 50.0, 0.0, 1, [], (50.0,), (50.0,), 300.0, 300.0)
+    p = pooled([a, b])
+    assert (p.n_ttft, p.ttft_err_pct, p.tpot_err_pct, p.unmatched) == (4, 2.5, 2.5, 1)  # a mean of medians: 26
+    assert p.throughput_err_pct == pytest.approx(10.0 / 400.0 * 100.0)
+
+
+def test_errors_by_concurrency_find_where_a_profile_is_wrong(tmp_path):
+    """Replayed on the engine that made them, records agree at every concurrency; on a profile whose decode
+    steps grow too slowly with the batch, the TPOT bias is negative and grows with concurrency."""
+    from llmserve_env.sim.replay import by_concurrency
+    runs = load_runs(engine_records(CPU, tmp_path / "c.jsonl", seed=5, rate=0.3, windows_n=60), [ACTION], windows=60)
+    truth = by_concurrency(runs, with_coefficients(load_profile(BASE), CPU))
+    assert [r.lo for r in truth] == [1.0, 1.5, 2.5, 4.0]  # this seed's requests fill every bucket
+    assert sum(r.n for r in truth) == sum(1 for row in runs[0].rows if row["status"] == "ok")
+    assert all(r.ttft_err_pct < 1 and r.tpot_err_pct < 1 for r in truth)
+    flat = by_concurrency(runs, with_coefficients(load_profile(BASE), dataclasses.replace(CPU, seq_s=0.0)))
+    bias = [r.tpot_bias_pct for r in flat]
+    assert all(b < -10 for b in bias) and bias[-1] < bias[0] - 10
