@@ -345,7 +345,8 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: Sharded
     rms.update(X)
     xb = torch.as_tensor(rms.normalize(X, args.obs_clip, args.obs_epsilon))
     yb = torch.as_tensor(np.concatenate([d[1] for d in demos]), dtype=torch.long)
-    gb = torch.as_tensor(np.concatenate([d[2] for d in demos]))
+    # The critic learns the returns PPO will bootstrap from, so on the same scale as its rewards.
+    gb = torch.as_tensor(np.concatenate([d[2] for d in demos]) * np.float32(args.reward_scale))
     opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
     for _ in range(args.bc_epochs):
         for mb in torch.randperm(len(xb)).split(256):

@@ -1,6 +1,6 @@
 """Fork speed: copying a mid-episode of every task (Episode.fork), against copy.deepcopy.
 
-    python bench/fork.py [--seeds 3] [--at 16,32,48] [--repeats 200]
+    python bench/fork.py [--seeds 3] [--at 16,32,48] [--repeats 200] [--tasks a,b]
 
 For every task in shared.tasks.TASKS, episodes played by the tuned heuristic are stopped at the
 windows in `--at` and forked `--repeats` times each (the episode: engine, queues, KV cache,
@@ -58,18 +58,24 @@ def live_requests(ep: Episode) -> int:
     return len(ep.tracker._open)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/fork.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--at", default="16,32,48", help="windows at which episodes are forked")
     ap.add_argument("--repeats", type=int, default=200)
-    args = ap.parse_args()
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated task ids (default: every task)")
+    args = ap.parse_args(argv)
     at = [int(x) for x in args.at.split(",")]
     seeds = list(range(args.seeds))
+    tasks = [t for t in args.tasks.split(",") if t]
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown:
+        ap.error(f"argument --tasks: unknown task(s) {unknown}; known: {sorted(TASKS)}")
     out: dict[str, float] = {}
     print(f"{'task':<26} {'states':>6} {'live req':>8} {'fork p50 ms':>11} {'p90 ms':>7} {'deepcopy p50 ms':>15} "
           f"{'ratio':>6}")
-    for tid in TASKS:
+    for tid in tasks:
         snaps = states(tid, seeds, at)
         fork_t: list[float] = []
         deep_t: list[float] = []
@@ -88,7 +94,7 @@ def main() -> None:
         out[f"{tid}.fork_ms_p90"] = round(f90, 4)
         out[f"{tid}.deepcopy_ms_p50"] = round(d50, 3)
         out[f"{tid}.live_requests"] = round(live, 1)
-    if TARGET_TASK in TASKS:
+    if TARGET_TASK in tasks:
         out = {"fork_ms_p50": out[f"{TARGET_TASK}.fork_ms_p50"],
                "deepcopy_ms_p50": out[f"{TARGET_TASK}.deepcopy_ms_p50"],
                "fork_speedup": round(out[f"{TARGET_TASK}.deepcopy_ms_p50"] / out[f"{TARGET_TASK}.fork_ms_p50"], 1),

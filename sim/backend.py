@@ -55,7 +55,7 @@ class SimBackend:
         eng.start_window(arrivals, t0, dt)
         eng.run(t0 + dt)
         pending, used, mem = eng.close_window()
-        acc = eng.acc
+        acc = eng.take_measurements()
         p = self.profile
         return WindowReport(
             t0=t0, dt=dt, finished=acc.finished, pending=pending, first_tokens=acc.first_tokens,

@@ -33,6 +33,9 @@ and running requests, it grows by each request routed there, and it drains at th
 processing rate (prompt + output tokens per busy second in its last window; a new replica starts from
 the cluster's mean).
 
+Forkable (`fork()`, what `Episode.fork` and the planner use): the copy holds its own replicas,
+engines and router estimates; the profile and step-time models are shared.
+
 Deterministic: replica i of an episode with seed s draws its engine randomness from seed
 s x MAX_REPLICAS + i, and nothing depends on wall-clock time.
 """
@@ -45,6 +48,7 @@ from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.engine import Engine
+from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
@@ -193,7 +197,7 @@ class ClusterBackend:
             eng.start_window(routed.get(r.index, []), t0, dt)
             eng.run(t1)
             pending, used, mem = eng.close_window()
-            acc = eng.acc
+            acc = eng.take_measurements()
             rep.finished += acc.finished
             rep.pending += pending
             rep.first_tokens += acc.first_tokens
@@ -232,6 +236,13 @@ class ClusterBackend:
             },
         }
         return rep
+
+    def fork(self) -> ClusterBackend:
+        """An independent copy in the same state: every replica (life-cycle times, state, engine with
+        its queues, KV cache, clocks and random stream), the router's estimates, the target and the
+        billing clock (billing is derived from each replica's request and gone times). The profile
+        and step-time models are shared (sim/fork.py)."""
+        return fork_engine(self, shared=(self._models, *self._models.values()))
 
     def close(self) -> None:
         for r in self.replicas:

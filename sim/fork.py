@@ -10,7 +10,10 @@ original. What is never written during an episode is shared by reference, not co
 
 - immutable values (numbers, strings, None, tuples of those) and frozen dataclasses (the
   profile, its tiers and fits, `Arrival`, `ResourceSample`);
-- the objects named in `shared` (the step-time models and the dict that caches them per profile).
+- the objects named in `shared` (the step-time models and the dict that caches them per profile);
+- slots a class names in its `__fork_shared__` (values it never writes into once made, e.g. a
+  request's last handed-out snapshot record; the slot itself may be rebound, the object is not
+  changed).
 
 numpy Generators are copied with their bit generator's state, so the copy draws the numbers the
 original would have drawn. Renaming or adding engine fields needs no change here; a field holding
@@ -59,19 +62,32 @@ def _class_copier(cls: type) -> _CopyFn:
     names, has_dict = _attribute_names(cls)
     direct = [n for n in names if n.isidentifier() and not n.startswith("__")]
     odd = [n for n in names if n not in direct]  # name-mangled slots: through getattr
-    lines = ["def copy_instance(o, copy, memo):", "    n = new(cls)", "    memo[id(o)] = n", "    try:", "        pass"]
+    shared = _shared_names(cls)
+    lines = ["def copy_instance(o, copy, memo, ATOMIC=ATOMIC, type=type, new=new, cls=cls):", "    n = new(cls)", "    memo[id(o)] = n", "    try:", "        pass"]
     for name in direct:
-        lines.append(f"        v = o.{name}; n.{name} = v if type(v) in ATOMIC else copy(v)")
+        if name in shared:
+            lines.append(f"        n.{name} = o.{name}")
+        else:
+            lines.append(f"        v = o.{name}; n.{name} = v if type(v) in ATOMIC else copy(v)")
     lines += ["    except AttributeError:", "        slow(o, n, copy, DIRECT)"]
     if odd:
         lines.append("    slow(o, n, copy, ODD)")
     if has_dict:
         lines.append("    n.__dict__.update({k: v if type(v) in ATOMIC else copy(v) for k, v in o.__dict__.items()})")
     lines.append("    return n")
+    # the constants are bound as defaults (locals) of the generated function: faster than globals
     env: dict[str, Any] = {"new": object.__new__, "cls": cls, "ATOMIC": _ATOMIC, "ODD": odd, "DIRECT": direct,
                            "slow": _copy_named}
     exec(compile("\n".join(lines), f"<fork copier for {cls.__qualname__}>", "exec"), env)  # noqa: S102
     return env["copy_instance"]
+
+
+def _shared_names(cls: type) -> frozenset[str]:
+    """Slots a class declares read-only once set (`__fork_shared__` along the MRO): referenced, not copied."""
+    out: set[str] = set()
+    for klass in cls.__mro__:
+        out.update(klass.__dict__.get("__fork_shared__", ()))
+    return frozenset(out)
 
 
 def _copy_named(o: Any, n: Any, copy: Callable[[Any], Any], names: list[str]) -> None:

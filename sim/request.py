@@ -16,6 +16,8 @@ class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
                  "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq")
+    # the snapshot is handed out read-only and replaced, never changed: a fork shares it (sim/fork.py)
+    __fork_shared__ = ("snap",)
 
     def __init__(self, rec: RequestRecord, accept: float):
         self.rec = rec

@@ -128,6 +128,7 @@ def bench_main(script: str):
     ("load", ["--url", "localhost:7860"], "--url"),
     ("http_step", ["--task", "nope"], "--task"),
     ("adaptation_headroom", ["--task", "static_workload"], "--task"),
+    ("fork", ["--tasks", "nope"], "--tasks"),
     ("gateway_accuracy", ["--levels", "0"], "--levels"),
     ("sim_fidelity", ["--trace-seconds", "0"], "--trace-seconds"),
 ])

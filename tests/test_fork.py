@@ -185,3 +185,58 @@ def test_http_forks_count_against_the_store_limit(client, app) -> None:
     # the least recently used (the first fork: every later fork touched its parent) was dropped
     assert client.post("/step", json={"action": STEADY_ACTION, "episode_id": forks[0]}).status_code == 404
     assert client.post("/step", json={"action": STEADY_ACTION, "episode_id": forks[-1]}).status_code == 200
+
+
+# ----------------------------------------------------------------------------------- cluster tasks
+
+CLUSTER = "multitenant_autoscale"
+
+
+def _cluster_actions(n: int, seed: int, task: str = CLUSTER) -> list[ServeAction]:
+    """Varied knobs and replica counts over the task's whole range (scale-ups start replicas that become
+    ready several windows later; scale-downs cancel starting ones and drain ready ones)."""
+    lo, hi = get_task(task).replicas
+    rng = np.random.default_rng(seed)
+    return [a.model_copy(update={"replicas": int(rng.integers(lo, hi + 1))}) for a in _actions(n, seed)]
+
+
+def _cluster_state(env: InProcessEnv) -> list[tuple]:
+    return [(r.index, r.state, r.requested_s, r.ready_s, r.gone_s, r.est_work, r.est_t)
+            for r in env.episode.backend.replicas]
+
+
+@pytest.mark.parametrize("task", ["diurnal_autoscale", CLUSTER])
+def test_cluster_fork_step_both_and_isolation(task: str) -> None:
+    env, untouched = _midway(task, steps=12), _midway(task, steps=12)
+    branch = env.fork()
+    counts = branch.episode.backend.counts()
+    assert counts == env.episode.backend.counts() and sum(counts.values()) >= 1
+    # the copy runs ahead under other actions (other replica counts) first: the original must not notice
+    for action in _cluster_actions(20, seed=11, task=task):
+        branch.step(action)
+    replay = env.fork()
+    actions = _cluster_actions(get_task(task).horizon - 12, seed=12, task=task)
+    for action in actions:
+        a, b, c = env.step(action), untouched.step(action), replay.step(action)
+        assert _key(a) == _key(b) == _key(c)
+    assert _cluster_state(env) == _cluster_state(untouched) == _cluster_state(replay)
+    assert env.grade() | {"episode_id": ""} == untouched.grade() | {"episode_id": ""} == \
+        replay.grade() | {"episode_id": ""}
+
+
+def test_cluster_fork_mid_cold_start_and_a_copy_of_a_copy() -> None:
+    env = _midway(CLUSTER, steps=6)
+    hi = get_task(CLUSTER).replicas[1]
+    env.step(_actions(1, seed=6)[0].model_copy(update={"replicas": hi}))  # replicas now starting
+    assert env.episode.backend.counts()["starting"] > 0
+    first = env.fork()
+    first.step(_cluster_actions(1, seed=7)[0])
+    second = first.fork()
+    actions = _cluster_actions(12, seed=8)
+    assert [_key(first.step(a)) for a in actions] == [_key(second.step(a)) for a in actions]
+    assert _cluster_state(first) == _cluster_state(second)
+    # no engine or replica object is shared between an episode and its copy
+    b, c = env.episode.backend, env.fork().episode.backend
+    assert c.profile is b.profile and c._models is b._models
+    assert not {id(r) for r in c.replicas} & {id(r) for r in b.replicas}
+    assert not {id(r.engine) for r in c.replicas if r.engine} & {id(r.engine) for r in b.replicas if r.engine}

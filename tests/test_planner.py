@@ -7,7 +7,7 @@ from llmserve_env.agents.planner import PlannerError, PlannerPolicy, neighbours
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS
+from llmserve_env.shared.tasks import TASKS, get_task
 from llmserve_env.shared.traces import packaged_trace_path
 
 SHORT_TRACE = f"trace:{packaged_trace_path('azure_conv_2023.csv')}?speedup=6&horizon=6"
@@ -25,9 +25,10 @@ def test_deterministic_for_a_seed_and_labelled() -> None:
     assert play_episode(env, bound, SHORT_TRACE, 0).steps == 6
 
 
-@pytest.mark.parametrize("task_id", list(SINGLE_SERVER_TASKS))  # cluster episodes cannot fork yet
+@pytest.mark.parametrize("task_id", list(TASKS))
 def test_plans_on_every_task(task_id: str) -> None:
-    """A few decisions on each registered task (new tasks included), sampled and clairvoyant."""
+    """A few decisions on each registered task (new tasks included, cluster tasks too), sampled and
+    clairvoyant."""
     for mode in ("planner", "clairvoyant"):
         env = InProcessEnv()
         policy = make_policy(mode, task_id, **SMALL)
@@ -68,3 +69,48 @@ def test_bad_arguments_name_the_argument() -> None:
         PlannerPolicy("bursty_workload", mode="oracle")
     with pytest.raises(ValueError, match="horizon"):
         PlannerPolicy("bursty_workload", horizon=0)
+
+
+def test_cluster_candidates_scale_replicas_and_include_the_rivals() -> None:
+    """On a cluster task the candidates hold the current replica count, +-1 and +-3 within the range, and
+    the production rivals' proposals; the default lookahead outlasts a replica's cold start."""
+    task = "diurnal_autoscale"
+    policy = make_policy("planner", task)
+    policy.reset()
+    obs = InProcessEnv().reset(task, 1_000_000)
+    policy._sync(obs)
+    proposal = policy.rollout.act(obs)
+    rival_actions = [r.act(obs) for r in policy.rivals]
+    assert [r.name for r in policy.rivals] == ["hpa", "dynamo_planner", "tuned_static"]
+    target = policy.shadow.backend.target
+    proposal = proposal.model_copy(update={"replicas": target})
+    cands = policy._candidates(proposal, rival_actions)
+    lo, hi = get_task(task).replicas
+    counts = {c.replicas for c in cands}
+    assert all(c.replicas is not None and lo <= c.replicas <= hi for c in cands)
+    assert {m for m in (target - 3, target - 1, target, target + 1, target + 3) if lo <= m <= hi} <= counts
+    assert all(a in cands for a in rival_actions)
+    cold_windows = policy.shadow.backend.cold_start_s / get_task(task).window_s
+    assert policy.horizon > cold_windows
+    # single-server tasks: no replica field in any candidate, no rivals
+    single = PlannerPolicy("bursty_workload")
+    single.reset()
+    assert single.rivals == [] and single.horizon == 8
+    assert all(c.replicas is None for c in single._candidates(
+        single.rollout.act(InProcessEnv().reset("bursty_workload", 0))))
+
+
+def test_planner_episode_on_a_cluster_task_scales() -> None:
+    """A cluster episode played by the planner commits replica counts and forks the cluster each window."""
+    task = "multitenant_autoscale"
+    env = InProcessEnv()
+    policy = make_policy("planner", task, horizon=3, samples=1, pool=2)
+    policy.reset()
+    obs = env.reset(task, 1_000_000)
+    actions = []
+    for _ in range(4):
+        a = policy.act(obs)
+        actions.append(a)
+        obs = env.step(a)
+    assert all(a.replicas is not None for a in actions)
+    assert policy.stats.simulated_windows >= 4 * 3
