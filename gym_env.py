@@ -10,16 +10,22 @@ workload, metrics, reward and grader as the HTTP server, without the HTTP).
 Action space: `MultiDiscrete([10, 7, 7, 3, 2, 2])`, one index per knob: batch cap on a log
 scale (1, 2, 4, ..., 512), KV budget fraction (0.1 .. 1.0, 7 levels), speculation depth
 (0, 1, 2, 3, 4, 6, 8), quantization tier (FP16, INT8, INT4), prefill/decode split, priority
-routing. See `agents/encoding.py` for the grid.
+routing. On cluster tasks (`diurnal_autoscale`, `multitenant_autoscale`, a `trace:PATH?replicas=N`
+replay) a seventh index moves the replicas asked for by one (one fewer, keep, one more; kept in
+the task's range): `MultiDiscrete([10, 7, 7, 3, 2, 2, 3])`; the single-server tasks keep exactly
+the six. See `agents/encoding.py` for the grid and why a step, not a count.
 
 Observation space: `Box(0, 4, (25,), float32)`: the observation's numeric fields on fixed log or
 ratio scales (roughly 0..1), the previous window's arrival rate and queue, the previous action,
-and the episode's progress (`agents.encoding.FEATURE_NAMES` names each).
+and the episode's progress (`agents.encoding.FEATURE_NAMES` names each). Cluster tasks add 7:
+the replicas asked for, ready, starting and draining, the next start's remaining cold start, and the
+time of day (`agents.encoding.CLUSTER_FEATURE_NAMES`), so `Box(0, 4, (32,), float32)` there.
 
 With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
-4, 4, 3, 3])`, 0 = follow); see agents/advice.py.
+4, 4, 3, 3])`, 0 = follow); see agents/advice.py. Single-server tasks only (the heuristic proposes
+no replica count): `advice=True` on a cluster task raises `AdviceOnClusterError` (a ValueError).
 
 Reward: the environment's own step reward (`shared.reward`), unchanged: the grade's decomposition,
 so an episode's rewards sum to its grade.
@@ -66,7 +72,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.view = FeatureView(task, self.task.horizon, advice)
+        self.view = FeatureView(task, self.task.horizon, advice, self.task.replicas)
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it

@@ -52,8 +52,7 @@ except ModuleNotFoundError as exc:  # the `train` extra is not installed
 from llmserve_env import cli
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.encoding import FEATURE_NAMES, encode_action
-from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.encoding import encode_action, feature_names
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -64,6 +63,7 @@ from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
 
@@ -73,19 +73,23 @@ log = logging.getLogger("llmserve_env.train")
 # ----------------------------------------------------------------------------------------------
 # Vectorised environments: num_workers processes, each stepping num_envs / num_workers envs.
 # ----------------------------------------------------------------------------------------------
-def _heuristic_demos(task: str, seeds: list[int], gamma: float) -> list[tuple]:
-    """(features, action indices, discounted returns) of the tuned heuristic's episodes, one per seed
-    (on the plain action grid: behaviour cloning is for --advice false)."""
+def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> list[tuple]:
+    """(features, action indices, discounted returns, grade) of the teacher's episodes, one per seed (on the
+    plain action grid: behaviour cloning is for --advice false). The teacher's own action is mapped to
+    the nearest grid point and that is what the episode plays, so the demonstration's states are the
+    ones its labels lead to."""
     env = LLMServeGymEnv(task, grade_on_done=False)
-    policy = heuristic(task)
+    replicas = env.task.replicas
     demos = []
     for seed in seeds:
+        policy = make_policy(teacher, task, seed=seed)  # the planner's sample pool follows the seed
         policy.reset()
         x, _ = env.reset(options={"episode_seed": seed})
         feats, acts, rewards = [], [], []
         while True:
-            assert env.last_observation is not None  # reset just set it
-            idx = encode_action(policy.act(env.last_observation))
+            obs = env.last_observation
+            assert obs is not None  # reset just set it
+            idx = encode_action(policy.act(obs), replicas, env.view.encoder.current_replicas)
             feats.append(x)
             acts.append(idx)
             x, r, terminated, truncated, _ = env.step(idx)
@@ -96,7 +100,7 @@ def _heuristic_demos(task: str, seeds: list[int], gamma: float) -> list[tuple]:
         for r in reversed(rewards):
             g = r + gamma * g
             rets.append(g)
-        demos.append((np.stack(feats), np.stack(acts), np.asarray(rets[::-1], np.float32)))
+        demos.append((np.stack(feats), np.stack(acts), np.asarray(rets[::-1], np.float32), env.runtime.grade_result().score))
     return demos
 
 
@@ -118,8 +122,8 @@ def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
             remote.send([play_episode(episode_env, policy, task, s).score for s in ep_seeds])
             continue
         if cmd == "demos":
-            ep_seeds, gamma = payload
-            remote.send(_heuristic_demos(task, ep_seeds, gamma))
+            ep_seeds, (gamma, teacher) = payload
+            remote.send(_teacher_demos(task, ep_seeds, gamma, teacher))
             continue
         obs, rew, done, score = [], [], [], []
         for genv, a in zip(envs, payload, strict=True):
@@ -297,14 +301,17 @@ class Agent(nn.Module):
 # ----------------------------------------------------------------------------------------------
 def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
     """What the weights' JSON says about the actor: its inputs, normalisation and action grid."""
+    replicas = resolve_task(args.task).replicas
     return {
         "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",
         "activation": "tanh",
         "obs_norm": {"mean": rms.mean.tolist(), "var": rms.var.tolist(), "clip": args.obs_clip,
                      "epsilon": args.obs_epsilon},
-        "feature_names": list(FEATURE_NAMES) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
+        "feature_names": list(feature_names(replicas)) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
         "action_nvec": list(agent.nvec),
         "advice": "heuristic" if args.advice else None,
+        # cluster tasks only, so single-server weights stay exactly as before
+        **({"replicas_range": list(replicas)} if replicas[1] > 1 else {}),
     }
 
 
@@ -321,16 +328,19 @@ def validate(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv)
 
 
 def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> dict[str, float]:
-    """Start from the tuned heuristic: imitate its actions, fit the critic to its returns.
+    """Start from the teacher (`--teacher`, the tuned heuristic by default): imitate its actions, fit
+    the critic to its returns.
 
-    The heuristic (agents/heuristic.py, thresholds tuned on training seeds) plays `bc_episodes`
-    episodes on training seeds (in the workers); the actor learns its action per window by
-    cross-entropy and the critic its discounted return, so PPO starts where the best hand-made
-    policy is and has only to find what the rules miss. The observation statistics start from
-    these episodes too.
+    The teacher (the heuristic with thresholds tuned on training seeds, a rival, or the sampled
+    planner) plays `bc_episodes` episodes on training seeds (in the workers, so a slow teacher's
+    demonstrations take half the time on two cores); the actor learns its action per window by
+    cross-entropy and the critic its discounted return, so PPO starts where the teacher is and has
+    only to find what it misses. The observation statistics start from these episodes too.
     """
     seeds = train_seeds(args.bc_episodes, offset=TRAIN_SEED_LIMIT - args.bc_episodes)
-    demos = [d for part in envs.play("demos", seeds, args.gamma) for d in part]
+    t0 = time.perf_counter()
+    demos = [d for part in envs.play("demos", seeds, (args.gamma, args.teacher)) for d in part]
+    demo_s = time.perf_counter() - t0
     X = np.concatenate([d[0] for d in demos])
     rms.update(X)
     xb = torch.as_tensor(rms.normalize(X, args.obs_clip, args.obs_epsilon))
@@ -347,13 +357,25 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: Sharded
             opt.step()
     with torch.no_grad():
         accuracy = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
-    return {"accuracy": accuracy, "samples": float(len(xb))}
+    return {"accuracy": accuracy, "samples": float(len(xb)), "demo_wall_s": round(demo_s, 1),
+            "teacher_train_score": float(np.mean([d[3] for d in demos]))}
+
+
+def rival_names(args: Args) -> list[str]:
+    """Who learning is compared with on the validation seeds: tuned_static and the heuristic, the
+    autoscalers on a cluster task, and the teacher."""
+    names = ["tuned_static", "heuristic"]
+    if resolve_task(args.task).is_cluster:
+        names += ["hpa", "dynamo_planner"]
+    if args.init == "bc" and args.teacher not in names:
+        names.append(args.teacher)
+    return names
 
 
 def validate_rivals(args: Args, envs: ShardedVecEnv) -> dict[str, float]:
-    """The tuned static configuration's and the heuristic's scores on the validation seeds."""
+    """The rivals' scores (`rival_names`) on the validation seeds."""
     out = {}
-    for name in ("tuned_static", "heuristic"):
+    for name in rival_names(args):
         try:
             out[name] = mean_score(envs, make_policy(name, args.task), args)
         except NotTunedError:
@@ -370,7 +392,7 @@ def initial_action(task: str, how: str) -> ServeAction:
             return VLLM_DEFAULT
     if how == "vllm_default":
         return VLLM_DEFAULT
-    raise ValueError(f"init must be heuristic, tuned_static, vllm_default or uniform, not {how!r}")
+    raise ValueError(f"init must be bc, heuristic, tuned_static, vllm_default or uniform, not {how!r}")
 
 
 def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
@@ -394,8 +416,8 @@ def save(agent: Agent, rms: RunningMeanStd, args: Args, meta: dict) -> Path:
 def train(args: Args) -> dict:
     if args.init == "follow" and not args.advice:
         raise ValueError("--init follow needs --advice true")
-    if args.init == "heuristic" and args.advice:
-        raise ValueError("--init heuristic (behaviour cloning) is for --advice false; with advice use follow")
+    if args.init == "bc" and args.advice:
+        raise ValueError("--init bc (behaviour cloning) is for --advice false; with advice use follow")
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     torch.set_num_threads(args.torch_threads)
@@ -410,18 +432,22 @@ def train(args: Args) -> dict:
                   "policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac"])
 
     started = time.perf_counter()
-    nvec, obs_dim = view_shape(args.advice)
+    task = resolve_task(args.task)
+    nvec, obs_dim = view_shape(args.advice, task.replicas)
     envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice)
     agent = Agent(obs_dim, nvec, args.hidden)
     rms = RunningMeanStd((obs_dim,))
     bc: dict[str, float] = {}
-    if args.init == "heuristic":
+    if args.init == "bc":
         bc = behaviour_clone(agent, rms, args, envs)
         writer.add_scalar("init/bc_accuracy", bc["accuracy"], 0)
     elif args.init == "follow":
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":
-        agent.start_near(encode_action(initial_action(args.task, args.init)), args.init_prob)
+        start_action = initial_action(args.task, args.init)
+        # on a cluster task the replica head starts at "keep" (a step every window would walk to a bound)
+        keep = start_action.replicas or task.initial_replicas
+        agent.start_near(encode_action(start_action, task.replicas, keep), args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
@@ -547,7 +573,8 @@ def train(args: Args) -> dict:
                 break
 
         val_score = float("nan")
-        if update % args.val_every == 0 or update == args.num_updates:
+        out_of_time = args.max_wall_s is not None and time.perf_counter() - started >= args.max_wall_s
+        if update % args.val_every == 0 or update == args.num_updates or out_of_time:
             val_score = validate(agent, rms, args, envs)
             writer.add_scalar("charts/val_score", val_score, global_step)
             if val_score > best["val_score"]:
@@ -569,6 +596,9 @@ def train(args: Args) -> dict:
         if not np.isnan(val_score):
             log.info("update %d/%d: validation %.4f (best %.4f), %.0f env steps/s", update, args.num_updates,
                      val_score, best["val_score"], sps)
+        if out_of_time:
+            log.info("stopping after update %d: --max-wall-s %.0f s passed", update, args.max_wall_s)
+            break
 
     envs.close()
     wall = time.perf_counter() - started
@@ -577,6 +607,7 @@ def train(args: Args) -> dict:
         "global_steps": global_step,
         "episodes": episodes,
         "wall_s": round(wall, 1),
+        "stopped_by_max_wall_s": bool(global_step < args.num_updates * args.batch_size),
         "env_steps_per_s": round(global_step / wall, 1),
         "env_step_share": round(env_time / wall, 3),
         "final_train_score": float(np.mean(recent_scores[-2 * N:])) if recent_scores else None,

@@ -16,9 +16,14 @@ from pathlib import Path
 from llmserve_env import cli
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.shared.tasks import CLUSTER_TASKS
+from llmserve_env.shared.workloads import resolve_task
 
 ROOT = Path(__file__).resolve().parent
-INITS = ("heuristic", "follow", "tuned_static", "vllm_default", "uniform")
+INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform")
+# Whom `--init bc` imitates: the tuned heuristic, a rival (the autoscalers on cluster tasks only), or
+# the sampled planner (agents/planner.py: ~0.1-0.2 s a decision, so its demonstrations are the slow part).
+TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner")
 
 
 @dataclass
@@ -46,11 +51,12 @@ class Args:
     # (agents/advice.py; use with --init follow); off, the agent acts on the plain grid. The
     # shipped weights were trained without it (see README, "PPO against the rivals").
     advice: bool = False
-    # start from: heuristic (behaviour cloning), follow (the heuristic exactly; needs advice),
-    # tuned_static, vllm_default, uniform
-    init: str = "heuristic"
+    # start from: bc (behaviour cloning of `teacher`), heuristic (= bc with teacher heuristic, the
+    # name of earlier runs), follow (the heuristic exactly; needs advice), tuned_static, vllm_default, uniform
+    init: str = "bc"
+    teacher: str = "heuristic"
     init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
-    bc_episodes: int = 32  # heuristic: episodes of the tuned heuristic to imitate (training seeds)
+    bc_episodes: int = 32  # bc: episodes of the teacher to imitate (training seeds)
     bc_epochs: int = 30
     obs_clip: float = 10.0
     obs_epsilon: float = 1e-8
@@ -60,6 +66,8 @@ class Args:
     # tenant, quality and cost multiplicatively; the bonus points learning at the grade itself.
     score_coef: float = 0.0
     val_every: int = 10  # updates between validation runs
+    # a wall-clock budget: the run stops after the update that passes it (validated then), as if it were the last
+    max_wall_s: float | None = None
     val_episodes: int = 16
     torch_threads: int = 1
     # Where the exported actor goes: None = this run's folder (run_dir/<task>__s<seed>/).
@@ -67,6 +75,12 @@ class Args:
     run_dir: Path = ROOT / "runs"
     quiet: bool = False  # no progress bar
     command: str = field(default="", repr=False)
+
+    def __post_init__(self) -> None:
+        if self.init == "heuristic":  # the earlier name of behaviour cloning from the heuristic
+            if self.teacher != "heuristic":
+                raise ValueError(f"--init heuristic clones the heuristic; for teacher {self.teacher!r} use --init bc")
+            self.init = "bc"
 
     @property
     def batch_size(self) -> int:
@@ -111,16 +125,21 @@ HELP: dict[str, str] = {
     "target_kl": "stop an update's epochs early past this approximate KL (None: never)",
     "hidden": "hidden units per layer of the actor and critic MLPs",
     "advice": "give the tuned heuristic's proposal as input; each knob is followed or nudged (agents/advice.py)",
-    "init": "where learning starts: heuristic (behaviour cloning; not with --advice true), follow "
-            "(the heuristic exactly; needs --advice true), tuned_static, vllm_default or uniform",
+    "init": "where learning starts: bc (behaviour cloning of --teacher; not with --advice true), heuristic "
+            "(= bc with --teacher heuristic), follow (the heuristic exactly; needs --advice true), tuned_static, "
+            "vllm_default or uniform",
+    "teacher": "--init bc: whom to imitate: heuristic, tuned_static, hpa or dynamo_planner (cluster tasks), "
+               "or planner (the sampled model-predictive planner, ~0.1-0.2 s a decision)",
     "init_prob": "follow / tuned_static / vllm_default: initial probability of that choice per knob, in (0, 1)",
-    "bc_episodes": "--init heuristic: the tuned heuristic's episodes to imitate (training seeds)",
-    "bc_epochs": "--init heuristic: passes over the demonstrations",
+    "bc_episodes": "--init bc: the teacher's episodes to imitate (training seeds)",
+    "bc_epochs": "--init bc: passes over the demonstrations",
     "obs_clip": "clip normalised observations to +-this",
     "obs_epsilon": "variance floor of the observation normalisation",
     "reward_scale": "multiply rewards by this while learning",
     "score_coef": "add this x the grader's episode score to the last window's reward (training only)",
     "val_every": "updates between validation runs",
+    "max_wall_s": "stop after the update that passes this many seconds of wall time, validating it (None: run "
+                  "all of --total-steps)",
     "val_episodes": "validation episodes (validation seeds, never the evaluation seeds)",
     "torch_threads": "torch threads of the learner",
     "out_dir": "write the exported actor here instead of the run folder (not weights/: see "
@@ -174,11 +193,11 @@ def _optional_positive_float(text: str) -> float | None:
 def _type_of(name: str, default: object):
     if name == "task":
         return cli.task_id
-    if name == "init":
+    if name in ("init", "teacher"):
         return str
     if name == "init_prob":
         return _open_unit_float
-    if name == "target_kl":
+    if name in ("target_kl", "max_wall_s"):
         return _optional_positive_float
     if name in ("out_dir", "run_dir"):
         return cli.writable_dir
@@ -211,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         kwargs: dict = {"type": _type_of(f.name, f.default), "default": f.default, "help": HELP[f.name]}
         if f.name == "init":
             kwargs["choices"] = INITS
+        if f.name == "teacher":
+            kwargs["choices"] = TEACHERS
         ap.add_argument(flag, **kwargs)
     ap.add_argument("--replace-shipped-weights", action="store_true",
                     help=f"write the actor into {WEIGHTS_DIR}/<task>.npz/.json, replacing the shipped one "
@@ -225,6 +246,17 @@ def parse_args(argv: list[str]) -> Args:
     ns = ap.parse_args(argv)
     cli.configure_logging(ns)
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(Args) if f.name not in ("command", "quiet")}
+    task = resolve_task(values["task"])
+    if values["init"] == "heuristic" and values["teacher"] != "heuristic":
+        ap.error(f"argument --teacher: --init heuristic clones the heuristic; for {values['teacher']} use --init bc")
+    if values["init"] not in ("bc", "heuristic") and values["teacher"] != "heuristic":
+        ap.error(f"argument --teacher: only with --init bc (got --init {values['init']})")
+    if values["teacher"] in ("hpa", "dynamo_planner") and not task.is_cluster:
+        ap.error(f"argument --teacher: {values['teacher']} autoscales the cluster tasks "
+                 f"({', '.join(CLUSTER_TASKS)}); {values['task']!r} is a single-server task")
+    if values["advice"] and task.is_cluster:
+        ap.error(f"argument --advice: the heuristic's advice is for single-server tasks; {values['task']!r} "
+                 "is a cluster task")
     args = Args(**values, quiet=ns.quiet, command="python train.py " + " ".join(argv))
     shipped = WEIGHTS_DIR.resolve()
     if ns.replace_shipped_weights:
@@ -245,8 +277,8 @@ def parse_args(argv: list[str]) -> Args:
                  f"got {args.num_minibatches}")
     if args.init == "follow" and not args.advice:
         ap.error("argument --init: follow needs --advice true")
-    if args.init == "heuristic" and args.advice:
-        ap.error("argument --init: heuristic (behaviour cloning) is for --advice false; with advice use follow")
-    if args.init == "heuristic" and args.bc_episodes > TRAIN_SEED_LIMIT:
+    if args.init == "bc" and args.advice:
+        ap.error("argument --init: bc/heuristic (behaviour cloning) is for --advice false; with advice use follow")
+    if args.init == "bc" and args.bc_episodes > TRAIN_SEED_LIMIT:
         ap.error(f"argument --bc-episodes: expected at most {TRAIN_SEED_LIMIT} (training seeds), got {args.bc_episodes}")
     return args

@@ -82,10 +82,13 @@ def actor_arrays(module) -> dict[str, np.ndarray]:
 
 def export(module, task: str, out_dir: Path, meta: dict[str, Any]) -> Path:
     """Write the actor as `<out_dir>/<task>.npz` + `.json`; checked by loading it back."""
-    nvec, dim = view_shape(False)
+    replicas = get_task(task).replicas
+    nvec, dim = view_shape(False, replicas)
     arrays = actor_arrays(module) | {"nvec": np.asarray(nvec, dtype=np.int64)}
     meta = {"obs_norm": {"mean": [0.0] * dim, "var": [1.0] * dim, "clip": 1e9, "epsilon": 0.0},
-            "activation": "tanh", "advice": None, "trainer": "rllib PPO"} | meta
+            "activation": "tanh", "advice": None, "trainer": "rllib PPO",
+            # cluster tasks only, as train.py writes it: PPOPolicy builds the replicas head from it
+            **({"replicas_range": list(replicas)} if replicas[1] > 1 else {})} | meta
     ActorWeights.from_arrays(arrays, meta)  # shapes must fit the encoder and grid, or this raises
     out_dir.mkdir(parents=True, exist_ok=True)
     npz = out_dir / f"{task}.npz"

@@ -30,11 +30,15 @@ from collections.abc import Sequence
 
 import numpy as np
 from llmserve_env.agents.encoding import (
-    ACTION_NVEC,
     OBS_DIM,
+    SINGLE,
     ObservationEncoder,
+    Replicas,
     action_features,
+    action_nvec,
     decode_action,
+    feature_names,
+    is_cluster,
 )
 from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
 from llmserve_env.shared.models import (
@@ -104,9 +108,19 @@ class Advisor:
         return decode_advised(idx, self.proposal)
 
 
-def view_shape(advice: bool) -> tuple[tuple[int, ...], int]:
-    """(action grid, feature count) of a learned policy with or without the heuristic's advice."""
-    return (ADVICE_NVEC, OBS_DIM + ADVICE_DIM) if advice else (ACTION_NVEC, OBS_DIM)
+class AdviceOnClusterError(ValueError):
+    """The heuristic's advice has no `replicas` proposal: residual control is for single-server tasks."""
+
+
+def view_shape(advice: bool, replicas: Replicas = SINGLE) -> tuple[tuple[int, ...], int]:
+    """(action grid, feature count) of a learned policy with or without the heuristic's advice, on a
+    task with this replica range (cluster tasks add the `replicas` head and the cluster features)."""
+    if advice and is_cluster(replicas):
+        raise AdviceOnClusterError("advice (the heuristic's proposal) is for single-server tasks: the heuristic "
+                                   "proposes no replica count")
+    if advice:
+        return ADVICE_NVEC, OBS_DIM + ADVICE_DIM
+    return action_nvec(replicas), len(feature_names(replicas))
 
 
 class FeatureView:
@@ -115,10 +129,11 @@ class FeatureView:
     heuristic's proposal when trained with advice. `decode` also records the action, so the next
     features carry it as the previous action."""
 
-    def __init__(self, task_id: str, horizon: int, advice: bool):
-        self.encoder = ObservationEncoder(horizon)
+    def __init__(self, task_id: str, horizon: int, advice: bool, replicas: Replicas = SINGLE):
+        self.replicas = replicas
+        self.nvec, self.dim = view_shape(advice, replicas)
+        self.encoder = ObservationEncoder(horizon, replicas)
         self.advisor = Advisor(task_id) if advice else None
-        self.nvec, self.dim = view_shape(advice)
 
     def reset(self) -> None:
         self.encoder.reset()
@@ -130,6 +145,9 @@ class FeatureView:
         return x if self.advisor is None else np.concatenate([x, self.advisor.observe(obs)])
 
     def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
-        action = self.advisor.decode(idx) if self.advisor is not None else decode_action(idx)
+        if self.advisor is not None:
+            action = self.advisor.decode(idx)
+        else:
+            action = decode_action(idx, self.replicas, self.encoder.current_replicas)
         self.encoder.record_action(action)
         return action

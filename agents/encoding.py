@@ -13,12 +13,26 @@ Action grid (a `MultiDiscrete` vector of indices, one per knob):
 | 3     | `quantization_tier`    | FP16, INT8, INT4                         |
 | 4     | `prefill_decode_split` | off, on                                  |
 | 5     | `priority_routing`     | off, on                                  |
+| 6     | `replicas`             | one fewer, keep, one more (cluster tasks only) |
+
+The `replicas` head exists on cluster tasks only (`TaskSpec.is_cluster`): on the single-server tasks
+the grid is exactly the six knobs above, so weights trained before the cluster tasks keep their
+shapes and their behaviour. It moves the replicas asked for (`metadata.cluster.target`) by at most
+one a window, kept in the task's range, rather than naming a count: a sampled count (PPO explores
+by sampling every head every window) would start and drain replicas at random, each start billed
+for a cold start (87 s, 9 windows) before it serves, and no episode would stay near a sound policy;
+a step is explored as a small random walk. One step a window crosses 1 -> 8 replicas in 7 windows,
+faster than one replica starts.
 
 Observation features: fixed transforms (log scales for heavy-tailed counts and latencies,
 ratios for fractions) that put every feature roughly in [0, 1] and clip to [0, OBS_HIGH]; the
 previous window's arrival rate and queue (so a policy sees the trend, not just the level); the
 previous action; and the episode's progress. No running statistics live here: train.py's
-running normalisation is stored beside the weights.
+running normalisation is stored beside the weights. On cluster tasks `CLUSTER_FEATURE_NAMES`
+follow: the cluster state of `metadata["cluster"]` (replicas asked for, ready, starting,
+draining, as fractions of the task's maximum; how soon the next starting replica is ready, as a
+fraction of the cold start) and the next window's time of day on the daily cycle (sine and
+cosine, shifted into [0, 1]), so a policy can see a ramp coming and a cold start in progress.
 """
 
 from __future__ import annotations
@@ -34,6 +48,7 @@ BATCH_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 KV_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
 SPEC_DEPTHS: tuple[int, ...] = (0, 1, 2, 3, 4, 6, 8)
 ACTION_NVEC: tuple[int, ...] = (len(BATCH_CAPS), len(KV_FRACTIONS), len(SPEC_DEPTHS), len(QUANTIZATION_TIERS), 2, 2)
+REPLICA_STEPS: tuple[int, ...] = (-1, 0, 1)  # the cluster tasks' `replicas` head: change of the count asked for
 
 OBS_HIGH = 4.0
 
@@ -43,10 +58,29 @@ def _log_scale(x: float, top: float) -> float:
     return math.log1p(max(x, 0.0)) / math.log1p(top)
 
 
-def decode_action(idx: Sequence[int] | np.ndarray) -> ServeAction:
-    """The `ServeAction` a MultiDiscrete index vector stands for."""
-    b, k, s, q, split, prio = (int(i) for i in idx)
-    return make_action(
+Replicas = tuple[int, int]  # a task's (min, max) replica range
+SINGLE: Replicas = (1, 1)
+
+
+def is_cluster(replicas: Replicas) -> bool:
+    """Whether a task with this replica range gets the `replicas` head and the cluster features."""
+    return replicas[1] > 1
+
+
+def action_nvec(replicas: Replicas = SINGLE) -> tuple[int, ...]:
+    """The action grid: the six knobs, plus the replica step (REPLICA_STEPS) on a cluster task."""
+    return ACTION_NVEC + ((len(REPLICA_STEPS),) if is_cluster(replicas) else ())
+
+
+def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE,
+                  current: int | None = None) -> ServeAction:
+    """The `ServeAction` a MultiDiscrete index vector stands for (on `action_nvec(replicas)`); on a
+    cluster task `current` is the replica count asked for so far (`metadata.cluster.target`)."""
+    if len(idx) != len(action_nvec(replicas)):
+        raise ValueError(f"expected {len(action_nvec(replicas))} action indices for replicas {replicas}, "
+                         f"got {len(idx)}")
+    b, k, s, q, split, prio = (int(i) for i in idx[:6])
+    action = make_action(
         batch_cap=BATCH_CAPS[b],
         kv_budget_fraction=KV_FRACTIONS[k],
         speculation_depth=SPEC_DEPTHS[s],
@@ -54,6 +88,12 @@ def decode_action(idx: Sequence[int] | np.ndarray) -> ServeAction:
         prefill_decode_split=bool(split),
         priority_routing=bool(prio),
     )
+    if is_cluster(replicas):
+        if current is None:
+            raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
+        n = min(max(current + REPLICA_STEPS[int(idx[6])], replicas[0]), replicas[1])
+        return action.model_copy(update={"replicas": n})
+    return action
 
 
 def _nearest(choices: Sequence[float], value: float, log: bool = False) -> int:
@@ -62,8 +102,16 @@ def _nearest(choices: Sequence[float], value: float, log: bool = False) -> int:
     return min(range(len(choices)), key=lambda i: abs(choices[i] - value))
 
 
-def encode_action(action: ServeAction) -> np.ndarray:
-    """The grid point nearest to `action` (exact for actions on the grid)."""
+def encode_action(action: ServeAction, replicas: Replicas = SINGLE, current: int | None = None) -> np.ndarray:
+    """The grid point nearest to `action` (exact for actions on the grid). On a cluster task the
+    replica step is the one towards `action.replicas` from `current`, the count asked for so far
+    (keep when `replicas` is unset)."""
+    extra: list[int] = []
+    if is_cluster(replicas):
+        if current is None:
+            raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
+        n = action.replicas if action.replicas is not None else current
+        extra = [REPLICA_STEPS.index(int(np.sign(n - current)))]
     return np.array(
         [
             _nearest(BATCH_CAPS, action.batch_cap, log=True),
@@ -72,6 +120,7 @@ def encode_action(action: ServeAction) -> np.ndarray:
             QUANTIZATION_TIERS.index(action.quantization_tier),
             int(action.prefill_decode_split),
             int(action.priority_routing),
+            *extra,
         ],
         dtype=np.int64,
     )
@@ -121,24 +170,68 @@ FEATURE_NAMES: tuple[str, ...] = (
     "prev_priority_routing",
 )
 OBS_DIM = len(FEATURE_NAMES)
+CLUSTER_FEATURE_NAMES: tuple[str, ...] = (
+    "replicas_target",
+    "replicas_ready",
+    "replicas_starting",
+    "replicas_draining",
+    "next_ready_in",
+    "time_of_day_sin",
+    "time_of_day_cos",
+)
+
+
+def feature_names(replicas: Replicas = SINGLE) -> tuple[str, ...]:
+    """The feature vector's names: FEATURE_NAMES, plus CLUSTER_FEATURE_NAMES on a cluster task."""
+    return FEATURE_NAMES + (CLUSTER_FEATURE_NAMES if is_cluster(replicas) else ())
+
+
+def cluster_features(obs: ServeObservation, replicas: Replicas) -> list[float]:
+    """The cluster state and time of day of a cluster task's observation (metadata["cluster"])."""
+    c = (obs.metadata or {}).get("cluster") or {}
+    top = float(replicas[1])
+    ready_in = c.get("starting_ready_in_s") or []
+    cold = float(c.get("cold_start_s") or 0.0)
+    # 0 when nothing is starting; else the soonest start's remaining share of the cold start.
+    next_ready = min(ready_in) / cold if ready_in and cold > 0 else 0.0
+    cycle = int(c.get("cycle_windows") or 0)
+    phase = 2.0 * math.pi * int(c.get("window_in_cycle", 0)) / cycle if cycle else 0.0
+    return [
+        float(c.get("target", 0)) / top,
+        float(c.get("ready", 0)) / top,
+        float(c.get("starting", 0)) / top,
+        float(c.get("draining", 0)) / top,
+        next_ready,
+        0.5 * (math.sin(phase) + 1.0),
+        0.5 * (math.cos(phase) + 1.0),
+    ]
 
 
 class ObservationEncoder:
-    """Turns each `ServeObservation` into a float32 feature vector of length OBS_DIM.
+    """Turns each `ServeObservation` into a float32 feature vector of length OBS_DIM (plus the
+    cluster features on a cluster task: `feature_names(replicas)`).
 
     Stateful over one episode: it remembers the previous window's arrival rate and queue and
     the action last played. Call `reset()` at the start of an episode and `record_action()`
     after choosing each action.
     """
 
-    def __init__(self, horizon: int):
+    def __init__(self, horizon: int, replicas: Replicas = SINGLE):
         self.horizon = max(int(horizon), 1)
+        self.replicas = replicas
+        self.dim = len(feature_names(replicas))
         self.reset()
 
     def reset(self) -> None:
         self._prev_rate = 0.0
         self._prev_queue = 0.0
         self._prev_action: ServeAction | None = None
+        self.current_replicas: int | None = None  # metadata.cluster.target of the last observation
+
+    def current(self, obs: ServeObservation) -> int:
+        """The replica count asked for so far on a cluster task (the target the last window ran to)."""
+        c = (obs.metadata or {}).get("cluster") or {}
+        return int(c.get("target", self.replicas[0]))
 
     def record_action(self, action: ServeAction) -> None:
         self._prev_action = action
@@ -168,6 +261,9 @@ class ObservationEncoder:
             _log_scale(self._prev_queue, 1000.0),
             *(action_features(a) if a is not None else NO_ACTION),
         ]
+        if is_cluster(self.replicas):
+            feats += cluster_features(obs, self.replicas)
+            self.current_replicas = self.current(obs)
         self._prev_rate = obs.request_arrival_rate
         self._prev_queue = float(obs.queue_depth)
         return np.clip(np.asarray(feats, dtype=np.float32), 0.0, OBS_HIGH)

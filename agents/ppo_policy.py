@@ -9,7 +9,9 @@ Weights are written by train.py as `weights/<task>.npz` (the actor's layers) bes
 The action is the most likely choice of each head (deterministic), decoded through the same
 grid the Gymnasium wrapper trained on. Weights trained with advice (`"advice": "heuristic"` in
 the JSON, agents/advice.py) run the task's tuned heuristic beside the actor: its proposal is
-appended to the features and each head's choice 0 means "follow the proposal".
+appended to the features and each head's choice 0 means "follow the proposal". Weights for a
+cluster task carry `"replicas_range": [lo, hi]` in the JSON: their grid has the `replicas` head
+and their features the cluster state (agents/encoding.py); single-server weights have neither.
 """
 
 from __future__ import annotations
@@ -75,9 +77,15 @@ class ActorWeights:
     def advice(self) -> bool:
         return self.meta.get("advice") == "heuristic"
 
+    @property
+    def replicas(self) -> tuple[int, int]:
+        """The replica range the weights were trained for ((1, 1): a single-server task)."""
+        lo, hi = self.meta.get("replicas_range") or (1, 1)
+        return int(lo), int(hi)
+
     def check(self) -> None:
         """Shapes must match the encoder and action grid this code was built with."""
-        nvec, dim = view_shape(self.advice)
+        nvec, dim = view_shape(self.advice, self.replicas)
         if self.nvec != nvec:
             raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {nvec}")
         if self.layers[0][0].shape[0] != dim or self.obs_mean.shape != (dim,):
@@ -103,7 +111,11 @@ class PPOPolicy:
             weights = ActorWeights.load(Path(weights_path) if weights_path else WEIGHTS_DIR / f"{task_id}.npz")
         self.weights = weights
         self.name = "ppo"
-        self._view = FeatureView(task_id, get_task(task_id).horizon, self.weights.advice)
+        task = get_task(task_id)
+        if self.weights.replicas != task.replicas:
+            raise ValueError(f"weights were trained for replicas {self.weights.replicas}, task {task_id!r} "
+                             f"allows {task.replicas}")
+        self._view = FeatureView(task_id, task.horizon, self.weights.advice, task.replicas)
 
     def reset(self) -> None:
         self._view.reset()

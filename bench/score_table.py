@@ -11,7 +11,9 @@ aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
 weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
 single-server task) is listed as skipped for that task. For each cluster task the last line also
-holds `<task>.best_rival` (the best of tuned_static, hpa and dynamo_planner by mean) and its mean.
+holds `<task>.best_rival` (the best of tuned_static, hpa and dynamo_planner by mean) and its mean,
+and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
+differences (the same seeds for both) and the half-width of its 95 % Student-t interval.
 
 Prints a markdown table (rows: agents; columns: tasks; cells: mean ± half-width of the 95 %
 Student-t interval), then, as the last line, one flat JSON object with `<agent>.<task>.mean` and
@@ -32,7 +34,7 @@ from llmserve_env.agents.parallel import add_runner_arguments, registry_job, run
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.seeds import eval_seeds
-from llmserve_env.agents.stats import mean_ci
+from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.shared.tasks import TASKS
 
@@ -134,6 +136,11 @@ def main(argv: list[str] | None = None) -> int:
             best = max(played, key=lambda a: mean_ci(played[a]).mean)
             flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]
             flat[f"{task_id}.best_rival_mean"] = round(mean_ci(played[best]).mean, 4)
+            if ("ppo", task_id) in cells:
+                d = paired_diff_ci(cells[("ppo", task_id)], played[best])
+                flat[f"{task_id}.ppo_minus_best_rival"] = round(d.mean, 4)
+                flat[f"{task_id}.ppo_minus_best_rival.ci95"] = round(d.half_width, 4)
+                print(f"{task_id}: ppo minus the best rival ({best}), paired over {d.n} seeds: {d}")
     print(json.dumps(flat))
     return 0
 
