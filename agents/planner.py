@@ -38,9 +38,17 @@ engines, router estimates, starting and draining replicas, billing). Every candi
 replica count: the proposal and its knob neighbours at the current target, the proposal at the
 target +-1 and +-3 (`replica_deltas`, within the task's range), and the actions of the production
 rivals (`rivals`: hpa, dynamo_planner, tuned_static, whose controllers see every observation). The
-rollout holds the candidate's replica count with the heuristic's knobs, and the default lookahead is
-the profile's cold start in windows plus 3 (12 windows on h100-llama3.1-8b), so a replica asked for
-now serves inside it. Measured (one seed, multitenant_autoscale): ~1 s CPU per decision.
+rollout holds the candidate's replica count with the heuristic's knobs, and the default lookahead runs
+to the episode's end, so each candidate is scored as "this replica count for the rest of the day" and
+tuned_static's count is always among them. Why (issue 14, diurnal_autoscale, held-out seeds 1,000,000-2):
+a 12-window lookahead (cold start 8.7 windows + 3) with the windows after it valued at the episode's mean
+so far (the same for every candidate) ended before the ramp: the next 12 windows' load fits on 2
+replicas, and the peak it cannot see was priced as the calm morning. It held 2 replicas until SLOs
+already failed (seeds 0 and 1: scale-up asked at 07:30 and 07:00, ready 87 s later) and on seed 2
+scaled down to 1 replica at 08:30, 5.5 h before the peak (score 0.276 against tuned_static's 0.805). Held
+to the end, a count cannot rise later ("3 now, 4 at the ramp"), so it over-provisions early: it
+matches tuned_static on diurnal_autoscale and, on multitenant_autoscale, scores 0.079 below the
+12-window lookahead (still 0.099 above tuned_static); it costs 1.4-2.3x the CPU (README, Headroom).
 
 Information modes, named in every output (`name`):
 
@@ -60,7 +68,6 @@ Deterministic for a seed: the seed pool is drawn from `seed`, nothing else is ra
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -89,8 +96,6 @@ SAMPLE_ID_BASE = 1 << 40
 
 # Cluster tasks: the production rivals whose proposals join the candidates every window (agents/registry.py).
 CLUSTER_RIVALS = ("hpa", "dynamo_planner", "tuned_static")
-# Lookahead windows beyond a replica's cold start on cluster tasks: a scale-up is judged on windows it serves.
-COLD_START_MARGIN_WINDOWS = 3
 SINGLE_SERVER_HORIZON = 8
 
 
@@ -99,14 +104,10 @@ class PlannerError(EnvError):
 
 
 def default_horizon(task: TaskSpec) -> int:
-    """8 windows on a single server (see the module docstring); on cluster tasks the cold start in windows
-    plus COLD_START_MARGIN_WINDOWS, so a replica asked for now serves inside the lookahead."""
-    if not task.is_cluster:
-        return SINGLE_SERVER_HORIZON
-    from llmserve_env.sim.profiles import load_profile
-
-    cold = load_profile(task.profile).cold_start_s()
-    return math.ceil(cold / task.window_s) + COLD_START_MARGIN_WINDOWS
+    """8 windows on a single server (see the module docstring); on cluster tasks the rest of the episode
+    (`task.horizon`, cut to what is left at each decision), so a replica count is judged on the whole day
+    it would serve, peak included (module docstring: why a shorter lookahead scaled up too late)."""
+    return task.horizon if task.is_cluster else SINGLE_SERVER_HORIZON
 
 
 def _rival_policies(task_id: str, names: tuple[str, ...]) -> list[Policy]:
@@ -192,6 +193,7 @@ class PlannerPolicy:
         self.rival_names = tuple(rivals) if self.cluster else ()
         self.rivals: list[Policy] = []
         self.stats = PlannerStats()
+        self.last_decision: tuple[list[ServeAction], dict[int, float]] | None = None  # for diagnosis
         self._pool_seeds = [int(s) for s in np.random.default_rng([seed, 0x504C414E]).choice(
             TRAIN_SEED_LIMIT, size=pool, replace=False)] if mode == "sampled" else []
         self._pool: list[tuple[list[list[Arrival]], np.ndarray]] | None = None
@@ -237,6 +239,7 @@ class PlannerPolicy:
             if scores[i] > best_score + 1e-12:
                 best, best_score = candidates[i], scores[i]
         self.stats.decisions += 1
+        self.last_decision = (candidates, scores)
         if best != proposal:
             self.stats.changed += 1
             for k, v in best.knobs().items():

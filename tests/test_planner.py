@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from llmserve_env.agents.planner import PlannerError, PlannerPolicy, neighbours
+from llmserve_env.agents.planner import PlannerError, PlannerPolicy, default_horizon, neighbours
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.runtime.inprocess import InProcessEnv
@@ -114,3 +114,18 @@ def test_planner_episode_on_a_cluster_task_scales() -> None:
         obs = env.step(a)
     assert all(a.replicas is not None for a in actions)
     assert policy.stats.simulated_windows >= 4 * 3
+
+
+def test_cluster_lookahead_sees_the_peak_and_scales_ahead_of_the_ramp() -> None:
+    """diurnal_autoscale at its trough (window 0, 2 replicas ready): held for the rest of the day, 2 replicas
+    drown at the 14:00 peak, so a lookahead to the episode's end scales up now (a replica needs 8.7 windows
+    to start). The 12-window lookahead it replaces ended before the ramp and held 2 (issue 14's diagnosis)."""
+    task = "diurnal_autoscale"
+    assert default_horizon(get_task(task)) == get_task(task).horizon
+    policy = PlannerPolicy(task, "clairvoyant", neighbourhood=False, spread=False, rivals=(), replica_deltas=(2,))
+    policy.reset()
+    action = policy.act(InProcessEnv().reset(task, 1_000_002))
+    cands, scores = policy.last_decision
+    assert [c.replicas for c in cands] == [2, 4]
+    assert action.replicas == 4
+    assert scores[cands.index(action)] > scores[0] + 0.1  # holding 2 for the day is far worse
