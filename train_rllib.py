@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.agents.advice import view_shape
 from llmserve_env.agents.parallel import init_ray
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
@@ -34,7 +35,7 @@ from llmserve_env.agents.search import git_commit
 from llmserve_env.agents.seeds import validation_seeds
 from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
 from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.tasks import UnknownTaskError, get_task
+from llmserve_env.shared.tasks import get_task
 
 ROOT = Path(__file__).resolve().parent
 
@@ -105,28 +106,21 @@ def validation_score(task: str, npz: Path, episodes: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="static_workload", help="task id (default static_workload)")
-    ap.add_argument("--iterations", type=int, default=20, help="RLlib training iterations (default 20)")
-    ap.add_argument("--env-runners", type=int, default=2, help="env runner actors (default 2)")
-    ap.add_argument("--train-batch", type=int, default=1024, help="env steps per iteration (default 1024)")
-    ap.add_argument("--minibatch", type=int, default=256, help="SGD minibatch (default 256)")
-    ap.add_argument("--epochs", type=int, default=8, help="SGD epochs per iteration (default 8)")
+    ap.add_argument("--task", type=cli.task_id, default="static_workload", help="task id (default static_workload)")
+    ap.add_argument("--iterations", type=cli.int_at_least(1), default=20, help="RLlib training iterations (default 20)")
+    ap.add_argument("--env-runners", type=cli.int_at_least(0), default=2, help="env runner actors (default 2)")
+    ap.add_argument("--train-batch", type=cli.int_at_least(1), default=1024, help="env steps per iteration (default 1024)")
+    ap.add_argument("--minibatch", type=cli.int_at_least(1), default=256, help="SGD minibatch (default 256)")
+    ap.add_argument("--epochs", type=cli.int_at_least(1), default=8, help="SGD epochs per iteration (default 8)")
     ap.add_argument("--lr", type=float, default=3e-4, help="learning rate (default 3e-4)")
     ap.add_argument("--entropy", type=float, default=0.003, help="entropy coefficient (default 0.003)")
-    ap.add_argument("--hidden", type=int, default=64, help="hidden layer width (default 64)")
+    ap.add_argument("--hidden", type=cli.int_at_least(1), default=64, help="hidden layer width (default 64)")
     ap.add_argument("--seed", type=int, default=0, help="RLlib seed (default 0)")
-    ap.add_argument("--val-episodes", type=int, default=8, help="validation episodes of the export (default 8)")
+    ap.add_argument("--val-episodes", type=cli.int_at_least(1), default=8, help="validation episodes of the export (default 8)")
     ap.add_argument("--out", type=Path, default=None,
                     help="folder for <task>.npz/.json (default runs/rllib/<task>__s<seed>)")
     ap.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local Ray)")
     args = ap.parse_args(argv)
-    try:
-        get_task(args.task)
-    except UnknownTaskError as exc:
-        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)}")
-    for name in ("iterations", "env_runners", "train_batch", "minibatch", "epochs", "hidden", "val_episodes"):
-        if getattr(args, name) < (0 if name == "env_runners" else 1):
-            ap.error(f"--{name.replace('_', '-')} must be >= {0 if name == 'env_runners' else 1}")
     if get_task(args.task).horizon > args.train_batch:
         ap.error("--train-batch must hold at least one episode")
     out_dir = args.out or ROOT / "runs" / "rllib" / f"{args.task}__s{args.seed}"

@@ -21,8 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
+from llmserve_env import cli
 from llmserve_env.agents.parallel import init_ray
-from llmserve_env.shared.tasks import UnknownTaskError, get_task
 
 # Fields of train.Args searched, and how (Ray Tune sample spaces are built lazily in `space()`).
 SEARCHED = {
@@ -63,20 +63,13 @@ def trial(config: dict[str, Any]) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="bursty_workload", help="task id (default bursty_workload)")
-    ap.add_argument("--samples", type=int, default=8, help="trials (default 8)")
-    ap.add_argument("--steps", type=int, default=60_000, help="environment steps per trial (default 60000)")
+    ap.add_argument("--task", type=cli.task_id, default="bursty_workload", help="task id (default bursty_workload)")
+    ap.add_argument("--samples", type=cli.int_at_least(1), default=8, help="trials (default 8)")
+    ap.add_argument("--steps", type=cli.int_at_least(1), default=60_000, help="environment steps per trial (default 60000)")
     ap.add_argument("--seed", type=int, default=0, help="training seed of every trial (default 0)")
-    ap.add_argument("--concurrent", type=int, default=2, help="trials at once (default 2: one per core)")
+    ap.add_argument("--concurrent", type=cli.int_at_least(1), default=2, help="trials at once (default 2: one per core)")
     ap.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local Ray)")
     args = ap.parse_args(argv)
-    try:
-        get_task(args.task)
-    except UnknownTaskError as exc:
-        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)}")
-    for name in ("samples", "steps", "concurrent"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name} must be >= 1")
 
     import ray
     from ray import tune

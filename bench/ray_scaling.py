@@ -19,9 +19,9 @@ import json
 import sys
 import time
 
+from llmserve_env import cli
 from llmserve_env.agents.parallel import PoolRunner, SerialRunner, make_runner, ray_available, registry_job
 from llmserve_env.agents.seeds import eval_seeds
-from llmserve_env.shared.tasks import UnknownTaskError, get_task
 
 
 def _noop() -> None:
@@ -37,15 +37,9 @@ def timed(runner, jobs) -> tuple[float, list[float]]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", default="adversarial_multitenant", help="task id (default adversarial_multitenant)")
-    ap.add_argument("--episodes", type=int, default=48, help="episodes per runner (default 48)")
+    ap.add_argument("--task", type=cli.task_id, default="adversarial_multitenant", help="task id (default adversarial_multitenant)")
+    ap.add_argument("--episodes", type=cli.int_at_least(4), default=48, help="episodes per runner (default 48)")
     args = ap.parse_args(argv)
-    try:
-        get_task(args.task)
-    except UnknownTaskError as exc:
-        ap.error(f"unknown task {exc.task_id!r}; choose from {', '.join(exc.valid)}")
-    if args.episodes < 4:
-        ap.error("--episodes must be >= 4")
     if not ray_available():
         print("ray is not installed: pip install -e '.[ray]'", file=sys.stderr)
         return 2
