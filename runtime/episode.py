@@ -205,15 +205,16 @@ class Episode:
                 raise EnvError(str(exc)) from None
         else:
             backend.reset(seed)
+        by_window = windows(arrivals, task)
         ep = cls(
             episode_id=episode_id,
             task=task,
             seed=seed,
             mode=mode,
             backend=backend,
-            windows=windows(arrivals, task),
+            windows=by_window,
             tracker=MetricsTracker(task),
-            reward=GradeReward(task, references),
+            reward=GradeReward(task, references, by_window),
             profile=served,
         )
         ep.last_observation = ServeObservation(

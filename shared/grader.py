@@ -252,15 +252,24 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) ->
     return tot, by_tenant
 
 
-def scaled_references(ref: References, share: float) -> References:
-    """`ref` with its floor and upper counts scaled by `share` of the episode (fractional counts):
-    the references of the episode so far, for the grade-decomposing step reward (shared.reward)."""
+def references_so_far(ref: References, arrived_by_tenant: Mapping[str, int]) -> References:
+    """`ref` cut to the requests that have arrived so far (`arrived_by_tenant`, counts per tenant):
+    each tenant's floor and upper counts scaled by the share of its arrivals seen, the totals by the
+    share of all arrivals (fractional counts), and only the tenants already arrived counted (a tenant
+    with no arrival yet is left out of the worst-tenant term, as the grade leaves out one that never
+    arrives). The references of the episode so far, for the grade-decomposing step reward
+    (shared.reward); scaling by arrivals rather than by elapsed windows keeps a quiet night from
+    reading as under-served (issue 14: on the cluster tasks the time share held the grade so far at
+    0 for the first six windows whatever the policy did)."""
+    arrived = sum(arrived_by_tenant.values())
+    total = arrived / ref.arrivals if ref.arrivals else 0.0
+    share = {n: (arrived_by_tenant.get(n, 0) / v if v else 0.0) for n, v in ref.arrivals_by_tenant.items()}
     return References(
-        arrivals=ref.arrivals, feasible=ref.feasible,
-        floor_met=ref.floor_met * share, upper_met=ref.upper_met * share,  # type: ignore[arg-type]
-        arrivals_by_tenant=ref.arrivals_by_tenant,
-        floor_met_by_tenant={n: v * share for n, v in ref.floor_met_by_tenant.items()},  # type: ignore[misc]
-        upper_met_by_tenant={n: v * share for n, v in ref.upper_met_by_tenant.items()},  # type: ignore[misc]
+        arrivals=arrived, feasible=ref.feasible,
+        floor_met=ref.floor_met * total, upper_met=ref.upper_met * total,  # type: ignore[arg-type]
+        arrivals_by_tenant={n: arrived_by_tenant.get(n, 0) for n in ref.arrivals_by_tenant},
+        floor_met_by_tenant={n: v * share[n] for n, v in ref.floor_met_by_tenant.items()},  # type: ignore[misc]
+        upper_met_by_tenant={n: v * share[n] for n, v in ref.upper_met_by_tenant.items()},  # type: ignore[misc]
     )
 
 

@@ -3,10 +3,16 @@
 The reward of window k is the increase of the grade's formula over the episode so far:
 
     reward_k = Phi_k - Phi_(k-1),   Phi_0 = 0
-    Phi_k    = shared.grader.objective(totals of windows 0..k, references x (k+1)/horizon)
+    Phi_k    = shared.grader.objective(totals of windows 0..k, references of the arrivals of 0..k)
 
 with the grader's own totals (requests met per tenant, output tokens, quality, cost) and its
-floor and ideal-server references scaled to the share of the episode served. The last window
+floor and ideal-server references cut to the requests arrived so far
+(shared.grader.references_so_far: each tenant's references scaled by the share of its arrivals
+seen; a tenant not arrived yet is left out of the worst-tenant term). Scaling by arrivals, not by
+windows elapsed, matters where load varies: with the share of windows a quiet night read as
+under-served, the grade so far sat clipped at 0 and every night window's reward was exactly 0
+whatever the replica count (issue 14; multitenant_autoscale's batch tenant, absent until 03:00,
+held the worst-tenant term at 0 too). The last window
 (its drain included) uses the full references, so Phi_horizon is the episode's grade and the
 rewards of an episode sum to its grade exactly: a policy that raises the summed reward raises
 the grade, and nothing else (issue 13 item 6: the previous reward, the weighted window terms
@@ -45,8 +51,10 @@ The terms dict returned beside the reward names each term before weighting
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
-from llmserve_env.shared.grader import QUALITY_TOLERANCE, References, Totals, objective, scaled_references
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.grader import QUALITY_TOLERANCE, References, Totals, objective, references_so_far
 from llmserve_env.shared.metrics import WindowMetrics
 from llmserve_env.shared.tasks import TaskSpec
 
@@ -87,9 +95,17 @@ def compute_reward(m: WindowMetrics, task: TaskSpec) -> tuple[float, dict[str, f
 class GradeReward:
     """The step reward of one episode: the increase of the grade's formula (module docstring)."""
 
-    def __init__(self, task: TaskSpec, references: References):
+    def __init__(self, task: TaskSpec, references: References, windows: Sequence[Sequence[Arrival]]):
+        """`windows`: the episode's arrivals by window (runtime.episode's `windows`), as judged."""
         self.task = task
         self.references = references
+        # arrivals per tenant up to and including each window (shared by forks: never mutated)
+        counts = {t.name: 0 for t in task.tenants}
+        self.arrived: list[dict[str, int]] = []
+        for w in windows:
+            for a in w:
+                counts[a.tenant] = counts.get(a.tenant, 0) + 1
+            self.arrived.append(dict(counts))
         self.totals = Totals()
         self.met_by = {t.name: 0 for t in task.tenants}
         self.windows = 0
@@ -107,8 +123,10 @@ class GradeReward:
         for n, t in m.per_tenant.items():
             self.met_by[n] += t.met
         self.windows += 1
-        share = min(1.0, self.windows / self.task.horizon)
-        ref = self.references if share >= 1.0 else scaled_references(self.references, share)
+        if self.windows >= self.task.horizon:
+            ref = self.references
+        else:
+            ref = references_so_far(self.references, self.arrived[min(self.windows, len(self.arrived)) - 1])
         phi = objective(self.task, tot, self.met_by, ref)[0]
         reward = phi - self.phi
         self.phi = phi

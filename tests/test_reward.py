@@ -124,3 +124,46 @@ def test_reward_terms_report_the_window_score_and_the_grade_so_far():
         terms = obs.metadata["reward_terms"]
         assert set(WEIGHTS) < set(terms) and -1.0 <= terms["window"] <= 1.0
         assert terms["grade_so_far"] == pytest.approx(total, abs=1e-12)
+
+
+def test_references_so_far_follow_each_tenants_arrivals():
+    """The grade so far is judged on the requests arrived so far: a tenant's references scale with its
+    own arrivals, and a tenant that has not arrived yet is left out (not a worst tenant at 0)."""
+    from llmserve_env.shared.grader import References, Totals, objective, references_so_far
+
+    task = TASKS["multitenant_autoscale"]
+    names = [t.name for t in task.tenants]
+    ref = References(arrivals=300, feasible=300, floor_met=100, upper_met=280,
+                     arrivals_by_tenant={names[0]: 200, names[1]: 100},
+                     floor_met_by_tenant={names[0]: 80, names[1]: 20},
+                     upper_met_by_tenant={names[0]: 190, names[1]: 90})
+    cut = references_so_far(ref, {names[0]: 50})
+    assert cut.arrivals == 50 and cut.arrivals_by_tenant == {names[0]: 50, names[1]: 0}
+    assert cut.floor_met_by_tenant[names[0]] == pytest.approx(20.0)
+    assert cut.upper_met_by_tenant[names[0]] == pytest.approx(47.5)
+    assert cut.upper_met == pytest.approx(280 * 50 / 300)
+    tot = Totals(met=45, output_tokens=1000, quality_tokens=1000.0, cost_usd=0.0)
+    score, terms, _, _ = objective(task, tot, {names[0]: 45, names[1]: 0}, cut)
+    # the absent tenant is not the worst: the worst is the arrived one, (45 - 20) / (47.5 - 20)
+    assert score > 0.5 and terms["worst_tenant"] == pytest.approx(25 / 27.5)
+
+
+def test_night_windows_of_a_cluster_task_reward_the_replica_count():
+    """Issue 14: with references scaled by windows elapsed, multitenant_autoscale's quiet first windows
+    (and its batch tenant, absent until 03:00) held the grade so far at 0, so every replica count earned
+    exactly 0 there. Scaled by arrivals, the night windows price the replicas: fewer earn more while
+    the SLOs hold, and the rewards still sum to the grade."""
+    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.shared.models import ServeAction
+
+    knobs = {"batch_cap": 256, "kv_budget_fraction": 1.0, "speculation_depth": 2, "quantization_tier": "FP16",
+             "prefill_decode_split": False, "priority_routing": False}
+    night = {}
+    for replicas in (2, 5):
+        env = InProcessEnv()
+        env.reset("multitenant_autoscale", 1)
+        rewards = [env.step(ServeAction(**knobs, replicas=replicas)).reward for _ in range(48)]
+        night[replicas] = sum(rewards[:5])
+        assert all(r != 0.0 for r in rewards[:5])
+        assert sum(rewards) == pytest.approx(env.grade()["score"], abs=1e-9)
+    assert night[2] > night[5] > 0.0
