@@ -40,15 +40,21 @@ target +-1 and +-3 (`replica_deltas`, within the task's range), and the actions 
 rivals (`rivals`: hpa, dynamo_planner, tuned_static, whose controllers see every observation). The
 rollout holds the candidate's replica count with the heuristic's knobs, and the default lookahead runs
 to the episode's end, so each candidate is scored as "this replica count for the rest of the day" and
-tuned_static's count is always among them. Why (issue 14, diurnal_autoscale, held-out seeds 1,000,000-2):
+tuned_static's count is always among them. Then two-step schedules (`schedule_offsets`, default 3, 6 and
+12 windows): with m* the replica count of the best held candidate, "c replicas now (c the current target
+or one either side), m* from j windows ahead", the proposal's knobs now and the heuristic's after; the
+best schedule is committed (its first step, c) if it beats every held candidate by `margin`. The
+decision is re-made every window, so a scale-up that scores better later waits, and happens when
+waiting stops paying (a replica's cold start ahead of the ramp). Why (issue 14, diurnal_autoscale, held-out seeds 1,000,000-2):
 a 12-window lookahead (cold start 8.7 windows + 3) with the windows after it valued at the episode's mean
 so far (the same for every candidate) ended before the ramp: the next 12 windows' load fits on 2
 replicas, and the peak it cannot see was priced as the calm morning. It held 2 replicas until SLOs
 already failed (seeds 0 and 1: scale-up asked at 07:30 and 07:00, ready 87 s later) and on seed 2
 scaled down to 1 replica at 08:30, 5.5 h before the peak (score 0.276 against tuned_static's 0.805). Held
-to the end, a count cannot rise later ("3 now, 4 at the ramp"), so it over-provisions early: it
-matches tuned_static on diurnal_autoscale and, on multitenant_autoscale, scores 0.079 below the
+to the end, a count cannot rise later ("3 now, 4 at the ramp"), so it over-provisioned early: it
+matched tuned_static on diurnal_autoscale and, on multitenant_autoscale, scored 0.079 below the
 12-window lookahead (still 0.099 above tuned_static); it costs 1.4-2.3x the CPU (README, Headroom).
+The two-step schedules answer that (measured in the README's Headroom section).
 
 Information modes, named in every output (`name`):
 
@@ -96,6 +102,12 @@ SAMPLE_ID_BASE = 1 << 40
 
 # Cluster tasks: the production rivals whose proposals join the candidates every window (agents/registry.py).
 CLUSTER_RIVALS = ("hpa", "dynamo_planner", "tuned_static")
+# What a learner or the planner is judged against on cluster tasks (bench/score_table.py, bench/headroom.py,
+# `<task>.best_rival`): the production rivals and the existing heuristic on the task's starting replicas
+# (issue 14 item 6 lists it; on multitenant_autoscale it out-scores every autoscaler).
+RIVALS_TO_BEAT = (*CLUSTER_RIVALS, "heuristic")
+# Cluster tasks: the windows ahead at which a two-step schedule changes the replica count (module docstring).
+SCHEDULE_OFFSETS = (3, 6, 12)
 SINGLE_SERVER_HORIZON = 8
 
 
@@ -128,11 +140,13 @@ class PlannerStats:
     decisions: int = 0
     simulated_windows: int = 0
     changed: int = 0  # decisions where the committed action differs from the proposal
+    scheduled: int = 0  # cluster decisions where a two-step schedule beat every held candidate
     per_knob_changes: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float]:
         return {"decisions": self.decisions, "simulated_windows": self.simulated_windows,
                 "changed_share": self.changed / self.decisions if self.decisions else 0.0,
+                "scheduled_share": self.scheduled / self.decisions if self.decisions else 0.0,
                 **{f"changed_{k}": v for k, v in self.per_knob_changes.items()}}
 
 
@@ -159,7 +173,8 @@ class PlannerPolicy:
     def __init__(self, task_id: str, mode: str = "sampled", horizon: int | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, neighbourhood: bool = True, spread: bool = True,
                  margin: float = 0.002, keep: int = 3, replica_deltas: tuple[int, ...] = (1, 3),
-                 rivals: tuple[str, ...] = CLUSTER_RIVALS, seed: int = 0):
+                 rivals: tuple[str, ...] = CLUSTER_RIVALS, schedule_offsets: tuple[int, ...] = SCHEDULE_OFFSETS,
+                 seed: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.task_id = task_id
@@ -171,6 +186,8 @@ class PlannerPolicy:
                              f"(got horizon={horizon}, samples={samples}, pool={pool})")
         if any(d < 1 for d in replica_deltas):
             raise ValueError(f"replica_deltas must be positive steps, got {replica_deltas}")
+        if any(j < 1 for j in schedule_offsets):
+            raise ValueError(f"schedule_offsets must be positive window counts, got {schedule_offsets}")
         unknown = [r for r in rivals if r not in CLUSTER_RIVALS]
         if unknown:
             raise ValueError(f"rivals must be among {', '.join(CLUSTER_RIVALS)}, got {unknown}")
@@ -191,9 +208,11 @@ class PlannerPolicy:
         self.cluster = self.task.is_cluster
         self.replica_deltas = tuple(replica_deltas) if self.cluster else ()
         self.rival_names = tuple(rivals) if self.cluster else ()
+        self.schedule_offsets = tuple(sorted(set(schedule_offsets))) if self.cluster else ()
         self.rivals: list[Policy] = []
         self.stats = PlannerStats()
         self.last_decision: tuple[list[ServeAction], dict[int, float]] | None = None  # for diagnosis
+        self.last_schedules: dict[tuple[int, int, int], float] = {}  # (now, offset, later) -> score
         self._pool_seeds = [int(s) for s in np.random.default_rng([seed, 0x504C414E]).choice(
             TRAIN_SEED_LIMIT, size=pool, replace=False)] if mode == "sampled" else []
         self._pool: list[tuple[list[list[Arrival]], np.ndarray]] | None = None
@@ -234,12 +253,16 @@ class PlannerPolicy:
         # leaving the proposal must pay by `margin`: one-window deviations that look a hair better over a
         # short lookahead add up, window after window, to harm it cannot see (measured: always
         # splitting prefill/decode starved adversarial_multitenant's batch tenant)
-        best, best_score = candidates[0], scores[0] + self.margin
+        top, bar = 0, scores[0] + self.margin
         for i in kept[1:]:
-            if scores[i] > best_score + 1e-12:
-                best, best_score = candidates[i], scores[i]
-        self.stats.decisions += 1
+            if scores[i] > bar + 1e-12:
+                top, bar = i, scores[i]
+        best = candidates[top]
         self.last_decision = (candidates, scores)
+        self.last_schedules = {}
+        if self.schedule_offsets:
+            best = self._schedules(proposal, best, scores[top], futures)
+        self.stats.decisions += 1
         if best != proposal:
             self.stats.changed += 1
             for k, v in best.knobs().items():
@@ -250,6 +273,36 @@ class PlannerPolicy:
         return best
 
     # ------------------------------------------------------------------------------- internals
+
+    def _schedules(self, proposal: ServeAction, best: ServeAction, best_score: float,
+                   futures: list[tuple[list[list[Arrival]], References]] | list[tuple[None, References]]) -> ServeAction:
+        """Stage 2 on cluster tasks: two-step schedules "c replicas now, m* from `j` windows ahead", m* the
+        replica count of the best held candidate and c the current target or one either side of it, the
+        proposal's knobs now and the heuristic's after. A held count cannot rise later, so without these a
+        lookahead to the end of the day buys the peak's replicas in the morning; with them the decision is
+        re-made each window, and the change waits while waiting scores better. Screened as stage 1 (all on
+        the nearest future, the best `keep - 1` on the rest); a schedule must beat `best` by `margin`."""
+        ep = self.shadow
+        assert ep is not None and proposal.replicas is not None and best.replicas is not None
+        k, (lo, hi), n, m = ep.step_count, self.task.replicas, proposal.replicas, best.replicas
+        plans = [(c, j) for c in (n, n - 1, n + 1) if lo <= c <= hi and c != m
+                 for j in self.schedule_offsets if k + j < self.task.horizon]
+        if not plans:
+            return best
+        first = [self._lookahead(proposal.model_copy(update={"replicas": c}), *futures[0], switch=(j, m))
+                 for c, j in plans]
+        kept = list(range(len(plans)))
+        if len(futures) > 1 and 0 < self.keep < len(plans):
+            kept = sorted(range(len(plans)), key=lambda i: (-first[i], i))[: self.keep - 1]
+        scores = {i: (first[i] + sum(self._lookahead(proposal.model_copy(update={"replicas": plans[i][0]}), w, ref,
+                                                     switch=(plans[i][1], m)) for w, ref in futures[1:]))
+                  / len(futures) for i in kept}
+        self.last_schedules = {(*plans[i], m): v for i, v in scores.items()}
+        top = max(kept, key=lambda i: (scores[i], -i))
+        if scores[top] > best_score + self.margin + 1e-12:
+            self.stats.scheduled += 1
+            return proposal.model_copy(update={"replicas": plans[top][0]})
+        return best
 
     def _sync(self, obs: ServeObservation) -> None:
         if self.shadow is None or obs.step_index == 0:
@@ -327,7 +380,10 @@ class PlannerPolicy:
             self._pool = pool
         return self._pool
 
-    def _lookahead(self, cand: ServeAction, wins: list[list[Arrival]] | None, ref: References) -> float:
+    def _lookahead(self, cand: ServeAction, wins: list[list[Arrival]] | None, ref: References,
+                   switch: tuple[int, int] | None = None) -> float:
+        """The grade's formula after serving `cand` now and the rollout after it; `switch` (j, m): the
+        rollout asks for m replicas from j windows ahead (a two-step schedule, cluster tasks)."""
         ep = self.shadow
         assert ep is not None
         branch = ep.fork(episode_id="planner-branch")
@@ -337,8 +393,11 @@ class PlannerPolicy:
             branch.windows = ep.windows[:k] + wins[k:]
         rollout = copy.copy(self.rollout)  # the heuristic's state is immutable values; replicas held
         obs = branch.step(cand)
-        for _ in range(k + 1, end):
-            obs = branch.step(rollout.act(obs))
+        for i in range(k + 1, end):
+            action = rollout.act(obs)
+            if switch is not None and i == k + switch[0]:
+                action = action.model_copy(update={"replicas": switch[1]})
+            obs = branch.step(action)
         self.stats.simulated_windows += end - k
         tot = copy.copy(self._done_totals)  # the episode so far, then the lookahead's windows
         met_by = dict(self._done_met)

@@ -11,7 +11,8 @@ aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
 weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
 single-server task) is listed as skipped for that task. For each cluster task the last line also
-holds `<task>.best_rival` (the best of tuned_static, hpa and dynamo_planner by mean) and its mean,
+holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heuristic by mean,
+`RIVALS_TO_BEAT` in agents/planner.py) and its mean,
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
 differences (the same seeds for both) and the half-width of its 95 % Student-t interval.
 
@@ -31,6 +32,7 @@ import time
 from llmserve_env import cli
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
+from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.seeds import eval_seeds
@@ -42,8 +44,6 @@ from llmserve_env.shared.tasks import TASKS
 ALIASES = {"static": "vllm_default"}
 # The agents the table always has first, in this order.
 CORE = ("random", "starve", "vllm_default")
-# The production rivals a learner must beat on the cluster tasks (issue 14).
-CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
 # Left out of 'all': the model-predictive planner and its clairvoyant bound (bench/headroom.py).
 PLANNERS = ("planner", "clairvoyant")
 
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
         flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
     for task_id in tasks:
-        played = {a: cells[(a, task_id)] for a in CLUSTER_RIVALS if (a, task_id) in cells}
+        played = {a: cells[(a, task_id)] for a in RIVALS_TO_BEAT if (a, task_id) in cells}
         if TASKS[task_id].is_cluster and played:
             best = max(played, key=lambda a: mean_ci(played[a]).mean)
             flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]

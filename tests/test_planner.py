@@ -122,10 +122,29 @@ def test_cluster_lookahead_sees_the_peak_and_scales_ahead_of_the_ramp() -> None:
     to start). The 12-window lookahead it replaces ended before the ramp and held 2 (issue 14's diagnosis)."""
     task = "diurnal_autoscale"
     assert default_horizon(get_task(task)) == get_task(task).horizon
-    policy = PlannerPolicy(task, "clairvoyant", neighbourhood=False, spread=False, rivals=(), replica_deltas=(2,))
+    policy = PlannerPolicy(task, "clairvoyant", neighbourhood=False, spread=False, rivals=(), replica_deltas=(2,),
+                           schedule_offsets=())
     policy.reset()
     action = policy.act(InProcessEnv().reset(task, 1_000_002))
     cands, scores = policy.last_decision
     assert [c.replicas for c in cands] == [2, 4]
     assert action.replicas == 4
     assert scores[cands.index(action)] > scores[0] + 0.1  # holding 2 for the day is far worse
+
+
+def test_two_step_schedules_let_the_scale_up_wait_for_the_ramp() -> None:
+    """The same decision with two-step schedules: "2 now, 4 from 6 windows ahead" scores above "4 now" (the
+    trough does not need the peak's replicas for the 8.7-window cold start it would pay for all morning),
+    so the planner keeps 2 and re-decides next window. Every schedule changes to the best held count."""
+    task = "diurnal_autoscale"
+    policy = PlannerPolicy(task, "clairvoyant", neighbourhood=False, spread=False, rivals=(), replica_deltas=(2,),
+                           schedule_offsets=(3, 6, 12))
+    policy.reset()
+    action = policy.act(InProcessEnv().reset(task, 1_000_002))
+    _, scores = policy.last_decision
+    assert {later for _, _, later in policy.last_schedules} == {4}
+    assert {(now, j) for now, j, _ in policy.last_schedules} == {(c, j) for c in (1, 2, 3) for j in (3, 6, 12)}
+    assert policy.last_schedules[(2, 6, 4)] > scores[1] + policy.margin  # waiting beats scaling now
+    assert action.replicas == 2 and policy.stats.scheduled == 1
+    with pytest.raises(ValueError, match="schedule_offsets"):
+        PlannerPolicy(task, schedule_offsets=(0,))
