@@ -289,7 +289,8 @@ class PlannerPolicy:
                  for j in self.schedule_offsets if k + j < self.task.horizon]
         if not plans:
             return best
-        first = [self._lookahead(proposal.model_copy(update={"replicas": c}), *futures[0], switch=(j, m))
+        wins0, ref0 = futures[0]
+        first = [self._lookahead(proposal.model_copy(update={"replicas": c}), wins0, ref0, switch=(j, m))
                  for c, j in plans]
         kept = list(range(len(plans)))
         if len(futures) > 1 and 0 < self.keep < len(plans):
