@@ -55,10 +55,11 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     if "llm" in agents and not os.environ.get("OPENAI_API_KEY"):
         agents.remove("llm")
         skipped["llm"] = "OPENAI_API_KEY not set"
-    for planner in PLANNERS:  # ~10 s an episode: they have their own table (--agents names them here)
+    for planner in PLANNERS:  # seconds to minutes an episode: they have their own table (--agents names them here)
         if planner in agents:
             agents.remove(planner)
-            skipped[planner] = "plans on forks (~0.17 s a decision): bench/headroom.py plays it"
+            skipped[planner] = ("plans on forks (~0.1 s a decision on a single server, 2.5-3.8 s on a cluster task): "
+                                "bench/headroom.py plays it")
     return agents, skipped
 
 
