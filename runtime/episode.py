@@ -205,16 +205,15 @@ class Episode:
                 raise EnvError(str(exc)) from None
         else:
             backend.reset(seed)
-        by_window = windows(arrivals, task)
         ep = cls(
             episode_id=episode_id,
             task=task,
             seed=seed,
             mode=mode,
             backend=backend,
-            windows=by_window,
+            windows=windows(arrivals, task),
             tracker=MetricsTracker(task),
-            reward=GradeReward(task, references, by_window),
+            reward=GradeReward(task, references),
             profile=served,
         )
         ep.last_observation = ServeObservation(

@@ -51,9 +51,7 @@ The terms dict returned beside the reward names each term before weighting
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 
-from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.grader import QUALITY_TOLERANCE, References, Totals, objective, references_so_far
 from llmserve_env.shared.metrics import WindowMetrics
 from llmserve_env.shared.tasks import TaskSpec
@@ -95,19 +93,12 @@ def compute_reward(m: WindowMetrics, task: TaskSpec) -> tuple[float, dict[str, f
 class GradeReward:
     """The step reward of one episode: the increase of the grade's formula (module docstring)."""
 
-    def __init__(self, task: TaskSpec, references: References, windows: Sequence[Sequence[Arrival]]):
-        """`windows`: the episode's arrivals by window (runtime.episode's `windows`), as judged."""
+    def __init__(self, task: TaskSpec, references: References):
         self.task = task
         self.references = references
-        # arrivals per tenant up to and including each window (shared by forks: never mutated)
-        counts = {t.name: 0 for t in task.tenants}
-        self.arrived: list[dict[str, int]] = []
-        for w in windows:
-            for a in w:
-                counts[a.tenant] = counts.get(a.tenant, 0) + 1
-            self.arrived.append(dict(counts))
         self.totals = Totals()
         self.met_by = {t.name: 0 for t in task.tenants}
+        self.arrived_by = {t.name: 0 for t in task.tenants}  # the references' cut (references_so_far)
         self.windows = 0
         self.phi = 0.0
 
@@ -122,11 +113,10 @@ class GradeReward:
         tot.cost_usd += m.cost_usd
         for n, t in m.per_tenant.items():
             self.met_by[n] += t.met
+            self.arrived_by[n] += t.arrived
         self.windows += 1
-        if self.windows >= self.task.horizon:
-            ref = self.references
-        else:
-            ref = references_so_far(self.references, self.arrived[min(self.windows, len(self.arrived)) - 1])
+        last = self.windows >= self.task.horizon
+        ref = self.references if last else references_so_far(self.references, self.arrived_by)
         phi = objective(self.task, tot, self.met_by, ref)[0]
         reward = phi - self.phi
         self.phi = phi
@@ -138,4 +128,5 @@ class GradeReward:
         clone = copy.copy(self)
         clone.totals = copy.copy(self.totals)
         clone.met_by = dict(self.met_by)
+        clone.arrived_by = dict(self.arrived_by)
         return clone
