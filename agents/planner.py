@@ -74,6 +74,7 @@ Deterministic for a seed: the seed pool is drawn from `seed`, nothing else is ra
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -98,6 +99,8 @@ SPREAD: tuple[ServeAction, ...] = (
 )
 # Sampled arrivals get ids far above any real one, so they never collide with the episode's own.
 SAMPLE_ID_BASE = 1 << 40
+# One future a lookahead plays: its arrival windows (None: the episode's true ones) and the grader's references.
+Future = tuple[list[list[Arrival]] | None, References]
 
 
 # Cluster tasks: the production rivals whose proposals join the candidates every window (agents/registry.py).
@@ -240,16 +243,10 @@ class PlannerPolicy:
                                                    else proposal.replicas})
         candidates = self._candidates(proposal, rival_actions)
         futures = self._futures()
-        # screening: every candidate on the nearest sampled future, then only the proposal and the
-        # `keep - 1` best others on the remaining samples (a candidate last on one future rarely wins on
-        # the mean; the screen saves (candidates - keep) x (samples - 1) lookaheads a decision)
-        first = [self._lookahead(c, *futures[0]) for c in candidates]
-        kept = list(range(len(candidates)))
-        if len(futures) > 1 and 0 < self.keep < len(candidates):
-            others = sorted(range(1, len(candidates)), key=lambda i: (-first[i], i))[: self.keep - 1]
-            kept = [0, *sorted(others)]
-        scores = {i: (first[i] + sum(self._lookahead(candidates[i], w, ref) for w, ref in futures[1:]))
-                  / len(futures) for i in kept}
+        # screened (`_screened`): the proposal always kept
+        scores = self._screened(len(candidates), lambda i, w, ref: self._lookahead(candidates[i], w, ref),
+                                futures, pin_first=True)
+        kept = sorted(scores)
         # leaving the proposal must pay by `margin`: one-window deviations that look a hair better over a
         # short lookahead add up, window after window, to harm it cannot see (measured: always
         # splitting prefill/decode starved adversarial_multitenant's batch tenant)
@@ -274,8 +271,21 @@ class PlannerPolicy:
 
     # ------------------------------------------------------------------------------- internals
 
+    def _screened(self, n: int, run: Callable[[int, list[list[Arrival]] | None, References], float],
+                  futures: list[Future], pin_first: bool = False) -> dict[int, float]:
+        """Mean scores over the futures of plans 0..n-1 (`run(i, wins, ref)` scores plan i on one future),
+        screened: every plan on the nearest future, then only the `keep - 1` best (plus plan 0 when
+        `pin_first`) on the others. A plan last on one future rarely wins on the mean; the screen saves
+        (plans - keep) x (samples - 1) lookaheads a decision."""
+        first = [run(i, *futures[0]) for i in range(n)]
+        kept: list[int] = list(range(n))
+        if len(futures) > 1 and 0 < self.keep < n:
+            best = sorted(range(1, n) if pin_first else range(n), key=lambda i: (-first[i], i))[: self.keep - 1]
+            kept = [0, *sorted(best)] if pin_first else sorted(best)
+        return {i: (first[i] + sum(run(i, w, ref) for w, ref in futures[1:])) / len(futures) for i in kept}
+
     def _schedules(self, proposal: ServeAction, best: ServeAction, best_score: float,
-                   futures: list[tuple[list[list[Arrival]], References]] | list[tuple[None, References]]) -> ServeAction:
+                   futures: list[Future]) -> ServeAction:
         """Stage 2 on cluster tasks: two-step schedules "c replicas now, m* from `j` windows ahead", m* the
         replica count of the best held candidate and c the current target or one either side of it, the
         proposal's knobs now and the heuristic's after. A held count cannot rise later, so without these a
@@ -289,17 +299,11 @@ class PlannerPolicy:
                  for j in self.schedule_offsets if k + j < self.task.horizon]
         if not plans:
             return best
-        wins0, ref0 = futures[0]
-        first = [self._lookahead(proposal.model_copy(update={"replicas": c}), wins0, ref0, switch=(j, m))
-                 for c, j in plans]
-        kept = list(range(len(plans)))
-        if len(futures) > 1 and 0 < self.keep < len(plans):
-            kept = sorted(range(len(plans)), key=lambda i: (-first[i], i))[: self.keep - 1]
-        scores = {i: (first[i] + sum(self._lookahead(proposal.model_copy(update={"replicas": plans[i][0]}), w, ref,
-                                                     switch=(plans[i][1], m)) for w, ref in futures[1:]))
-                  / len(futures) for i in kept}
+        starts = [proposal.model_copy(update={"replicas": c}) for c, _ in plans]
+        scores = self._screened(len(plans), lambda i, w, ref: self._lookahead(starts[i], w, ref,
+                                                                              switch=(plans[i][1], m)), futures)
         self.last_schedules = {(*plans[i], m): v for i, v in scores.items()}
-        top = max(kept, key=lambda i: (scores[i], -i))
+        top = max(scores, key=lambda i: (scores[i], -i))
         if scores[top] > best_score + self.margin + 1e-12:
             self.stats.scheduled += 1
             return proposal.model_copy(update={"replicas": plans[top][0]})
@@ -348,7 +352,7 @@ class PlannerPolicy:
                 out.append(a)
         return out
 
-    def _futures(self) -> list[tuple[list[list[Arrival]], References]] | list[tuple[None, References]]:
+    def _futures(self) -> list[Future]:
         """(arrival windows for the lookahead or None for the true ones, the grader's references)."""
         ep = self.shadow
         assert ep is not None
@@ -363,7 +367,7 @@ class PlannerPolicy:
         dist = [float(np.abs(counts[lo:k] - seen).sum()) for _, counts in pool]
         order = sorted(range(len(pool)), key=lambda i: (dist[i], i))[: self.samples]
         past = [a for w in ep.windows[:k] for a in w]
-        out = []
+        out: list[Future] = []
         for i in order:
             wins, _ = pool[i]
             future = [a for w in wins[k:] for a in w]
