@@ -43,6 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 from llmserve_env.agents.base import make_action
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
+from llmserve_env.shared.tasks import is_cluster_range as is_cluster
 
 BATCH_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 KV_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
@@ -60,11 +61,6 @@ def _log_scale(x: float, top: float) -> float:
 
 Replicas = tuple[int, int]  # a task's (min, max) replica range
 SINGLE: Replicas = (1, 1)
-
-
-def is_cluster(replicas: Replicas) -> bool:
-    """Whether a task with this replica range gets the `replicas` head and the cluster features."""
-    return replicas[1] > 1
 
 
 def action_nvec(replicas: Replicas = SINGLE) -> tuple[int, ...]:
@@ -219,7 +215,6 @@ class ObservationEncoder:
     def __init__(self, horizon: int, replicas: Replicas = SINGLE):
         self.horizon = max(int(horizon), 1)
         self.replicas = replicas
-        self.dim = len(feature_names(replicas))
         self.reset()
 
     def reset(self) -> None:

@@ -128,6 +128,13 @@ PROFILE_CAPACITY: dict[str, ProfileCapacity] = {
 }
 
 
+
+def is_cluster_range(replicas: tuple[int, int]) -> bool:
+    """Whether a (min, max) replica range is a cluster's: more than one replica allowed. TaskSpec.is_cluster,
+    and trained weights, which know only the range they were trained for (agents/encoding.py)."""
+    return replicas[1] > 1
+
+
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
     """A task: id, difficulty, description, tenants, arrival process, profile, budget, horizon.
@@ -162,7 +169,7 @@ class TaskSpec:
     @property
     def is_cluster(self) -> bool:
         """A task whose actions may scale the replica count (served by sim/cluster.py)."""
-        return self.replicas[1] > 1
+        return is_cluster_range(self.replicas)
 
     def tenant(self, name: str) -> TenantSpec:
         for t in self.tenants:
