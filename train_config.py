@@ -247,8 +247,6 @@ def parse_args(argv: list[str]) -> Args:
     cli.configure_logging(ns)
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(Args) if f.name not in ("command", "quiet")}
     task = resolve_task(values["task"])
-    if values["init"] == "heuristic" and values["teacher"] != "heuristic":
-        ap.error(f"argument --teacher: --init heuristic clones the heuristic; for {values['teacher']} use --init bc")
     if values["init"] not in ("bc", "heuristic") and values["teacher"] != "heuristic":
         ap.error(f"argument --teacher: only with --init bc (got --init {values['init']})")
     if values["teacher"] in ("hpa", "dynamo_planner") and not task.is_cluster:
@@ -257,7 +255,10 @@ def parse_args(argv: list[str]) -> Args:
     if values["advice"] and task.is_cluster:
         ap.error(f"argument --advice: the heuristic's advice is for single-server tasks; {values['task']!r} "
                  "is a cluster task")
-    args = Args(**values, quiet=ns.quiet, command="python train.py " + " ".join(argv))
+    try:  # Args checks what holds for every caller (--init heuristic with another teacher)
+        args = Args(**values, quiet=ns.quiet, command="python train.py " + " ".join(argv))
+    except ValueError as exc:
+        ap.error(f"argument --teacher: {exc}")
     shipped = WEIGHTS_DIR.resolve()
     if ns.replace_shipped_weights:
         if args.out_dir is not None and args.out_dir.resolve() != shipped:
