@@ -47,12 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cli.configure_logging(args)
     try:
-        PPOPolicy(args.task, args.weights)
+        actor = PPOPolicy(args.task, args.weights)
     except ValueError as exc:  # weights for another task's grid
         ap.error(f"argument --weights: {exc}")
 
     env, seeds, t0 = InProcessEnv(), eval_seeds(args.episodes), time.perf_counter()
-    scores = {"actor": [play_episode(env, PPOPolicy(args.task, args.weights), args.task, s).score for s in seeds]}
+    scores = {"actor": [play_episode(env, actor, args.task, s).score for s in seeds]}  # reset each episode
     for rival in args.rivals:
         scores[rival] = [play_episode(env, make_policy(rival, args.task, seed=s), args.task, s).score for s in seeds]
     print(f"{args.task}, {len(seeds)} held-out seeds ({seeds[0]}..{seeds[-1]}), {time.perf_counter() - t0:.0f} s; "
@@ -62,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, xs in scores.items():
         ci = mean_ci(xs)
         flat[f"{name}.mean"], flat[f"{name}.ci95"] = round(ci.mean, 4), round(ci.half_width, 4)
-        diff = "" if name == "actor" else str(paired_diff_ci(scores["actor"], xs))
+        diff = ""
         if name != "actor":
             d = paired_diff_ci(scores["actor"], xs)
             flat[f"actor_minus_{name}"], flat[f"actor_minus_{name}.ci95"] = round(d.mean, 4), round(d.half_width, 4)
+            diff = str(d)
         print(f"| {name} | {ci} | {diff} |")
     print(json.dumps(flat))
     return 0
