@@ -63,7 +63,6 @@ from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.tasks import is_cluster_range
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
@@ -311,8 +310,7 @@ def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
         "feature_names": list(feature_names(replicas)) + (list(ADVICE_FEATURE_NAMES) if args.advice else []),
         "action_nvec": list(agent.nvec),
         "advice": "heuristic" if args.advice else None,
-        # cluster tasks only, so single-server weights stay exactly as before
-        **({"replicas_range": list(replicas)} if is_cluster_range(replicas) else {}),
+        **ActorWeights.replicas_meta(replicas),
     }
 
 

@@ -88,8 +88,7 @@ def export(module, task: str, out_dir: Path, meta: dict[str, Any]) -> Path:
     arrays = actor_arrays(module) | {"nvec": np.asarray(nvec, dtype=np.int64)}
     meta = {"obs_norm": {"mean": [0.0] * dim, "var": [1.0] * dim, "clip": 1e9, "epsilon": 0.0},
             "activation": "tanh", "advice": None, "trainer": "rllib PPO",
-            # cluster tasks only, as train.py writes it: PPOPolicy builds the replicas head from it
-            **({"replicas_range": list(replicas)} if replicas[1] > 1 else {})} | meta
+            **ActorWeights.replicas_meta(replicas)} | meta
     ActorWeights.from_arrays(arrays, meta)  # shapes must fit the encoder and grid, or this raises
     out_dir.mkdir(parents=True, exist_ok=True)
     npz = out_dir / f"{task}.npz"

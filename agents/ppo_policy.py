@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from llmserve_env.agents.advice import FeatureView, view_shape
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import get_task
+from llmserve_env.shared.tasks import get_task, is_cluster_range
 
 WEIGHTS_DIR = Path(__file__).resolve().parent.parent / "weights"
 
@@ -76,6 +76,12 @@ class ActorWeights:
     @property
     def advice(self) -> bool:
         return self.meta.get("advice") == "heuristic"
+
+    @staticmethod
+    def replicas_meta(replicas: tuple[int, int]) -> dict[str, list[int]]:
+        """What a trainer writes into the JSON for this replica range (read back by `replicas`): the range on
+        a cluster task, nothing on a single-server one, so single-server weights stay as before."""
+        return {"replicas_range": list(replicas)} if is_cluster_range(replicas) else {}
 
     @property
     def replicas(self) -> tuple[int, int]:

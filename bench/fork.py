@@ -21,10 +21,10 @@ import json
 import statistics
 import time
 
+from llmserve_env import cli
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.runtime.episode import Episode
 from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.tasks import TASKS
 
 TARGET_TASK = "adversarial_multitenant"
 
@@ -64,14 +64,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--at", default="16,32,48", help="windows at which episodes are forked")
     ap.add_argument("--repeats", type=int, default=200)
-    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated task ids (default: every task)")
+    ap.add_argument("--tasks", type=cli.task_list, default="all", help="comma-separated task ids, or all (default)")
     args = ap.parse_args(argv)
     at = [int(x) for x in args.at.split(",")]
     seeds = list(range(args.seeds))
-    tasks = [t for t in args.tasks.split(",") if t]
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        ap.error(f"argument --tasks: unknown task(s) {unknown}; known: {sorted(TASKS)}")
+    tasks = args.tasks
     out: dict[str, float] = {}
     print(f"{'task':<26} {'states':>6} {'live req':>8} {'fork p50 ms':>11} {'p90 ms':>7} {'deepcopy p50 ms':>15} "
           f"{'ratio':>6}")
