@@ -685,12 +685,16 @@ def build_dashboard(
         ]
         knob_inputs = [batch_in, kv_in, spec_in, quant_in, split_in, prio_in]
         connect_inputs = [task_in, seed_in, *knob_inputs]
-        task_in.change(on_task, inputs=task_in, outputs=[task_md, *knob_inputs]).then(
-            on_connect, inputs=connect_inputs, outputs=python_md)
-        seed_in.change(on_connect, inputs=connect_inputs, outputs=python_md)
+        # The form's own updates (task text, knobs, the Python panel) bypass Gradio's queue: a queued
+        # event that finished while Step was being submitted could close the page's event stream
+        # under the step, whose result then never arrived (the page waited forever; seen in the
+        # browser test, 1 run in ~10). Only the episode's buttons use the queue.
+        task_in.change(on_task, inputs=task_in, outputs=[task_md, *knob_inputs], queue=False).then(
+            on_connect, inputs=connect_inputs, outputs=python_md, queue=False)
+        seed_in.change(on_connect, inputs=connect_inputs, outputs=python_md, queue=False)
         for knob in knob_inputs:
-            knob.change(on_connect, inputs=connect_inputs, outputs=python_md)  # type: ignore[attr-defined]  # every knob is an input component; the list is typed by their base class
-        dashboard.load(on_connect, inputs=connect_inputs, outputs=python_md)
+            knob.change(on_connect, inputs=connect_inputs, outputs=python_md, queue=False)  # type: ignore[attr-defined]  # every knob is an input component; the list is typed by their base class
+        dashboard.load(on_connect, inputs=connect_inputs, outputs=python_md, queue=False)
         new_btn.click(on_new, inputs=[task_in, seed_in, policy_in], outputs=outputs)
         step_btn.click(
             on_step, inputs=[run_state, task_in, seed_in, policy_in, *knob_inputs], outputs=outputs

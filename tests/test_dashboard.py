@@ -1,6 +1,7 @@
 """The dashboard's data, without a browser: one attainment plot per tenant, cluster plots only on
 cluster tasks (replicas by state and cost from the observation), and plot props sent once per
-episode (resending them made Gradio re-draw every plot at every update)."""
+episode (resending them made Gradio re-draw every plot at every update); only the episode's buttons
+use Gradio's queue."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from llmserve_env.server.dashboard import (  # noqa: E402
     CLUSTER_SERIES,
     MAX_TENANTS,
     action_table,
+    build_dashboard,
     new_run,
     only_changed_props,
     views,
@@ -69,3 +71,13 @@ def test_plot_props_are_sent_once_per_episode():
     # a plot that went back to no value gets its props again with its next value
     sent = {0: {"color_map": {"a": "#000"}}}
     assert only_changed_props([None], sent) == [None] and sent == {}
+
+
+def test_only_the_episode_buttons_use_gradios_queue():
+    """The form's updates (task text, knobs, Python panel) are not queued. When a queued knob update
+    finished while Step was being submitted, Gradio's page closed its event stream under the step,
+    whose result never arrived: the browser test waited 180 s on 1 run in ~10."""
+    blocks = build_dashboard(None, [], None, False, "LLMServeEnv", "")
+    queued = sorted(fn.name for fn in blocks.fns.values() if fn.queue)
+    assert queued == ["on_new", "on_run", "on_step"]
+    assert {fn.name for fn in blocks.fns.values() if not fn.queue} == {"on_connect", "on_task"}

@@ -16,9 +16,11 @@ LLMSERVE_REQUIRE_BROWSER is set (`.ci/run` sets it once it has installed them): 
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import re
 import shutil
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,14 +132,44 @@ def browser():
 class Dashboard:
     page: Any
     external: list[str]
+    # The page's calls to Gradio's API and its console, timed from the page's opening: what a
+    # failed wait prints (which events were sent, answered, or had their stream cut).
+    events: list[str]
 
     @property
     def status(self) -> Any:
         return self.page.locator("#dash-status")
 
     def choose(self, dropdown_id: str, option: str) -> None:
-        self.page.locator(f"#{dropdown_id} input").click()
-        self.page.get_by_role("option", name=option).click()
+        """Pick `option` and check the dropdown shows it (a pick lost under load would let the next
+        event run with the old value and wait out its whole timeout)."""
+        box = self.page.locator(f"#{dropdown_id} input")
+        for _ in range(5):
+            box.click()
+            self.page.get_by_role("option", name=option).click()
+            try:
+                expect(box).to_have_value(option, timeout=5_000)
+                return
+            except AssertionError:
+                continue
+        raise AssertionError(f"dropdown #{dropdown_id} did not take {option!r}: it shows {box.input_value()!r}")
+
+    def wait_status(self, text: str, timeout: float = UPDATE_TIMEOUT_MS) -> None:
+        """Wait until the status line contains `text`. On a timeout, say what the page showed
+        instead (status, policy, any error toast) and keep a screenshot in artifacts/."""
+        try:
+            self.status.get_by_text(text).wait_for(timeout=timeout)
+        except Exception as exc:
+            # The live server runs in this process: its threads' stacks show where an event hangs.
+            faulthandler.dump_traceback(all_threads=True)
+            toasts = self.page.locator(".toast-body, [data-testid='toast-body']").all_inner_texts()
+            shot = self.shoot(f"failed_wait_{re.sub(r'[^a-z0-9]+', '_', text.lower()).strip('_')}.png")
+            events = "\n".join(self.events[-40:])
+            raise AssertionError(
+                f"status never showed {text!r} in {timeout / 1000:.0f} s; it shows "
+                f"{self.status.inner_text()!r}, policy {self.page.locator('#dash-policy input').input_value()!r}, "
+                f"task {self.page.locator('#dash-task input').input_value()!r}, toasts {toasts}; "
+                f"screenshot {shot}; the page's last API calls:\n{events}") from exc
 
     def shoot(self, name: str) -> Path:
         """A screenshot of the whole page into artifacts/ (the viewport grown to the page first: a
@@ -199,10 +231,21 @@ def dashboard(live_server, browser, request) -> Iterator[Dashboard]:
     context = browser.new_context(viewport=getattr(request, "param", None) or {"width": 1440, "height": 1000})
     page = context.new_page()
     page.route("**/*", only_local)
+    events: list[str] = []
+    opened = time.monotonic()
+
+    def note(kind: str, what: str) -> None:
+        events.append(f"{time.monotonic() - opened:8.2f}s {kind} {what}")
+
+    page.on("request", lambda r: note(f"{r.method}", f"{r.url} {(r.post_data or '')[:200]}")
+            if "gradio_api" in r.url else None)
+    page.on("response", lambda r: note(f"{r.status}", r.url) if "gradio_api" in r.url else None)
+    page.on("requestfailed", lambda r: note("failed", f"{r.url} {r.failure}"))
+    page.on("console", lambda m: note(f"console {m.type}", m.text[:200]))
     page.goto(live_server.url + "/web/", wait_until="domcontentloaded")
     # The Dashboard is the landing tab: no click needed to reach it.
     page.locator("#dash-status").get_by_text("No episode yet").wait_for(timeout=UPDATE_TIMEOUT_MS)
-    yield Dashboard(page, external)
+    yield Dashboard(page, external, events)
     context.close()
     assert set(external) <= FONT_HOSTS, f"the page needed hosts besides the server: {sorted(set(external))}"
 
@@ -225,14 +268,14 @@ def test_dashboard_lands_on_an_empty_state_that_says_what_to_do(dashboard, live_
 
 
 def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
-    page, status = dashboard.page, dashboard.status
+    page = dashboard.page
     page.locator("#dash-new").click()
-    status.get_by_text("window 0/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+    dashboard.wait_status("window 0/")
     expect(page.locator("#dash-empty")).to_be_hidden()
     page.locator("#dash-step").click()
-    status.get_by_text("window 1/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+    dashboard.wait_status("window 1/")
     page.locator("#dash-step").click()
-    status.get_by_text("window 2/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+    dashboard.wait_status("window 2/")
     page.wait_for_function(  # two windows: two points per line of the TTFT plot
         f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')])[0] >= 4",
         timeout=60_000,
@@ -308,7 +351,7 @@ def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
     page.locator("#dash-quant").get_by_text("INT8").click()
     expect(page.locator("#dash-quant input[value=INT8]")).to_be_checked()
     page.locator("#dash-step").click()
-    dashboard.status.get_by_text("policy manual: running, window 1/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+    dashboard.wait_status("policy manual: running, window 1/")
     table = page.locator("#dash-actions")
     table.get_by_text("INT8").first.wait_for(state="attached", timeout=30_000)
     kv = f"{start.kv_budget_fraction:g}"
@@ -318,12 +361,12 @@ def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
 
 
 def test_cluster_tasks_plot_replicas_by_state_and_cost(dashboard):
-    page, status = dashboard.page, dashboard.status
+    page = dashboard.page
     dashboard.choose("dash-task", "diurnal_autoscale")
     dashboard.choose("dash-policy", "HPA (Kubernetes autoscaler; cluster tasks)")
     for window in (1, 2, 3):
         page.locator("#dash-step").click()
-        status.get_by_text(f"policy hpa: running, window {window}/").wait_for(timeout=UPDATE_TIMEOUT_MS)
+        dashboard.wait_status(f"policy hpa: running, window {window}/")
     plots = page.locator(".llmserve-plot:visible")
     page.wait_for_function(
         f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')]"
