@@ -38,7 +38,6 @@ from llmserve_env.agents.encoding import (
     action_nvec,
     decode_action,
     feature_names,
-    is_cluster,
 )
 from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
 from llmserve_env.shared.models import (
@@ -49,6 +48,7 @@ from llmserve_env.shared.models import (
     ServeAction,
     ServeObservation,
 )
+from llmserve_env.shared.tasks import is_cluster_range
 
 ADVICE_NVEC: tuple[int, ...] = (3, 3, 4, 4, 3, 3)
 FOLLOW: tuple[int, ...] = (0, 0, 0, 0, 0, 0)  # per knob, the index that means "follow the heuristic"
@@ -115,7 +115,7 @@ class AdviceOnClusterError(ValueError):
 def view_shape(advice: bool, replicas: Replicas = SINGLE) -> tuple[tuple[int, ...], int]:
     """(action grid, feature count) of a learned policy with or without the heuristic's advice, on a
     task with this replica range (cluster tasks add the `replicas` head and the cluster features)."""
-    if advice and is_cluster(replicas):
+    if advice and is_cluster_range(replicas):
         raise AdviceOnClusterError("advice (the heuristic's proposal) is for single-server tasks: the heuristic "
                                    "proposes no replica count")
     if advice:

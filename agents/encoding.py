@@ -43,7 +43,7 @@ from collections.abc import Sequence
 import numpy as np
 from llmserve_env.agents.base import make_action
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
-from llmserve_env.shared.tasks import is_cluster_range as is_cluster
+from llmserve_env.shared.tasks import is_cluster_range
 
 BATCH_CAPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 KV_FRACTIONS: tuple[float, ...] = (0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 1.0)
@@ -65,7 +65,7 @@ SINGLE: Replicas = (1, 1)
 
 def action_nvec(replicas: Replicas = SINGLE) -> tuple[int, ...]:
     """The action grid: the six knobs, plus the replica step (REPLICA_STEPS) on a cluster task."""
-    return ACTION_NVEC + ((len(REPLICA_STEPS),) if is_cluster(replicas) else ())
+    return ACTION_NVEC + ((len(REPLICA_STEPS),) if is_cluster_range(replicas) else ())
 
 
 def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE,
@@ -84,7 +84,7 @@ def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE,
         prefill_decode_split=bool(split),
         priority_routing=bool(prio),
     )
-    if is_cluster(replicas):
+    if is_cluster_range(replicas):
         if current is None:
             raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
         n = min(max(current + REPLICA_STEPS[int(idx[6])], replicas[0]), replicas[1])
@@ -103,7 +103,7 @@ def encode_action(action: ServeAction, replicas: Replicas = SINGLE, current: int
     replica step is the one towards `action.replicas` from `current`, the count asked for so far
     (keep when `replicas` is unset)."""
     extra: list[int] = []
-    if is_cluster(replicas):
+    if is_cluster_range(replicas):
         if current is None:
             raise ValueError("current: a cluster task's replica step needs the replica count asked for so far")
         n = action.replicas if action.replicas is not None else current
@@ -179,7 +179,7 @@ CLUSTER_FEATURE_NAMES: tuple[str, ...] = (
 
 def feature_names(replicas: Replicas = SINGLE) -> tuple[str, ...]:
     """The feature vector's names: FEATURE_NAMES, plus CLUSTER_FEATURE_NAMES on a cluster task."""
-    return FEATURE_NAMES + (CLUSTER_FEATURE_NAMES if is_cluster(replicas) else ())
+    return FEATURE_NAMES + (CLUSTER_FEATURE_NAMES if is_cluster_range(replicas) else ())
 
 
 def cluster_features(obs: ServeObservation, replicas: Replicas) -> list[float]:
@@ -256,7 +256,7 @@ class ObservationEncoder:
             _log_scale(self._prev_queue, 1000.0),
             *(action_features(a) if a is not None else NO_ACTION),
         ]
-        if is_cluster(self.replicas):
+        if is_cluster_range(self.replicas):
             feats += cluster_features(obs, self.replicas)
             self.current_replicas = self.current(obs)
         self._prev_rate = obs.request_arrival_rate

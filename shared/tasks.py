@@ -128,7 +128,6 @@ PROFILE_CAPACITY: dict[str, ProfileCapacity] = {
 }
 
 
-
 def is_cluster_range(replicas: tuple[int, int]) -> bool:
     """Whether a (min, max) replica range is a cluster's: more than one replica allowed. TaskSpec.is_cluster,
     and trained weights, which know only the range they were trained for (agents/encoding.py)."""
