@@ -688,7 +688,7 @@ def build_dashboard(
         # The form's own updates (task text, knobs, the Python panel) bypass Gradio's queue: a queued
         # event that finished while Step was being submitted could close the page's event stream
         # under the step, whose result then never arrived (the page waited forever; seen in the
-        # browser test, 1 run in ~10). Only the episode's buttons use the queue.
+        # browser test, 3 runs in ~15). Only the episode's buttons use the queue.
         task_in.change(on_task, inputs=task_in, outputs=[task_md, *knob_inputs], queue=False).then(
             on_connect, inputs=connect_inputs, outputs=python_md, queue=False)
         seed_in.change(on_connect, inputs=connect_inputs, outputs=python_md, queue=False)

@@ -76,7 +76,7 @@ def test_plot_props_are_sent_once_per_episode():
 def test_only_the_episode_buttons_use_gradios_queue():
     """The form's updates (task text, knobs, Python panel) are not queued. When a queued knob update
     finished while Step was being submitted, Gradio's page closed its event stream under the step,
-    whose result never arrived: the browser test waited 180 s on 1 run in ~10."""
+    whose result never arrived: the browser test waited out 180 s in 3 runs of ~15."""
     blocks = build_dashboard(None, [], None, False, "LLMServeEnv", "")
     queued = sorted(fn.name for fn in blocks.fns.values() if fn.queue)
     assert queued == ["on_new", "on_run", "on_step"]
