@@ -84,7 +84,8 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
         ep = Episode.start(task, 0 if seed is None else seed, self.config.mode, episode_id, profile=sim_profile,
                            caps=sim_caps)
         try:
-            self.store.put(ep)  # atomic check: two resets racing for one new id get one 409
+            # atomic check: two resets racing for one new id get one 409; a named id gets a tombstone
+            self.store.put(ep, named=episode_id is not None)
         except EnvError:
             ep.close()
             raise
