@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError
 from llmserve_env.server import openapi
 from llmserve_env.server.bodies import StrictBodies, printable
+from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
@@ -132,6 +133,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     _calm_gradio_queue(app)
     app.state.episode_store = store
     app.state.config = config
+    app.state.baseline_budget = CallBudget(config.baseline_openai_max_calls)
     # /state must find the episode by id; "/" points at the docs rather than redirecting.
     _drop_route(app, "/state", "GET")
     _drop_route(app, "/", "GET")

@@ -102,10 +102,12 @@ def run_suite(env: EpisodeEnv, use_openai: bool, model: str | None, task_ids: li
 
 
 def run_baseline_suite(use_openai: bool = False, model: str | None = None, task_id: str | None = None,
-                       seeds: list[int] | None = None) -> dict[str, Any]:
-    """The suite `GET /baseline` serves: in process, in the simulator, every task (or `task_id`)."""
+                       seeds: list[int] | None = None, llm_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The suite `GET /baseline` serves: in process, in the simulator, every task (or `task_id`).
+    `llm_options` reach LLMPolicy (the route passes a client that makes no retries)."""
     task_ids = [task_id] if task_id else list(TASKS)
-    return run_suite(InProcessEnv(), use_openai, model, task_ids, seeds or [BASELINE_SEED], "in-process")
+    return run_suite(InProcessEnv(), use_openai, model, task_ids, seeds or [BASELINE_SEED], "in-process",
+                     llm_options=llm_options)
 
 
 def fallback_failures(result: dict[str, Any], max_share: float) -> list[str]:

@@ -19,6 +19,7 @@ session's socket closes. bench/load.py runs 200 HTTP and 200 WebSocket clients w
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -33,6 +34,7 @@ MODES = ("sim", "real")
 MAX_COUNT = 10**9
 MAX_SECONDS = 30 * 86_400.0
 MAX_BODY_BYTES = 1 << 30
+MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}")
 
 
 class ConfigError(ValueError):
@@ -62,6 +64,27 @@ class ServerSettings(BaseSettings):
         default=256)
     max_body_bytes: Annotated[int, Field(ge=1024, le=MAX_BODY_BYTES)] = _env(
         "LLMSERVE_MAX_BODY_BYTES", "request bodies above this get 413 (episode logs included)", default=1 << 20)
+    ws_idle_timeout_s: Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)] = _env(
+        "LLMSERVE_WS_IDLE_TIMEOUT_S",
+        "a WebSocket session that sends no frame for this many seconds is closed (its slot freed); "
+        "a new one must send its first frame within 10 s", default=120.0)
+    ws_max_per_client: Annotated[int, Field(ge=1, le=MAX_COUNT)] = _env(
+        "LLMSERVE_WS_MAX_PER_CLIENT",
+        "most WebSocket sessions open at once from one client address (as the ASGI server reports it)",
+        default=32)
+    baseline_openai_models: str | None = _env(
+        "LLMSERVE_BASELINE_OPENAI_MODELS",
+        "comma-separated models that `GET /baseline?use_openai=true` may call on this server's "
+        "OPENAI_API_KEY (the first is the default). Unset: use_openai is off (403)", default=None)
+    baseline_openai_max_calls: Annotated[int, Field(ge=1, le=MAX_COUNT)] = _env(
+        "LLMSERVE_BASELINE_OPENAI_MAX_CALLS",
+        "chat-completion requests `GET /baseline?use_openai=true` may send in this server's lifetime, "
+        "every client together (a run reserves one per window before it starts; 429 past it)",
+        default=1000)
+    grade_real_logs: bool = _env(
+        "LLMSERVE_GRADE_REAL_LOGS",
+        "1: a sim-mode server grades submitted `mode: real` episode logs (as submitted, verified: false). "
+        "Unset: it refuses them (422); a real-mode server always grades them", default=False)
     trace_dir: str | None = _env(
         "LLMSERVE_TRACE_DIR",
         "an existing folder: `trace:PATH` tasks (reset and graded logs) may only read files under it "
@@ -78,6 +101,22 @@ class ServerSettings(BaseSettings):
         if not Path(v).is_dir():
             raise ValueError("is not an existing folder")
         return v
+
+    @field_validator("baseline_openai_models")
+    @classmethod
+    def _model_names(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        names = [n.strip() for n in v.split(",")]
+        bad = [n for n in names if not MODEL_NAME.fullmatch(n)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a model name (1-128 of A-Z a-z 0-9 . _ : / -, comma-separated)")
+        return ",".join(names)
+
+    @property
+    def openai_models(self) -> tuple[str, ...]:
+        """The models /baseline may call, in the operator's order; empty: use_openai is off."""
+        return tuple(self.baseline_openai_models.split(",")) if self.baseline_openai_models else ()
 
     def trace_task_id(self, task_id: str) -> str:
         """`task_id` as this server replays it: with `trace_dir` set, a `trace:PATH` is read under

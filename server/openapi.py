@@ -47,6 +47,10 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/fork"): [(404, "unknown or expired episode_id"),
                         (409, "real mode (a live engine cannot be copied), or the episode failed, or the new id is in use")],
     ("get", "/baseline"): [(404, "unknown task_id"),
+                           (403, "use_openai=true but the operator has not turned it on "
+                                 "(LLMSERVE_BASELINE_OPENAI_MODELS)"),
+                           (429, "use_openai=true: the run does not fit the server's budget of model calls "
+                                 "(LLMSERVE_BASELINE_OPENAI_MAX_CALLS)"),
                            (503, "use_openai=true but the server has no OPENAI_API_KEY")],
     ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
                              (409, "the episode_id named is already in use")],

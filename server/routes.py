@@ -13,6 +13,8 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.runtime.verify import grade_log
 from llmserve_env.server.bodies import ServeStepRequest, validation_errors
+from llmserve_env.server.budget import CallBudget
+from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.shared.episode import EpisodeLog
 from llmserve_env.shared.grader import GradeResult
@@ -150,19 +152,48 @@ def build_router(env_factory: Any) -> APIRouter:
 
     @router.get("/baseline", tags=["Task API"], summary="Run the baseline suite in process")
     async def baseline(
+        request: Request,
         use_openai: bool = False,
         task_id: str | None = Query(None, description="one task id; all tasks when omitted"),
-        model: str | None = Query(None, max_length=200),
-    ) -> dict[str, Any]:
-        if task_id is not None:
-            get_task(task_id)  # 404 with the valid ids before any work
-        if use_openai and not os.environ.get("OPENAI_API_KEY"):
+        model: str | None = Query(None, max_length=200, description="use_openai: one of the models the "
+                                                                    "operator allows (LLMSERVE_BASELINE_OPENAI_MODELS)"),
+    ) -> Any:
+        task_ids = [get_task(task_id).task_id] if task_id is not None else list(TASKS)  # 404 before any work
+        from llmserve_env.server.baseline_inference import run_baseline_suite
+
+        if not use_openai:
+            return await run_in_threadpool(run_baseline_suite, task_id=task_id)
+        # Paid calls on the operator's key: off unless the operator lists models, only those models,
+        # within a server-wide budget of requests (server/budget.py).
+        config: ServerSettings = request.app.state.config
+        budget: CallBudget = request.app.state.baseline_budget
+        if not config.openai_models:
+            raise HTTPException(status_code=403, detail="use_openai is off on this server: it would spend the "
+                                                        "operator's OPENAI_API_KEY. The operator turns it on by "
+                                                        "listing the allowed models in "
+                                                        "LLMSERVE_BASELINE_OPENAI_MODELS; GET /baseline without "
+                                                        "use_openai runs the deterministic suite")
+        if model is not None and model not in config.openai_models:
+            return JSONResponse(status_code=422, content={"detail": [{
+                "type": "value_error", "loc": ["query", "model"], "input": model,
+                "msg": f"model {model!r} is not one this server allows; allowed: "
+                       f"{', '.join(config.openai_models)} (LLMSERVE_BASELINE_OPENAI_MODELS)"}]})
+        if not os.environ.get("OPENAI_API_KEY"):
             # The request is well-formed; this server is not configured to serve it (as the README says).
             raise HTTPException(status_code=503, detail="use_openai=true needs OPENAI_API_KEY set on the "
                                                         "server; GET /baseline without it runs the "
                                                         "deterministic suite")
-        from llmserve_env.server.baseline_inference import run_baseline_suite
+        windows = sum(TASKS[t].horizon for t in task_ids) if task_id is None else get_task(task_id).horizon
+        if not budget.reserve(windows):
+            raise HTTPException(status_code=429, detail=f"this run needs {windows} model calls and the server's "
+                                                        f"budget has {budget.remaining} of "
+                                                        f"{budget.total} left (LLMSERVE_BASELINE_OPENAI_MAX_CALLS, "
+                                                        f"for the server's lifetime)")
+        import openai
 
-        return await run_in_threadpool(run_baseline_suite, use_openai=use_openai, model=model, task_id=task_id)
+        # No SDK retries: one request per window, as the budget counted.
+        llm_client = openai.OpenAI(max_retries=0, timeout=60.0)
+        return await run_in_threadpool(run_baseline_suite, use_openai=True, model=model or config.openai_models[0],
+                                       task_id=task_id, llm_options={"client": llm_client})
 
     return router

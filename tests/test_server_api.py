@@ -6,6 +6,9 @@ import json
 
 import pytest
 from conftest import STEADY_ACTION
+from fastapi.testclient import TestClient
+from llmserve_env.server.app import build_app
+from llmserve_env.server.config import ServerSettings
 
 
 def reset(client, task_id="static_workload", seed=7) -> dict:
@@ -208,10 +211,12 @@ def test_oversized_body_is_413(client):
     assert r.status_code == 413 and "limit" in r.json()["detail"]
 
 
-def test_baseline_openai_without_key_is_503_as_documented(client, monkeypatch):
-    # The README promises 503: the request is well-formed, the server is not configured for it.
+def test_baseline_openai_without_key_is_503_as_documented(monkeypatch):
+    # The README promises 503 when the operator allowed models but set no key: the request is
+    # well-formed, the server is not configured to serve it (off altogether: 403).
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    r = client.get("/baseline", params={"use_openai": "true"})
+    with TestClient(build_app(ServerSettings(mode="sim", baseline_openai_models="gpt-4.1-mini"))) as client:
+        r = client.get("/baseline", params={"use_openai": "true"})
     assert r.status_code == 503 and "OPENAI_API_KEY" in r.json()["detail"]
 
 
