@@ -176,7 +176,8 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # Added last = runs first: the size limit applies before StrictBodies buffers a body.
     app.add_middleware(StrictBodies)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
-    app.add_middleware(WebSocketFrames)
+    app.add_middleware(WebSocketFrames, idle_timeout_s=config.ws_idle_timeout_s,
+                       max_per_client=config.ws_max_per_client)
     openapi.install(app)
     return app
 

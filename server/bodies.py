@@ -22,6 +22,7 @@ arguments themselves, and `WebSocketFrames` answers frames that are not JSON obj
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -141,8 +142,14 @@ def json_problem(body: bytes) -> str | None:
     def no_constant(name: str) -> None:
         raise ValueError(f"{name} is not a JSON number; finite numbers only")
 
+    def finite(text: str) -> float:
+        number = float(text)
+        if not math.isfinite(number):
+            raise ValueError(f"{text[:40]} is past the range of a float; finite numbers only")
+        return number
+
     try:
-        value = json.loads(body, parse_constant=no_constant)
+        value = json.loads(body, parse_constant=no_constant, parse_float=finite)
     except RecursionError:
         return f"JSON nested deeper than {DEPTH_LIMIT} levels"
     except UnicodeDecodeError:

@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 Scope = dict[str, Any]
+# A request's headers and body (and a WebSocket's first frame) must arrive within this.
+READ_TIMEOUT_S = 10.0
 
 
 class BodyTooLarge(Exception):

@@ -31,7 +31,8 @@ import resource
 import time
 from typing import Any
 
-READ_TIMEOUT_S = 10.0
+from llmserve_env.server.limits import READ_TIMEOUT_S
+
 KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 WS_MAX_BYTES = 1 << 20
