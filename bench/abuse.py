@@ -19,12 +19,29 @@ Three attacks from issue 20, each measured by what an honest client sees meanwhi
    after them minus before (what each idle episode costs in threads; the gateway's event-loop
    design is issue 20 item 3, owned by the gateway branch: this measures whatever it is now).
 
+4. Reconnecting slow clients (issue 30): `--reconnect` clients (default 1,000) each open a
+   connection, send half a request head and wait; when the server drops one it reconnects at once.
+   Meanwhile /health is asked every 0.5 s on a fresh connection (2 s timeout), for `--reconnect-s`
+   seconds (default 40): `health_ok_share_under_slow_clients` is the share answered 200. The server
+   runs under a soft open-file limit of `--server-nofile` (default 1024, a common default: the
+   limit the issue's server had) and `--runner` (`bounded`: python -m llmserve_env.server.serving,
+   as make serve and the Docker image; `uvicorn`: plain `uvicorn server.app:app`, the app's own
+   bounds only). `server_log_bytes_under_slow_clients` is what the server logged meanwhile.
+5. Silent WebSocket sockets (issue 30): 256 sockets that never send a frame, first all from one
+   address (127.0.0.1), then 32 from each of 8 addresses (127.0.1.1-8); each time a client from
+   another address (127.0.0.2) tries a reset until it gets an observation (at most 30 s).
+   `ws_reset_ok_after_idle_sockets` is true when both resets succeeded; `ws_reset_wait_s_one_address`
+   and `ws_reset_wait_s_many_addresses` are how long each took (the per-address cap answers the
+   first at once; the first-frame timeout, 10 s, frees the second).
+
+Every attack stays on loopback and stops by itself (bounded counts and durations).
 Prints a table, then (last line) one flat JSON object with the keys above.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import socket
@@ -37,7 +54,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from local_server import ROOT, own_server
+from llmserve_env.launch import ServerProcess
+from local_server import own_server
+
+ROOT = str(Path(__file__).resolve().parent.parent)  # the repository root (the package)
 
 sys.path.insert(0, str(Path(ROOT) / "tests"))
 
@@ -181,20 +201,167 @@ def attack_real(args: argparse.Namespace, res: dict) -> None:
             standin.wait(timeout=20)
 
 
+def server_argv(runner: str, nofile: int) -> list[str]:
+    """The server's command under `runner`, with its soft open-file limit set to `nofile`."""
+    if runner == "bounded":
+        cmd = f"{sys.executable} -m llmserve_env.server.serving --host 127.0.0.1 --port {{port}} --log-level warning"
+    else:
+        cmd = f"{sys.executable} -m uvicorn llmserve_env.server.app:app --host 127.0.0.1 --port {{port}}"
+    return ["bash", "-c", f"ulimit -Sn {nofile} && exec {cmd}"]
+
+
+async def reconnecting_slow_client(port: int, stop_at: float, counts: dict[str, int]) -> None:
+    loop = asyncio.get_running_loop()
+    while loop.time() < stop_at:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            counts["connect_errors"] += 1
+            await asyncio.sleep(0.05)
+            continue
+        counts["connections"] += 1
+        try:
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+            try:
+                await asyncio.wait_for(reader.read(1024), timeout=max(0.0, stop_at - loop.time()))
+            except TimeoutError:
+                pass
+        except OSError:
+            pass
+        finally:
+            writer.close()
+
+
+def health_share(url: str, stop_at: float, period_s: float = 0.5) -> tuple[int, int, list[float]]:
+    """(answered 200, asked, latencies ms): /health on a fresh connection every `period_s`."""
+    ok = asked = 0
+    lat: list[float] = []
+    while time.monotonic() < stop_at:
+        t0 = time.perf_counter()
+        asked += 1
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                ok += 1
+                lat.append((time.perf_counter() - t0) * 1e3)
+        except httpx.HTTPError:
+            pass
+        time.sleep(max(0.0, period_s - (time.perf_counter() - t0)))
+    return ok, asked, lat
+
+
+def attack_reconnect(args: argparse.Namespace, res: dict) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp) / "server.log"
+        with ServerProcess(server_argv(args.runner, args.server_nofile), log=log, cwd=ROOT) as server:
+            port = int(server.url.rsplit(":", 1)[1])
+            before = log.stat().st_size
+            counts = {"connections": 0, "connect_errors": 0}
+            out: dict[str, object] = {}
+            stop_at = time.monotonic() + args.reconnect_s
+
+            def poll() -> None:
+                out["health"] = health_share(server.url, stop_at)
+
+            poller = threading.Thread(target=poll)
+
+            async def attack() -> None:
+                loop = asyncio.get_running_loop()
+                end = loop.time() + args.reconnect_s
+                clients = [asyncio.create_task(reconnecting_slow_client(port, end, counts))
+                           for _ in range(args.reconnect)]
+                await asyncio.sleep(1.0)  # the clients are connected before /health is first asked
+                poller.start()
+                await asyncio.gather(*clients)
+
+            asyncio.run(attack())
+            poller.join()
+            ok, asked, lat = out["health"]  # type: ignore[misc]
+            res["reconnect_runner"] = args.runner
+            res["reconnect_server_nofile"] = args.server_nofile
+            res["reconnect_clients"] = args.reconnect
+            res["reconnect_connections"] = counts["connections"]
+            res["reconnect_connect_errors"] = counts["connect_errors"]
+            res["health_asked_under_slow_clients"] = asked
+            res["health_ok_share_under_slow_clients"] = round(ok / asked, 4) if asked else 0.0
+            res["health_p99_ms_under_slow_clients"] = round(float(np.percentile(lat, 99)), 1) if lat else None
+            res["server_log_bytes_under_slow_clients"] = log.stat().st_size - before
+
+
+def _ws_from(url: str, source: str):
+    from websockets.sync.client import connect
+
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(10)
+    sock.connect((host, int(port)))
+    return connect(url.replace("http://", "ws://") + "/ws", sock=sock, open_timeout=10)
+
+
+def reset_wait_s(url: str, source: str, limit_s: float = 30.0) -> float | None:
+    """Seconds until a client at `source` gets a reset's observation (None: not within `limit_s`)."""
+    from websockets.exceptions import ConnectionClosed
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        try:
+            with _ws_from(url, source) as ws:
+                try:
+                    ws.send(json.dumps({"type": "reset", "data": {"seed": 0}}))
+                except ConnectionClosed:
+                    pass
+                if json.loads(ws.recv(timeout=10)).get("type") == "observation":
+                    return round(time.monotonic() - t0, 2)
+        except (ConnectionClosed, OSError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    return None
+
+
+def attack_ws_idle(args: argparse.Namespace, res: dict) -> None:
+    from contextlib import ExitStack
+
+    with own_server() as (url, _):
+        for name, sources in (("one_address", ["127.0.0.1"] * 256),
+                              ("many_addresses", [f"127.0.1.{1 + i // 32}" for i in range(256)])):
+            with ExitStack() as stack:
+                held = 0
+                for src in sources:
+                    try:
+                        stack.enter_context(_ws_from(url, src))
+                        held += 1
+                    except OSError:
+                        pass
+                time.sleep(0.5)
+                res[f"ws_silent_sockets_{name}"] = held
+                res[f"ws_reset_wait_s_{name}"] = reset_wait_s(url, "127.0.0.2")
+    res["ws_reset_ok_after_idle_sockets"] = all(
+        res[f"ws_reset_wait_s_{n}"] is not None for n in ("one_address", "many_addresses"))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slow", type=int, default=300, help="slow connections (a third of each kind)")
     ap.add_argument("--traces", type=int, default=2, help="resets per huge trace file (two files)")
     ap.add_argument("--idle-real", type=int, default=100, help="idle real-mode episodes")
     ap.add_argument("--limit-s", type=float, default=120.0, help="longest wait for one reset")
+    ap.add_argument("--reconnect", type=int, default=1000, help="reconnecting slow clients")
+    ap.add_argument("--reconnect-s", type=float, default=40.0, help="how long they attack")
+    ap.add_argument("--runner", choices=("bounded", "uvicorn"), default="bounded",
+                    help="how the server under the reconnecting clients is started")
+    ap.add_argument("--server-nofile", type=int, default=1024, help="that server's soft open-file limit")
+    ap.add_argument("--attacks", default="sim,real,reconnect,ws",
+                    help="comma-separated: sim (slow clients, huge traces, forged log), real (idle real "
+                         "episodes), reconnect (reconnecting slow clients), ws (silent WebSocket sockets)")
     args = ap.parse_args()
     os.chdir(ROOT)
     res: dict = {}
-    attack_sim(args, res)
-    attack_real(args, res)
-    print(f"{'measure':<32} value")
+    attacks = {"sim": attack_sim, "real": attack_real, "reconnect": attack_reconnect, "ws": attack_ws_idle}
+    for name in args.attacks.split(","):
+        attacks[name](args, res)
+    print(f"{'measure':<40} value")
     for k, v in res.items():
-        print(f"{k:<32} {v}")
+        print(f"{k:<40} {v}")
     print(json.dumps(res))
 
 

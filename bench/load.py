@@ -232,7 +232,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.url:
         levels = run(args.url, None)
     else:
-        with own_server() as (url, pid):
+        # Every client here is one address (loopback): the per-address WebSocket cap must admit them all.
+        per_client = os.environ.get("LLMSERVE_WS_MAX_PER_CLIENT", str(max(args.clients)))
+        with own_server(env={"LLMSERVE_WS_MAX_PER_CLIENT": per_client}) as (url, pid):
             levels = run(url, pid)
 
     print(f"\n{'clients':>7} {'errors':>6} {'steps':>6} {'steps/s':>8} {'p50 ms':>8} {'p99 ms':>8} "

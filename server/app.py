@@ -28,7 +28,8 @@ from llmserve_env.server.dashboard import build_dashboard
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.server.frames import WebSocketFrames
-from llmserve_env.server.limits import BodySizeLimit
+from llmserve_env.server.limits import BodySizeLimit, raise_open_file_limit
+from llmserve_env.server.logbounds import bound_logs
 from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.grader import GradeError
@@ -104,6 +105,10 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
         from llmserve_env.shared.tasks import TASKS
 
         check_real_mode(t.window_s for t in TASKS.values())
+    # Bounds that hold under any runner (server/limits.py, server/logbounds.py); server/serving.py
+    # adds the ones only a runner can enforce (request-head timeout, connection cap).
+    raise_open_file_limit()
+    bound_logs()
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
     parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 

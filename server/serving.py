@@ -12,12 +12,21 @@ through `run` here, so they share these settings:
 |                            |                | disconnected (uvicorn has no such timeout: 1,100 slow      |
 |                            |                | connections held every file descriptor)                    |
 | KEEP_ALIVE_S               | 5 s            | an idle keep-alive connection is closed                    |
-| max connections            | open-file limit| a connection past it is closed at once, before it holds a  |
-|                            | minus 128      | descriptor the server needs (files, /health, the log)      |
+| max connections            | open-file limit| at the cap, the connection that has waited longest for its  |
+|                            | minus 128, at  | request is closed to let the new one in (a newcomer is      |
+|                            | most 10,000    | refused only when none waits): reconnecting slow clients   |
+|                            |                | held /health to 6 answers in 74 without this               |
+| open-file limit            | raised to the  | (server/limits.py) a soft limit of 1,024 left too few      |
+|                            | hard limit     | descriptors for 1,000 slow clients and /health             |
 | MAX_HEADER_BYTES           | 64 KiB         | h11's limit on an incomplete request head                  |
 | WS_MAX_BYTES               | 1 MiB          | a WebSocket message larger than this closes the socket     |
-| accept-error log lines     | 1 per 10 s     | repeated identical asyncio errors (EMFILE on accept wrote  |
-|                            | per message    | 85 MB of log in 17 s) are counted, not repeated            |
+| log volume                 | server/logbounds.py | identical error lines once per 10 s, access lines 50 a second, each with a count of what was left out |
+
+The app itself (server/app.py) enforces what an ASGI app can, under any runner: the body size and
+body-read deadline (server/limits.py), WebSocket idle timeouts and per-client caps
+(server/frames.py), the open-file limit and the log bounds. A request head that never ends never
+reaches an app, so its timeout and the connection cap need this runner: start the server here
+(`python -m llmserve_env serve` and `make serve` do).
 
 Slow-client handling wraps whichever HTTP protocol uvicorn picks (httptools when installed, else h11).
 """
@@ -28,51 +37,27 @@ import argparse
 import logging
 import os
 import resource
-import time
+from collections import OrderedDict
 from typing import Any
 
-from llmserve_env.server.limits import READ_TIMEOUT_S
+from llmserve_env.server.limits import READ_TIMEOUT_S, raise_open_file_limit
+from llmserve_env.server.logbounds import bound_logs
 
 KEEP_ALIVE_S = 5
 MAX_HEADER_BYTES = 64 * 1024
 WS_MAX_BYTES = 1 << 20
 FD_RESERVE = 128
-LOG_INTERVAL_S = 10.0
+MAX_CONNECTIONS = 10_000  # each open connection costs the server memory, whatever the file limit
 
 log = logging.getLogger("llmserve_env.serving")
 
 
 def max_connections() -> int:
-    """Connections the server keeps open at most: the open-file limit less a reserve."""
+    """Connections the server keeps open at most: the open-file limit less a reserve, at most MAX_CONNECTIONS."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
-        return 10_000
-    return max(16, soft - FD_RESERVE)
-
-
-class RateLimitFilter(logging.Filter):
-    """Pass the first record of each message per LOG_INTERVAL_S; count the rest, report the count."""
-
-    def __init__(self, interval_s: float = LOG_INTERVAL_S):
-        super().__init__()
-        self.interval_s = interval_s
-        self._last: dict[str, float] = {}
-        self._dropped: dict[str, int] = {}
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        key = str(record.msg)[:200]
-        now = time.monotonic()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            self._dropped[key] = self._dropped.get(key, 0) + 1
-            return False
-        self._last[key] = now
-        dropped = self._dropped.pop(key, 0)
-        if dropped:
-            record.msg = f"{record.msg} [{dropped} more like this in the last {self.interval_s:g} s not logged]"
-        if len(self._last) > 1024:  # bounded memory whatever the messages
-            self._last.clear()
-        return True
+        return MAX_CONNECTIONS
+    return max(16, min(MAX_CONNECTIONS, soft - FD_RESERVE))
 
 
 def bounded(protocol_cls: type) -> type:
@@ -81,26 +66,46 @@ def bounded(protocol_cls: type) -> type:
     class Bounded(protocol_cls):
         read_timeout_s = READ_TIMEOUT_S
         connection_cap = max_connections()
+        # Connections waiting for a request (their read timer armed), oldest first: at the cap, the
+        # oldest of them is closed to let a new connection in (one event loop: no lock).
+        waiting: OrderedDict[Any, None] = OrderedDict()
 
         def connection_made(self, transport: Any) -> None:
             over = len(self.connections) >= self.connection_cap
             super().connection_made(transport)
             self._read_timer = None
             self._armed_for = None
-            if over:
-                log.warning("connection refused: %d connections open (the cap)", self.connection_cap)
+            if over and not self._evict_oldest_waiting():
+                log.warning("connection refused: %d connections open (the cap), none waiting for a request",
+                            self.connection_cap)
                 self.transport.close()
                 return
             self._arm()
 
+        def _evict_oldest_waiting(self) -> bool:
+            """Close the connection that has waited longest for its request; False if none waits.
+            A slow client, not the newcomer, pays for the cap: reconnecting slow clients cannot keep
+            an honest one (who sends its request at once) out."""
+            while self.waiting:
+                oldest, _ = self.waiting.popitem(last=False)
+                if not oldest.transport.is_closing():
+                    oldest._disarm()
+                    log.info("at the cap of %d connections: closed the one waiting longest for a request",
+                             self.connection_cap)
+                    oldest.transport.close()
+                    return True
+            return False
+
         def _arm(self) -> None:
             self._armed_for = self.cycle
             self._read_timer = self.loop.call_later(self.read_timeout_s, self._read_timed_out)
+            self.waiting[self] = None
 
         def _disarm(self) -> None:
             if self._read_timer is not None:
                 self._read_timer.cancel()
                 self._read_timer = None
+            self.waiting.pop(self, None)
 
         def data_received(self, data: bytes) -> None:
             if self._read_timer is None and (self.cycle is None or self.cycle.response_complete):
@@ -120,6 +125,7 @@ def bounded(protocol_cls: type) -> type:
 
         def _read_timed_out(self) -> None:
             self._read_timer = None
+            self.waiting.pop(self, None)
             if not self.transport.is_closing():
                 log.info("closing a connection whose request did not arrive within %g s", self.read_timeout_s)
                 self.transport.close()
@@ -154,14 +160,14 @@ def uvicorn_settings() -> dict[str, Any]:
 
 
 def quiet_repeated_errors() -> None:
-    limiter = RateLimitFilter()
-    for name in ("asyncio", "uvicorn.error"):
-        logging.getLogger(name).addFilter(limiter)
+    """The app's own log bounds (server/logbounds.py), installed before uvicorn logs anything."""
+    bound_logs()
 
 
 def run(host: str = "127.0.0.1", port: int = 7860, log_level: str = "info") -> None:
     import uvicorn
 
+    raise_open_file_limit()  # before the connection cap is read from it
     quiet_repeated_errors()
     uvicorn.run("llmserve_env.server.app:app", host=host, port=port, log_level=log_level, **uvicorn_settings())
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 import uvicorn
 from llmserve_env.launch import free_port
-from llmserve_env.server.serving import RateLimitFilter, uvicorn_settings
+from llmserve_env.server.logbounds import RateLimitFilter
+from llmserve_env.server.serving import uvicorn_settings
 
 
 @pytest.fixture()
@@ -62,16 +63,17 @@ def test_slow_headers_and_slow_bodies_are_disconnected(bounded_server):
         sock.close()
 
 
-def test_connections_past_the_cap_are_closed_at_once(bounded_server):
+def test_at_the_cap_the_connection_waiting_longest_goes_not_the_newcomer(bounded_server):
+    """Issue 30: the newcomer past the cap used to be closed at once, so clients that reconnect as
+    soon as they are dropped kept /health out (6 answers in 74 under 1,000 of them)."""
     url, port = bounded_server
-    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+    held = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]  # 8 silent: all waiting
     time.sleep(0.2)
-    extra = socket.create_connection(("127.0.0.1", port))
-    assert _closed_within(extra, 0.9)  # closed before the 1 s read timeout could have done it
-    for sock in held + [extra]:
+    assert httpx.get(url + "/health", timeout=2).status_code == 200  # the newcomer is served
+    assert _closed_within(held[0], 0.9)  # the oldest waiting one made room, before its read timeout
+    assert not _closed_within(held[1], 0.05)
+    for sock in held:
         sock.close()
-    time.sleep(0.2)
-    assert httpx.get(url + "/health", timeout=2).status_code == 200
 
 
 def test_repeated_log_records_are_counted_not_repeated():
