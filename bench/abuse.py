@@ -24,7 +24,8 @@ Three attacks from issue 20, each measured by what an honest client sees meanwhi
    Meanwhile /health is asked every 0.5 s on a fresh connection (2 s timeout), for `--reconnect-s`
    seconds (default 40): `health_ok_share_under_slow_clients` is the share answered 200. The server
    runs under a soft open-file limit of `--server-nofile` (default 1024, a common default: the
-   limit the issue's server had) and `--runner` (`bounded`: python -m llmserve_env.server.serving,
+   limit the issue's server had; `--server-nofile-hard`: its hard limit too, so that the server's
+   connection cap, not the raised limit, is what holds) and `--runner` (`bounded`: python -m llmserve_env.server.serving,
    as make serve and the Docker image; `uvicorn`: plain `uvicorn server.app:app`, the app's own
    bounds only). `server_log_bytes_under_slow_clients` is what the server logged meanwhile.
 5. Silent WebSocket sockets (issue 30): 256 sockets that never send a frame, first all from one
@@ -201,13 +202,15 @@ def attack_real(args: argparse.Namespace, res: dict) -> None:
             standin.wait(timeout=20)
 
 
-def server_argv(runner: str, nofile: int) -> list[str]:
-    """The server's command under `runner`, with its soft open-file limit set to `nofile`."""
+def server_argv(runner: str, nofile: int, hard: bool = False) -> list[str]:
+    """The server's command under `runner`, with its soft open-file limit set to `nofile` (`hard`:
+    the hard limit too, so the server cannot raise it)."""
     if runner == "bounded":
         cmd = f"{sys.executable} -m llmserve_env.server.serving --host 127.0.0.1 --port {{port}} --log-level warning"
     else:
         cmd = f"{sys.executable} -m uvicorn llmserve_env.server.app:app --host 127.0.0.1 --port {{port}}"
-    return ["bash", "-c", f"ulimit -Sn {nofile} && exec {cmd}"]
+    limits = f"ulimit -Sn {nofile} && ulimit -Hn {nofile}" if hard else f"ulimit -Sn {nofile}"
+    return ["bash", "-c", f"{limits} && exec {cmd}"]
 
 
 async def reconnecting_slow_client(port: int, stop_at: float, counts: dict[str, int]) -> None:
@@ -252,7 +255,8 @@ def health_share(url: str, stop_at: float, period_s: float = 0.5) -> tuple[int, 
 def attack_reconnect(args: argparse.Namespace, res: dict) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
-        with ServerProcess(server_argv(args.runner, args.server_nofile), log=log, cwd=ROOT) as server:
+        argv = server_argv(args.runner, args.server_nofile, args.server_nofile_hard)
+        with ServerProcess(argv, log=log, cwd=ROOT) as server:
             port = int(server.url.rsplit(":", 1)[1])
             before = log.stat().st_size
             counts = {"connections": 0, "connect_errors": 0}
@@ -277,7 +281,7 @@ def attack_reconnect(args: argparse.Namespace, res: dict) -> None:
             poller.join()
             ok, asked, lat = out["health"]  # type: ignore[misc]
             res["reconnect_runner"] = args.runner
-            res["reconnect_server_nofile"] = args.server_nofile
+            res["reconnect_server_nofile"] = f"{args.server_nofile}{' (hard too)' if args.server_nofile_hard else ''}"
             res["reconnect_clients"] = args.reconnect
             res["reconnect_connections"] = counts["connections"]
             res["reconnect_connect_errors"] = counts["connect_errors"]
@@ -350,6 +354,8 @@ def main() -> None:
     ap.add_argument("--runner", choices=("bounded", "uvicorn"), default="bounded",
                     help="how the server under the reconnecting clients is started")
     ap.add_argument("--server-nofile", type=int, default=1024, help="that server's soft open-file limit")
+    ap.add_argument("--server-nofile-hard", action="store_true",
+                    help="set the hard open-file limit too (the server cannot raise it: the connection cap acts)")
     ap.add_argument("--attacks", default="sim,real,reconnect,ws",
                     help="comma-separated: sim (slow clients, huge traces, forged log), real (idle real "
                          "episodes), reconnect (reconnecting slow clients), ws (silent WebSocket sockets)")

@@ -11,8 +11,9 @@ naming the window and the metric); a log that replays is graded on the replayed 
 compared to 1e-9 relative, which only absorbs a JSON writer that prints fewer digits).
 
 A real-mode log cannot be replayed (its latencies were measured against an endpoint): it is
-graded as submitted with `verified: false`, meaning the score is only as good as the client that
-wrote the metrics. Episodes this process played itself (`grade_own`) are graded with
+refused unless the caller allows it (`allow_real`: a real-mode server, or a sim-mode one with
+LLMSERVE_GRADE_REAL_LOGS=1, or `--allow-real` here), and then graded as submitted with
+`verified: false`, meaning the score is only as good as the client that wrote the metrics. Episodes this process played itself (`grade_own`) are graded with
 `verified: true`: their metrics never left the server.
 
 Replaying costs what playing cost (about 1-2 ms per window on the built-in tasks); callers on an
@@ -45,9 +46,16 @@ def grade_own(ep: Episode) -> GradeResult:
     return grade_episode(ep.episode_log()).model_copy(update={"verified": True})
 
 
-def grade_log(log: EpisodeLog) -> GradeResult:
-    """Grade a submitted log: replayed and verified in sim mode, as submitted in real mode."""
+def grade_log(log: EpisodeLog, allow_real: bool = False) -> GradeResult:
+    """Grade a submitted log: replayed and verified in sim mode; a real-mode log only with
+    `allow_real` (as submitted, verified: false), else GradeError: nothing can check its metrics,
+    so a made-up log labelled `mode: real` would otherwise earn any score it claims."""
     if log.mode == "real":
+        if not allow_real:
+            raise GradeError("a mode: real log cannot be replayed (its latencies were measured against an "
+                             "endpoint), so its metrics are only the submitter's word; this server grades only "
+                             "sim-mode logs. A real-mode server grades real logs, and a sim-mode one does when "
+                             "its operator sets LLMSERVE_GRADE_REAL_LOGS=1 (verified: false)")
         return grade_episode(log).model_copy(update={"verified": False})
     replayed = replay(log)
     return grade_episode(replayed.episode_log()).model_copy(
@@ -133,15 +141,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m llmserve_env.runtime.verify",
                                      description="Replay a sim-mode episode log and grade it (verified).")
     parser.add_argument("log", help="an EpisodeLog JSON file (what POST /grader takes as episode_log)")
+    parser.add_argument("--allow-real", action="store_true",
+                        help="grade a mode: real log as submitted (verified: false) instead of refusing it")
     args = parser.parse_args(argv)
-    return verify_file(args.log)
+    return verify_file(args.log, allow_real=args.allow_real)
 
 
-def verify_file(path: str) -> int:
+def verify_file(path: str, allow_real: bool = False) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             log = EpisodeLog.model_validate_json(f.read())
-        result = grade_log(log)
+        result = grade_log(log, allow_real=allow_real)
     except OSError as exc:
         print(f"error: cannot read {path!r}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from llmserve_env.runtime.errors import EnvError
+from llmserve_env.runtime.errors import EnvError, EpisodeRequiredError
 from llmserve_env.server import openapi
 from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.budget import CallBudget
@@ -30,6 +30,7 @@ from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.server.frames import WebSocketFrames
 from llmserve_env.server.limits import BodySizeLimit, raise_open_file_limit
 from llmserve_env.server.logbounds import bound_logs
+from llmserve_env.server.methods import KnownMethods, routes_under
 from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.grader import GradeError
@@ -147,7 +148,10 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     if config.mode == "real":
         _wire_real_mode(app)
 
-    async def env_error(_: Request, exc: EnvError) -> JSONResponse:
+    async def env_error(request: Request, exc: EnvError) -> JSONResponse:
+        if isinstance(exc, EpisodeRequiredError) and request.url.path.startswith("/web/"):
+            # The web playground's one episode does not exist yet: a missing resource, not a bad request.
+            return JSONResponse(status_code=404, content={"detail": exc.message})
         if exc.status == 422:  # a value out of its range: FastAPI's 422 shape, as the schema documents
             return JSONResponse(status_code=422, content={"detail": [
                 {"type": "value_error", "loc": list(getattr(exc, "loc", ["body"])), "msg": exc.message,
@@ -183,6 +187,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(WebSocketFrames, idle_timeout_s=config.ws_idle_timeout_s,
                        max_per_client=config.ws_max_per_client)
+    app.add_middleware(KnownMethods, allowed=routes_under(app.router.routes, "/web/"))
     openapi.install(app)
     return app
 

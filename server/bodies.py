@@ -21,17 +21,19 @@ arguments themselves, and `WebSocketFrames` answers frames that are not JSON obj
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
-from typing import Any
+from typing import Annotated, Any, TypeVar
 
 from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.server.environment import DEFAULT_TASK, SEED_LIMIT
 from llmserve_env.shared.models import ServeAction
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 Scope = dict[str, Any]
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 
 class ServeCaps(BaseModel):
@@ -65,12 +67,22 @@ class ServeResetRequest(BaseModel):
                                                       "simulator to replay a recorded episode")
 
 
+def _checked_metadata(action: ServeAction) -> ServeAction:
+    """The action's free-form metadata checked like every other body (bodies.value_problem): it
+    is stored and echoed, and pydantic's JSON parser takes NaN and turns 1e999 into infinity."""
+    if action.metadata:
+        problem = value_problem(action.metadata)
+        if problem is not None:
+            raise ValueError(f"metadata: {problem}")
+    return action
+
+
 class ServeStepRequest(BaseModel):
     """POST /step: serve the next window of episode `episode_id` under `action`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    action: ServeAction
+    action: Annotated[ServeAction, AfterValidator(_checked_metadata)]
     # Optional here so that a missing id gets the environment's 400 saying how to get one;
     # /openapi.json lists it as required, which it is.
     episode_id: str | None = Field(None, min_length=1, max_length=EPISODE_ID_MAX_LEN, pattern=EPISODE_ID_PATTERN,
@@ -85,7 +97,7 @@ class ServeWebStepRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    action: ServeAction
+    action: Annotated[ServeAction, AfterValidator(_checked_metadata)]
 
 
 # POST path -> its body. /web/reset and /web/step are OpenEnv's web-interface routes: they take a
@@ -93,6 +105,51 @@ class ServeWebStepRequest(BaseModel):
 BODIES: dict[str, type[BaseModel]] = {"/reset": ServeResetRequest, "/step": ServeStepRequest,
                                       "/web/reset": ServeResetRequest, "/web/step": ServeWebStepRequest}
 OPTIONAL_BODIES = {"/reset", "/web/reset"}  # an empty body means "all defaults"
+
+
+def whole_floats_fixed(exc: ValidationError, data: Any) -> Any | None:
+    """`data` (decoded JSON) with each integer field that was written as a whole float (52.0,
+    1e2) turned into the integer, or None when no error is of that kind. JSON Schema's `integer`
+    admits 52.0 and JSON itself has one number type, so a client's writer may print either; the
+    fields stay strict otherwise (52.5, "52", true are still refused)."""
+    fixed = None
+    for e in exc.errors(include_url=False):
+        value = e.get("input")
+        if e["type"] != "int_type" or not isinstance(value, float) or not value.is_integer() or \
+                abs(value) >= 2**64:
+            continue
+        if fixed is None:
+            fixed = copy.deepcopy(data)
+        *path, last = e["loc"]
+        node = fixed
+        try:
+            for key in path:
+                node = node[key]
+            if node[last] == value:
+                node[last] = int(value)
+        except (KeyError, IndexError, TypeError):
+            continue
+    return fixed
+
+
+def validate_body(model: type[ModelT], body: bytes) -> tuple[ModelT, bytes]:
+    """`model` validated from the JSON `body` (one parse when it fits), accepting whole floats in
+    integer fields (whole_floats_fixed); the model and the body as validated (integers written as
+    such), or the ValidationError of the body as sent."""
+    try:
+        return model.model_validate_json(body), body
+    except ValidationError as exc:
+        try:
+            fixed = whole_floats_fixed(exc, json.loads(body))
+        except ValueError:
+            fixed = None
+        if fixed is None:
+            raise
+        fixed_body = json.dumps(fixed).encode()
+        try:
+            return model.model_validate_json(fixed_body), fixed_body
+        except ValidationError:
+            raise exc from None
 
 
 def validation_errors(exc: ValidationError) -> list[dict[str, Any]]:
@@ -156,8 +213,13 @@ def json_problem(body: bytes) -> str | None:
         return "the body is not UTF-8"
     except ValueError as exc:  # malformed JSON, NaN/Infinity, an integer past 4,300 digits
         return f"not valid JSON: {str(exc)[:200]}"
+    return value_problem(value, check_strings=_SURROGATE_ESCAPE.search(body) is not None)
+
+
+def value_problem(value: Any, check_strings: bool = True) -> str | None:
+    """Why a decoded JSON value is not one this server takes (nesting past DEPTH_LIMIT, a lone
+    surrogate in a string or key, a number that is not finite), or None."""
     stack: list[tuple[Any, int]] = [(value, 1)]
-    check_strings = _SURROGATE_ESCAPE.search(body) is not None
     while stack:
         item, depth = stack.pop()
         if depth > DEPTH_LIMIT:
@@ -171,6 +233,8 @@ def json_problem(body: bytes) -> str | None:
             stack.extend((v, depth + 1) for v in item)
         elif check_strings and isinstance(item, str) and not _encodable(item):
             return "a string holds a lone UTF-16 surrogate (not a character)"
+        elif isinstance(item, float) and not math.isfinite(item):
+            return f"{item} is not a JSON number; finite numbers only"
     return None
 
 
@@ -216,7 +280,7 @@ class StrictBodies:
         if body.strip():  # an empty /reset body means "all defaults": OpenEnv allows it
             if model is not None:
                 try:
-                    model.model_validate_json(body)
+                    _, body = validate_body(model, body)
                 except ValidationError as exc:
                     await _send_json(send, 422, {"detail": validation_errors(exc)})
                     return

@@ -72,6 +72,8 @@ class LLMServeEnvironment(Environment[ServeAction, ServeObservation, ServeState]
             raise EnvError(f"unknown reset argument(s): {', '.join(sorted(kwargs))}; "
                            f"allowed: task_id, seed, episode_id, profile, caps")
         sim_profile, sim_caps = self._sim_options(profile, caps)
+        if isinstance(seed, float) and seed.is_integer() and abs(seed) < 2**64:
+            seed = int(seed)  # a whole float is the integer on the wire (server/bodies.py, issue 30)
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
             raise EnvError(f"seed must be an integer with 0 <= seed < 2**63, got {_short(seed)}")
         if not isinstance(task_id, str):

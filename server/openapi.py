@@ -54,9 +54,9 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
                            (503, "use_openai=true but the server has no OPENAI_API_KEY")],
     ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
                              (409, "the episode_id named is already in use")],
-    ("post", "/web/step"): [(400, "no episode yet: POST /web/reset first"),
+    ("post", "/web/step"): [(404, "no episode yet: POST /web/reset first"),
                             (409, "the episode is done: reset")],
-    ("get", "/web/state"): [(400, "no episode yet: POST /web/reset first")],
+    ("get", "/web/state"): [(404, "no episode yet: POST /web/reset first")],
     # OpenEnv's task API: unknown environment name or split, task index out of range.
     ("get", "/{env_name}/splits"): [(404, "unknown environment name")],
 } | {("post", f"/{{env_name}}/{name}"): [(400, "task index out of range"),

@@ -12,7 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.runtime.verify import grade_log
-from llmserve_env.server.bodies import ServeStepRequest, validation_errors
+from llmserve_env.server.bodies import ServeStepRequest, validate_body, validation_errors
 from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
@@ -113,8 +113,11 @@ def build_router(env_factory: Any) -> APIRouter:
                 return env.grade(request.episode_id)
             log = request.episode_log
             # A sim-mode log is replayed and graded on the replay (refused, 422, at the first window
-            # that does not replay); a real-mode one is graded as submitted, verified: false.
-            return grade_log(log.model_copy(update={"task_id": env.config.trace_task_id(log.task_id)}))
+            # that does not replay); a real-mode one is graded as submitted, verified: false, by a
+            # real-mode server or one whose operator allows it (else 422: nothing checks its metrics).
+            allow_real = env.config.mode == "real" or env.config.grade_real_logs
+            return grade_log(log.model_copy(update={"task_id": env.config.trace_task_id(log.task_id)}),
+                             allow_real=allow_real)
         finally:
             env.close()
 
@@ -127,7 +130,7 @@ def build_router(env_factory: Any) -> APIRouter:
         # One parse and one validation of the body (pydantic-core, strict, extra fields refused),
         # where OpenEnv's route parsed the JSON, validated a StepRequest, then the action again.
         try:
-            body = ServeStepRequest.model_validate_json(await request.body())
+            body, _ = validate_body(ServeStepRequest, await request.body())
         except ValidationError as exc:
             return JSONResponse(status_code=422, content={"detail": validation_errors(exc)})
         env: LLMServeEnvironment = env_factory()

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.errors import FlakyStrategyDefinition
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
-from schemathesis.checks import positive_data_acceptance, unsupported_method
+from schemathesis.checks import positive_data_acceptance
 
 MAX_EXAMPLES = 40
 
@@ -26,20 +26,6 @@ MAX_EXAMPLES = 40
 APP = build_app(ServerSettings(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=4,
                              max_body_bytes=256 * 1024))
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
-
-
-@schema.hook
-def map_body(context: Any, body: Any) -> Any:
-    # JSON Schema counts 8.0 as an integer, but the action's integer knobs are strict on purpose
-    # (shared/models.py: a float where an integer belongs is a client bug, answered 422), so the
-    # generator writes integral floats as integers. Nothing else in a body changes.
-    if isinstance(body, float) and body.is_integer() and abs(body) < 2**53:
-        return int(body)
-    if isinstance(body, dict):
-        return {k: map_body(context, v) for k, v in body.items()}
-    if isinstance(body, list):
-        return [map_body(context, v) for v in body]
-    return body
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -56,10 +42,6 @@ def stub_baseline_suite():
 
 def excluded_checks(method: str, path: str) -> list[Any]:
     excluded = []
-    if path.startswith("/web/"):
-        # OpenEnv's web-interface routes sit beside the Gradio app that OpenEnv mounts at /web, which
-        # answers 404 (not 405) to any method it does not route; that is Gradio's, not fixable here.
-        excluded.append(unsupported_method)
     if (method, path) == ("POST", "/grader"):
         # An episode_log can fit the schema and still not be a real episode of its task (the grader
         # replays the task's arrivals and checks every count): that is a 422 by design.
@@ -67,10 +49,6 @@ def excluded_checks(method: str, path: str) -> list[Any]:
     if method == "POST" and path in ("/step", "/web/step"):
         # `replicas` fits the schema's 1..MAX_REPLICAS and can still be outside the episode's task's
         # own range (exactly 1 on the single-server tasks): a 422 naming the range, by design.
-        excluded.append(positive_data_acceptance)
-    if (method, path) in (("POST", "/reset"), ("POST", "/web/reset")):
-        # JSON Schema's `integer` admits 3072.0; the server's strict bodies refuse a number written
-        # with a fraction where an integer belongs (a 422 naming the field), by design: no coercion.
         excluded.append(positive_data_acceptance)
     return excluded
 

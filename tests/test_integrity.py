@@ -92,10 +92,12 @@ def test_a_logs_id_is_a_label_not_an_episode_id():
     assert result.verified is True and result.episode_id == "my run #3 (lab A)"
 
 
-def test_real_mode_log_is_graded_unverified():
+def test_real_mode_log_is_graded_unverified_only_when_allowed():
     log = played_log("static_workload", mode="real")
-    result = grade_log(forged_from(log))
+    result = grade_log(forged_from(log), allow_real=True)
     assert result.verified is False  # graded as submitted: nothing to replay it against
+    with pytest.raises(GradeError, match="LLMSERVE_GRADE_REAL_LOGS"):
+        grade_log(forged_from(log))
 
 
 def test_verify_cli(tmp_path, capsys):
@@ -179,7 +181,7 @@ def test_malformed_websocket_frames_get_an_error_and_the_session_goes_on(client)
 
 def test_web_step_error_does_not_ask_for_an_id_the_route_rejects(client):
     r = client.post("/web/step", json={"action": STEADY_ACTION})
-    assert r.status_code == 400 and "/web/reset" in r.json()["detail"]
+    assert r.status_code == 404 and "/web/reset" in r.json()["detail"]  # no web episode yet
 
 
 # -- 17.3: one parse, metadata once -----------------------------------------------------------------

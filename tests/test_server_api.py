@@ -221,12 +221,13 @@ def test_baseline_openai_without_key_is_503_as_documented(monkeypatch):
 
 
 # -- strict bodies, OpenEnv's task API, the documented schema -------------------------------------
-@pytest.mark.parametrize("seed", [True, False, "7", 7.0, None, -3])
+@pytest.mark.parametrize("seed", [True, False, "7", 7.5, None, 7.0, -3])
 def test_reset_takes_the_seed_strictly(client, seed):
-    # OpenEnv's ResetRequest would turn true into 1 and "7" into 7; null means "the default seed".
+    # OpenEnv's ResetRequest would turn true into 1 and "7" into 7; null means "the default seed";
+    # 7.0 is the integer 7 as JSON Schema's `integer` has it (issue 30), 7.5 is not.
     r = client.post("/reset", json={"task_id": "static_workload", "seed": seed})
-    if seed is None:
-        assert r.status_code == 200 and r.json()["observation"]["metadata"]["seed"] == 0
+    if seed is None or seed == 7.0:
+        assert r.status_code == 200 and r.json()["observation"]["metadata"]["seed"] == (seed or 0)
     else:
         assert r.status_code == 422
         assert any(e["loc"] == ["body", "seed"] for e in r.json()["detail"]), r.json()
@@ -325,3 +326,74 @@ def test_dashboard_does_not_phone_home_unless_asked():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[0] == "True" and int(out.stdout.split()[1]) >= 1
+
+
+# -- issue 30, item 6 --------------------------------------------------------------------------------
+def test_a_sim_server_refuses_a_made_up_real_log_unless_its_operator_allows_it():
+    """Before: a sim-mode server graded a made-up log labelled "mode": "real" at 1.0 (verified: false)."""
+    from test_integrity import forged_from, played_log
+
+    body = {"episode_log": json.loads(forged_from(played_log("static_workload", mode="real")).model_dump_json())}
+    with TestClient(build_app(ServerSettings(mode="sim"))) as client:
+        r = client.post("/grader", json=body)
+    assert r.status_code == 422 and "LLMSERVE_GRADE_REAL_LOGS" in r.json()["detail"][0]["msg"]
+    with TestClient(build_app(ServerSettings(mode="sim", grade_real_logs=True))) as client:
+        r = client.post("/grader", json=body)
+    assert r.status_code == 200 and r.json()["verified"] is False
+
+
+@pytest.mark.parametrize("value", [b"NaN", b"1e999", b"-Infinity", b'"\\ud800"', b'{"k": "\\udfff"}'])
+def test_step_checks_the_actions_metadata_like_every_body(client, value):
+    """Before: NaN and 1e999 inside action.metadata were taken (200) though every body is checked."""
+    eid = reset(client)["observation"]["episode_id"]
+    action = json.dumps({**STEADY_ACTION, "metadata": {"note": "x"}}).encode().replace(b'"x"', value)
+    body = b'{"action": %s, "episode_id": "%s"}' % (action, eid.encode())
+    r = client.post("/step", content=body, headers={"content-type": "application/json"})
+    assert r.status_code == 422, r.text
+    first = r.json()["detail"][0]
+    # NaN and 1e999 parse, and the metadata check names them; a lone surrogate is the parser's 422.
+    assert "metadata" in first["msg"] or first["type"] == "json_invalid", first
+    # The episode is untouched: the next valid step is its first.
+    r = client.post("/step", json={"action": STEADY_ACTION, "episode_id": eid})
+    assert r.json()["observation"]["step_index"] == 1
+
+
+def test_integers_written_as_whole_floats_are_the_integers_on_every_transport():
+    """JSON Schema's `integer` admits 52.0 (Schemathesis sent it and got 422); 52.5 is still refused."""
+    with TestClient(build_app(ServerSettings(mode="sim", max_sessions=2))) as client:
+        _whole_floats(client)
+
+
+def _whole_floats(client: TestClient) -> None:
+    eid = reset(client)["observation"]["episode_id"]
+    whole = {**STEADY_ACTION, "batch_cap": 52.0, "speculation_depth": 0.0}
+    r = client.post("/step", json={"action": whole, "episode_id": eid})
+    assert r.status_code == 200, r.text
+    r = client.post("/step", json={"action": {**STEADY_ACTION, "batch_cap": 52.5}, "episode_id": eid})
+    assert r.status_code == 422 and r.json()["detail"][0]["loc"] == ["body", "action", "batch_cap"]
+    assert r.json()["detail"][0]["input"] == 52.5  # the body as sent, not as rewritten
+    state = client.get("/state", params={"episode_id": eid}).json()
+    assert state["action_history"][0]["batch_cap"] == 52 and state["step_count"] == 1
+    with client.websocket_connect("/ws") as ws:
+        ws.send_json({"type": "reset", "data": {"seed": 2.0}})
+        assert ws.receive_json()["data"]["observation"]["step_index"] == 0
+        ws.send_json({"type": "step", "data": whole})
+        assert ws.receive_json()["data"]["observation"]["step_index"] == 1
+    r = client.post("/web/reset", json={"seed": 3.0})
+    assert r.status_code == 200, r.text
+    assert client.post("/web/step", json={"action": whole}).status_code == 200
+
+
+def test_unknown_methods_are_405_on_the_web_routes_and_no_web_episode_is_404():
+    """Before: TRACE /web/state reached the Gradio mount (404), and /web/state before /web/reset was a 400."""
+    with TestClient(build_app(ServerSettings(mode="sim", max_sessions=2))) as client:
+        for path in ("/web/state", "/web/step", "/web/reset", "/web/metadata", "/health", "/reset"):
+            r = client.request("TRACE", path)
+            assert r.status_code == 405, (path, r.status_code)
+        assert client.request("TRACE", "/web/state").headers["allow"] == "GET, HEAD"
+        r = client.get("/web/state")
+        assert r.status_code == 404 and "/web/reset" in r.json()["detail"]
+        assert client.post("/web/step", json={"action": STEADY_ACTION}).status_code == 404
+        assert client.post("/web/reset", json={"seed": 1}).status_code == 200
+        assert client.get("/web/state").status_code == 200
+        assert client.get("/web/metadata").status_code == 200
