@@ -15,8 +15,9 @@ WebSocket route (/ws, /mcp, ...):
   client address, with OpenEnv's own refusal shape (an error frame of code CAPACITY_REACHED, then
   close 1008), so one host cannot take the whole pool.
 
-On /ws it also answers, itself, with OpenEnv's error shape (`{"type": "error", "data": {"message",
-"code"}}`), a frame the session loop would die on, and the session goes on: a binary frame or a
+On /ws (and /mcp) it also answers, itself, with OpenEnv's error shape (`{"type": "error", "data":
+{"message", "code"}}`; on /mcp a JSON-RPC error), a frame the session loop would die on, and the
+session goes on: a binary frame or a
 JSON value that is not an object (OpenEnv calls `.get` on it), and JSON the server takes on no
 route (bodies.json_problem: NaN/Infinity or a number past the float range, a lone UTF-16
 surrogate, which made OpenEnv's error reply itself fail to serialise, nesting past 32 levels,
@@ -46,8 +47,30 @@ def _error(message: str, code: str) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code}})
 
 
-_NOT_AN_OBJECT = _error("a message must be a JSON object such as {\"type\": \"step\", \"data\": {...}} sent as a "
-                        "text frame; this frame was ignored and the session goes on", "INVALID_JSON")
+def _rpc_error(message: str, code: int) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": {"code": code, "message": message}})
+
+
+_NOT_AN_OBJECT = "a message must be a JSON object sent as a text frame; this frame was ignored and the session goes on"
+
+
+def openenv_reply(problem: str) -> str:
+    """/ws: OpenEnv's error message shape."""
+    if problem in ("binary frame", "not an object"):
+        return _error(_NOT_AN_OBJECT.replace("JSON object", "JSON object such as {\"type\": \"step\", \"data\": {...}}"),
+                      "INVALID_JSON")
+    return _error(f"{problem}; this frame was ignored and the session goes on", "INVALID_JSON")
+
+
+def jsonrpc_reply(problem: str) -> str:
+    """/mcp: a JSON-RPC error (-32600 invalid request, -32700 parse error), as OpenEnv's /mcp answers."""
+    if problem in ("binary frame", "not an object"):
+        return _rpc_error(_NOT_AN_OBJECT.replace("JSON object", "JSON-RPC request object"), -32600)
+    return _rpc_error(f"Parse error: {problem}; this frame was ignored and the session goes on", -32700)
+
+
+# WebSocket path -> how a frame its session loop cannot take is answered.
+REPLIES = {"/ws": openenv_reply, "/mcp": jsonrpc_reply}
 
 
 def frame_problem(text: str) -> str | None:
@@ -61,12 +84,11 @@ def frame_problem(text: str) -> str | None:
 
 class WebSocketFrames:
     def __init__(self, app: Any, idle_timeout_s: float = 120.0, max_per_client: int = 32,
-                 first_frame_s: float = FIRST_FRAME_S, path: str = "/ws"):
+                 first_frame_s: float = FIRST_FRAME_S):
         self.app = app
         self.idle_timeout_s = idle_timeout_s
         self.max_per_client = max_per_client
         self.first_frame_s = min(first_frame_s, idle_timeout_s)
-        self.path = path
         self.open: dict[str, int] = {}  # client address -> sockets open (one event loop: no lock)
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
@@ -99,7 +121,7 @@ class WebSocketFrames:
         await send({"type": "websocket.close", "code": 1008})
 
     async def _serve(self, scope: Scope, receive: Any, send: Any) -> None:
-        check_frames = scope.get("path") == self.path
+        reply = REPLIES.get(scope.get("path", ""))
         frames = 0
         connected = closed = False
 
@@ -131,15 +153,13 @@ class WebSocketFrames:
                 if message["type"] != "websocket.receive":
                     return message
                 frames += 1
-                if not check_frames:
+                if reply is None:
                     return message
                 text = message.get("text")
                 problem = "binary frame" if text is None else frame_problem(text)
                 if problem is None:
                     return message
                 # The app is waiting in receive, so nothing else is sending on this socket now.
-                await send({"type": "websocket.send", "text": _NOT_AN_OBJECT if problem in (
-                    "binary frame", "not an object") else _error(
-                    f"{problem}; this frame was ignored and the session goes on", "INVALID_JSON")})
+                await send({"type": "websocket.send", "text": reply(problem)})
 
         await self.app(scope, guarded_receive, guarded_send)

@@ -103,3 +103,18 @@ def test_any_malformed_frame_gets_an_error_frame_and_the_session_goes_on(frame):
         assert len(json.dumps(reply)) < 20_000
         ws.send_text(json.dumps({"type": "step", "data": STEADY_ACTION}))
         assert ws.receive_json()["data"]["observation"]["step_index"] == 1
+
+
+@pytest.mark.parametrize("frame", ["[1, 2]", DEEP, '{"jsonrpc": "2.0", "method": "\\ud800", "id": 1}', "7"],
+                         ids=["list", "deep", "surrogate", "number"])
+def test_the_mcp_websocket_answers_malformed_frames_with_a_jsonrpc_error_and_goes_on(frame):
+    hello = {"jsonrpc": "2.0", "method": "tools/list", "id": 1}
+    with TestClient(build_app(ServerSettings(mode="sim", max_sessions=2))) as client, \
+            client.websocket_connect("/mcp") as ws:
+        ws.send_json(hello)
+        first = ws.receive_json()
+        ws.send_text(frame)
+        reply = ws.receive_json()
+        assert reply["jsonrpc"] == "2.0" and reply["error"]["code"] in (-32600, -32700), reply
+        ws.send_json(hello)
+        assert ws.receive_json() == first
