@@ -14,7 +14,7 @@ Three attacks from issue 20, each measured by what an honest client sees meanwhi
 2. A forged episode log (the issue's: every request of the task's own arrivals marked met) sent to
    POST /grader: `grader_forged_log_score` is its score, or "refused" (the 422 of a log that does
    not replay).
-3. Idle real-mode episodes (a real-mode server against the loopback stand-in sim/openai_server.py):
+3. Idle real-mode episodes (a real-mode server against the loopback stand-in sim/standin):
    `--idle-real` resets, never stepped; `idle_real_episodes_threads` is the server's thread count
    after them minus before (what each idle episode costs in threads; the gateway's event-loop
    design is issue 20 item 3, owned by the gateway branch: this measures whatever it is now).
@@ -174,7 +174,7 @@ def attack_real(args: argparse.Namespace, res: dict) -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         tiers = Path(tmp) / "tiers.json"
-        standin = subprocess.Popen([sys.executable, "-m", "llmserve_env.sim.openai_server", "--port", str(port),
+        standin = subprocess.Popen([sys.executable, "-m", "llmserve_env.sim.standin", "--port", str(port),
                                     "--write-tiers", str(tiers)], cwd=ROOT)
         try:
             deadline = time.monotonic() + 60

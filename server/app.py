@@ -1,6 +1,6 @@
 """The FastAPI app: OpenEnv's `create_app` plus LLMServeEnv's own routes.
 
-    uvicorn server.app:app --host 0.0.0.0 --port 7860
+    python -m llmserve_env serve --host 0.0.0.0 --port 7860     # the bounded way (server/serving.py)
 
 OpenEnv registers /reset /step /schema /metadata /health /ws /mcp, its task API (/{env_name}/...)
 and the web interface at /web; server/routes.py adds /tasks /grader /baseline /demo / and an
@@ -97,6 +97,15 @@ def _wire_real_mode(app: FastAPI) -> None:
     app.router.on_shutdown.append(service.shutdown)
 
 
+async def _warn_if_unbounded() -> None:
+    from llmserve_env.server import serving
+
+    if not serving.BOUNDED_RUNNER:
+        log.warning("served without server/serving.py's bounds: a request head that never ends is never timed "
+                    "out and connections are not capped (the app's own bounds still hold); start the server "
+                    "with `python -m llmserve_env serve` (or make serve)")
+
+
 def build_app(config: ServerSettings | None = None) -> FastAPI:
     config = config or ServerSettings.from_env()
     if config.mode == "real":
@@ -147,6 +156,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     app.include_router(build_router(env_factory))
     if config.mode == "real":
         _wire_real_mode(app)
+    app.router.on_startup.append(_warn_if_unbounded)
 
     async def env_error(request: Request, exc: EnvError) -> JSONResponse:
         if isinstance(exc, EpisodeRequiredError) and request.url.path.startswith("/web/"):

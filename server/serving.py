@@ -148,8 +148,15 @@ def http_protocol() -> type:
     return bounded(base)
 
 
+# Set once this process has taken these settings: the app warns at start-up when it is served
+# without them (a plain `uvicorn server.app:app`), since it cannot time out a request head itself.
+BOUNDED_RUNNER = False
+
+
 def uvicorn_settings() -> dict[str, Any]:
     """The keyword arguments `uvicorn.run` gets (besides app, host and port)."""
+    global BOUNDED_RUNNER
+    BOUNDED_RUNNER = True
     return {
         "http": http_protocol(),
         "timeout_keep_alive": KEEP_ALIVE_S,
