@@ -10,6 +10,8 @@ from contextlib import ExitStack
 import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
@@ -118,3 +120,33 @@ def test_the_mcp_websocket_answers_malformed_frames_with_a_jsonrpc_error_and_goe
         assert reply["jsonrpc"] == "2.0" and reply["error"]["code"] in (-32600, -32700), reply
         ws.send_json(hello)
         assert ws.receive_json() == first
+
+
+# Text with lone surrogates too (json.dumps writes them as \\udXXX escapes, as a hostile client would).
+TEXT = st.text(st.characters(exclude_categories=()), max_size=20)
+JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                    | TEXT | st.sampled_from(["\ud800", "FP16", "static_workload"]),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
+                    max_leaves=12)
+FRAMES = st.fixed_dictionaries({"type": st.sampled_from(["reset", "step", "state", "mcp", "nope", 1, None, []]),
+                                "data": JSON | st.fixed_dictionaries({}, optional={
+                                    "seed": JSON, "task_id": JSON, "episode_id": JSON, "batch_cap": JSON,
+                                    "quantization_tier": JSON, "metadata": JSON})})
+
+
+@pytest.mark.timeout(120)  # a session that died leaves the receive waiting: fail, do not hang
+def test_random_frames_never_end_a_session():
+    """Any frame but {"type": "close"} gets a reply, and the session goes on (issue 30, item 5)."""
+    with TestClient(build_app(ServerSettings(mode="sim", max_sessions=2))) as client, \
+            client.websocket_connect("/ws") as ws:
+
+        @settings(max_examples=150, deadline=None, database=None,
+                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+        @given(FRAMES)
+        def one(frame: dict) -> None:
+            ws.send_text(json.dumps(frame))
+            assert ws.receive_json()["type"] in ("error", "observation", "state", "mcp")
+
+        one()
+        ws.send_text(json.dumps({"type": "reset", "data": {"seed": 1}}))
+        assert ws.receive_json()["data"]["observation"]["step_index"] == 0
