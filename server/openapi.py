@@ -27,6 +27,7 @@ ERROR = {
 
 # Every operation with a request body: a body FastAPI cannot decode (400), one over the limit (413).
 BODY_ERRORS = [(400, "the body is not UTF-8 JSON, or an argument the environment does not take"),
+               (408, "the body did not arrive within 10 s of the request head"),
                (413, "request body larger than LLMSERVE_MAX_BODY_BYTES")]
 
 # (method, path) -> the other error statuses that operation answers, beside 200 and 422.
@@ -34,8 +35,10 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
     ("post", "/reset"): [(404, "unknown task_id (the body lists the valid ones), or a profile id this "
                                 "server does not hold"),
                          (403, "trace:PATH outside LLMSERVE_TRACE_DIR"),
-                         (409, "the episode_id named is already in use, or profile or caps given to a "
-                               "real-mode server")],
+                         (409, "the episode_id named is already in use, or named an episode dropped less than "
+                               "LLMSERVE_EPISODE_IDLE_TIMEOUT_S ago, or profile or caps given to a "
+                               "real-mode server"),
+                         (503, "too many client-named ids were dropped recently: leave episode_id out")],
     ("post", "/step"): [(400, "no episode_id: call POST /reset first"),
                         (404, "unknown or expired episode_id"),
                         (409, "the episode is done: grade it or reset"),
@@ -53,7 +56,8 @@ ERRORS: dict[tuple[str, str], list[tuple[int, str]]] = {
                                  "(LLMSERVE_BASELINE_OPENAI_MAX_CALLS)"),
                            (503, "use_openai=true but the server has no OPENAI_API_KEY")],
     ("post", "/web/reset"): [(404, "unknown task_id (the body lists the valid ones)"),
-                             (409, "the episode_id named is already in use")],
+                             (409, "the episode_id named is already in use, or was dropped recently"),
+                             (503, "too many client-named ids were dropped recently: leave episode_id out")],
     ("post", "/web/step"): [(404, "no episode yet: POST /web/reset first"),
                             (409, "the episode is done: reset")],
     ("get", "/web/state"): [(404, "no episode yet: POST /web/reset first")],
