@@ -186,7 +186,7 @@ def build_router(env_factory: Any) -> APIRouter:
             raise HTTPException(status_code=503, detail="use_openai=true needs OPENAI_API_KEY set on the "
                                                         "server; GET /baseline without it runs the "
                                                         "deterministic suite")
-        windows = sum(TASKS[t].horizon for t in task_ids) if task_id is None else get_task(task_id).horizon
+        windows = sum(get_task(t).horizon for t in task_ids)  # one model call per window
         if not budget.reserve(windows):
             raise HTTPException(status_code=429, detail=f"this run needs {windows} model calls and the server's "
                                                         f"budget has {budget.remaining} of "
