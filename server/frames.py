@@ -11,6 +11,8 @@ WebSocket route (/ws, /mcp, ...):
   `idle_timeout_s` (LLMSERVE_WS_IDLE_TIMEOUT_S) afterwards, with an error frame (code
   IDLE_TIMEOUT) first; the app sees a disconnect, so OpenEnv frees the session. Time the server
   spends on a step does not count: only time waiting for the client's next frame;
+- (this includes /ws/ui, OpenEnv's web-UI push socket, which no page of this server opens and
+  which had no bound at all);
 - refuses a socket beyond `max_per_client` (LLMSERVE_WS_MAX_PER_CLIENT) open at once from one
   client address, with OpenEnv's own refusal shape (an error frame of code CAPACITY_REACHED, then
   close 1008), so one host cannot take the whole pool.
