@@ -179,8 +179,14 @@ def test_malformed_websocket_frames_get_an_error_and_the_session_goes_on(client)
         assert obs["episode_id"] == eid and obs["step_index"] == 1
 
 
-def test_web_step_error_does_not_ask_for_an_id_the_route_rejects(client):
-    r = client.post("/web/step", json={"action": STEADY_ACTION})
+def test_web_step_error_does_not_ask_for_an_id_the_route_rejects():
+    # An app of its own: the shared one's web playground may hold an episode from another test.
+    from fastapi.testclient import TestClient
+    from llmserve_env.server.app import build_app
+    from llmserve_env.server.config import ServerSettings
+
+    with TestClient(build_app(ServerSettings(mode="sim", max_sessions=2))) as client:
+        r = client.post("/web/step", json={"action": STEADY_ACTION})
     assert r.status_code == 404 and "/web/reset" in r.json()["detail"]  # no web episode yet
 
 
