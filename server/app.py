@@ -20,7 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError
-from llmserve_env.server import openapi
+from llmserve_env.server import docs, openapi
 from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.dashboard import build_dashboard
@@ -176,6 +176,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(WebSocketFrames)
     openapi.install(app)
+    docs.install(app)  # /docs from the packaged Swagger UI: it renders offline
     return app
 
 

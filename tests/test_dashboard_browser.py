@@ -371,3 +371,29 @@ def test_cluster_tasks_plot_replicas_by_state_and_cost(dashboard):
     assert [t for t in titles if t.startswith("SLO attainment")] == ["SLO attainment: tenant chat"], titles
     assert "replicas" in page.locator("#dash-actions").inner_text()
     dashboard.shoot("dashboard_cluster.png")
+
+
+def test_docs_render_with_the_network_blocked(live_server, browser):
+    """/docs drew a blank page offline: Swagger UI came from a CDN. Every request to another host is
+    refused here; the page must still list the operations."""
+    external: list[str] = []
+
+    def only_local(route):
+        host = urlsplit(route.request.url).hostname or ""
+        if host in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            external.append(host)
+            route.abort()
+
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        page = context.new_page()
+        page.route("**/*", only_local)
+        page.goto(live_server.url + "/docs", wait_until="domcontentloaded")
+        expect(page.locator(".swagger-ui .info .title")).to_contain_text("LLMServeEnv", timeout=60_000)
+        expect(page.locator(".opblock-summary-path", has_text="/reset").first).to_be_visible(timeout=30_000)
+        assert page.locator(".opblock").count() >= 10
+        assert external == [], f"/docs asked other hosts: {sorted(set(external))}"
+    finally:
+        context.close()
