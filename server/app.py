@@ -123,10 +123,10 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
         max_concurrent_envs=config.max_sessions,
         state_cls=WireState,
         gradio_builder=build_dashboard,
-        custom_tab_name="Dashboard",
-        # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid
-        # action, pick a task or seed, or show the server's own URL, so it comes second.
-        custom_tab_primary=True,
+        # The dashboard builds both tabs (server/dashboard.py): the Dashboard lands first, and OpenEnv's
+        # Playground second, built on a form that starts at a valid action (OpenEnv's own started at
+        # batch_cap 0 and failed its first step) and naming the server's own URL.
+        show_default_tab=False,
     )
     app.title = "LLMServeEnv"
     _calm_gradio_queue(app)
