@@ -50,8 +50,10 @@ install-train: $(VENV)/.installed-train
 # Docker image and the Space bind 0.0.0.0 with LLMSERVE_TRACE_DIR=/app/traces.
 HOST ?= 127.0.0.1
 
+# `llmserve-env serve` (uvicorn with server/serving.py's bounds): a bad PORT or a real-mode endpoint
+# that does not answer is one line on stderr, not a traceback.
 serve: install
-	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env.server.serving --host $(HOST) --port $${PORT:-7860}
+	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env serve --host $(HOST) --port $${PORT:-7860}
 
 # pytest's own -q comes from addopts (pyproject.toml): a second one here would hide the summary
 # line ("N passed, N skipped"), which is the last line printed.
