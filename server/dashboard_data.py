@@ -204,8 +204,8 @@ def load_and_replicas_frame(run: DashboardRun) -> pd.DataFrame:
             if with_load:
                 out.append((r["x"], r["arrival_rps"] / peak, "arrivals / peak"))
             out.append((r["x"], r["replicas_ready"] / top, f"{prefix}ready / {top:g}"))
-            asked = r.get("replicas") if r.get("replicas") is not None else r["replicas_ready"]
-            out.append((r["x"], float(asked) / top, f"{prefix}asked / {top:g}"))
+            asked = r.get("replicas")  # None: the policy kept the count it had
+            out.append((r["x"], float(r["replicas_ready"] if asked is None else asked) / top, f"{prefix}asked / {top:g}"))
         return out
 
     records = shares(run, "" if run.other is None else f"{run.policy_name} ", True)
