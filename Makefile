@@ -7,9 +7,14 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
-# Where torch's CPU build comes from: PyTorch's CPU index (PyPI's Linux torch is the CUDA build).
-# Empty (`make install-train TORCH_INDEX=`) where a local wheel or find-links provides it.
+# Where torch's CPU build comes from. A wheel pip already finds without an index (its find-links,
+# or the folder TORCH_WHEELS names) is used first, offline: asking an unreachable index first cost
+# ~2 minutes of retries on a machine without internet. Otherwise PyTorch's CPU index (PyPI's Linux
+# torch is the CUDA build); TORCH_INDEX= leaves it out, TORCH_INDEX=URL names a mirror.
 TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_WHEELS ?=
+# the CPU build has a local version on Linux only (as in pyproject.toml's train extra)
+TORCH_PIN := $(if $(filter Linux,$(shell uname -s)),torch==2.13.0+cpu,torch==2.13.0)
 # The pre-submission check's arguments: no Docker build by default (most machines have no engine);
 # PRESUBMIT_ARGS= builds the image too, PRESUBMIT_ARGS="--space-url https://NAME.hf.space" checks a Space.
 PRESUBMIT_ARGS ?= --skip-docker
@@ -28,8 +33,12 @@ $(VENV)/.installed-dev: pyproject.toml | $(VENV)/bin/python
 	$(PIP) install -q -e '.[dev]'
 	touch $@ $(VENV)/.installed
 
+# torch alone first (the pin pyproject's train extra names), then the extra: with torch installed,
+# pip has no reason to ask the torch index again.
 $(VENV)/.installed-train: pyproject.toml | $(VENV)/bin/python
-	$(PIP) install -q -e '.[train]' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) install -q --no-index --no-deps $(if $(TORCH_WHEELS),--find-links $(TORCH_WHEELS)) '$(TORCH_PIN)' 2>/dev/null \
+	  || $(PIP) install -q --no-deps '$(TORCH_PIN)' $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PIP) install -q -e '.[train]'
 	touch $@ $(VENV)/.installed
 
 install: $(VENV)/.installed
@@ -41,8 +50,10 @@ install-train: $(VENV)/.installed-train
 # Docker image and the Space bind 0.0.0.0 with LLMSERVE_TRACE_DIR=/app/traces.
 HOST ?= 127.0.0.1
 
+# `llmserve-env serve` (uvicorn with server/serving.py's bounds): a bad PORT or a real-mode endpoint
+# that does not answer is one line on stderr, not a traceback.
 serve: install
-	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env.server.serving --host $(HOST) --port $${PORT:-7860}
+	LLMSERVE_MODE=$${LLMSERVE_MODE:-sim} $(PY) -m llmserve_env serve --host $(HOST) --port $${PORT:-7860}
 
 # pytest's own -q comes from addopts (pyproject.toml): a second one here would hide the summary
 # line ("N passed, N skipped"), which is the last line printed.

@@ -27,6 +27,11 @@ COMMANDS = ("serve", "evaluate", "train", "calibrate", "bench", "baseline")
 PROG = "python -m llmserve_env"
 
 
+def typed_prog() -> str:
+    """The dispatcher as the user typed it: the console script, or `python -m llmserve_env`."""
+    return "llmserve-env" if Path(sys.argv[0]).name == "llmserve-env" else PROG
+
+
 def bench_names() -> list[str]:
     if not BENCH_DIR.is_dir():
         return []
@@ -34,11 +39,11 @@ def bench_names() -> list[str]:
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"{PROG} serve", formatter_class=cli.HelpFormatter,
+    ap = cli.ArgumentParser(prog=f"{typed_prog()} serve", formatter_class=cli.HelpFormatter,
                                  description="Serve LLMServeEnv's HTTP API, WebSocket and web UI (/web).")
     ap.add_argument("--host", default="127.0.0.1",
                     help="address to listen on (loopback by default; 0.0.0.0: every interface, with LLMSERVE_TRACE_DIR set)")
-    ap.add_argument("--port", type=cli.int_at_least(1), default=int(os.environ.get("PORT", "7860")),
+    ap.add_argument("--port", type=cli.port, default=os.environ.get("PORT", "7860"),
                     help="port to listen on (default: $PORT, else 7860)")
     ap.add_argument("--mode", choices=("sim", "real"), default=os.environ.get("LLMSERVE_MODE", "sim") or "sim",
                     help="backend: the simulator, or an OpenAI-compatible endpoint (needs OPENAI_API_KEY)")
@@ -47,17 +52,26 @@ def serve_parser() -> argparse.ArgumentParser:
 
 
 def serve(argv: list[str]) -> int:
-    args = serve_parser().parse_args(argv)
+    """Serve until stopped; a configuration the server cannot start with is one line on stderr and
+    exit 1 (a real-mode endpoint that does not answer, a bad setting), never a traceback."""
+    ap = serve_parser()
+    args = ap.parse_args(argv)
     cli.configure_logging(args)
     # The app reads its mode from the environment when it is built (server/config.py).
     os.environ["LLMSERVE_MODE"] = args.mode
     import uvicorn
-    from llmserve_env.server.app import build_app
     from llmserve_env.server.serving import quiet_repeated_errors, uvicorn_settings
 
+    try:
+        # server.app builds its module-level app on import: the real-mode checks run there already
+        from llmserve_env.server.app import build_app
+
+        app = build_app()
+    except ValueError as exc:  # GatewayConfigError and pydantic's ValidationError are ValueErrors
+        print(f"{ap.prog}: cannot start: {cli.one_line(exc)}", file=sys.stderr)
+        return 1
     quiet_repeated_errors()  # the same slow-client, connection and log bounds as make serve
-    uvicorn.run(build_app(), host=args.host, port=args.port, log_level=args.log_level.lower(),
-                **uvicorn_settings())
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(), **uvicorn_settings())
     return 0
 
 
@@ -68,7 +82,8 @@ def train(argv: list[str]) -> int:
     try:
         from llmserve_env import train as train_module
     except ModuleNotFoundError as exc:
-        print(f"{PROG} train: needs torch, from the `train` extra: make install-train ({exc})", file=sys.stderr)
+        print(f"{typed_prog()} train: needs torch, from the `train` extra: make install-train ({exc})",
+              file=sys.stderr)
         return 1
     train_module.main(argv)
     return 0
@@ -76,7 +91,7 @@ def train(argv: list[str]) -> int:
 
 def bench(argv: list[str]) -> int:
     names = bench_names()
-    ap = argparse.ArgumentParser(prog=f"{PROG} bench", formatter_class=cli.HelpFormatter,
+    ap = cli.ArgumentParser(prog=f"{typed_prog()} bench", formatter_class=cli.HelpFormatter,
                                  description="Run a benchmark script from bench/ with its own options "
                                              "(`bench NAME --help` lists them).")
     ap.add_argument("name", choices=names or ["(none: bench/ ships with the source checkout only)"],
@@ -101,25 +116,30 @@ def _call(main, argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    ap = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = cli.ArgumentParser(prog=typed_prog(), description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=COMMANDS, metavar="COMMAND", help=f"one of {', '.join(COMMANDS)}")
     ap.add_argument("options", nargs=argparse.REMAINDER, help="the command's options")
     if not argv or argv[0] in ("-h", "--help"):
         ap.print_help()
         return 0 if argv else 2
     args = ap.parse_args(argv[:1])
-    rest = argv[1:]
-    if args.command == "serve":
+    # Each command's own parser names itself as typed (`llmserve-env evaluate`, not `python evaluate.py`).
+    with cli.invoked_as(f"{typed_prog()} {args.command}"):
+        return dispatch(args.command, argv[1:])
+
+
+def dispatch(command: str, rest: list[str]) -> int:
+    if command == "serve":
         return serve(rest)
-    if args.command == "train":
+    if command == "train":
         return train(rest)
-    if args.command == "bench":
+    if command == "bench":
         return bench(rest)
-    if args.command == "evaluate":
+    if command == "evaluate":
         from llmserve_env import evaluate
 
         return _call(evaluate.main, rest)
-    if args.command == "calibrate":
+    if command == "calibrate":
         from llmserve_env.sim import calibrate
 
         return _call(calibrate.main, rest)

@@ -4,6 +4,9 @@
   line naming the option and the allowed values and exits 2, before any work or any file write:
   `int_at_least`, `float_at_least`, `int_list`, `http_url`, `task_list`, `task_id`, `names_from`, `writable_file`,
   `writable_dir`.
+- `ArgumentParser`: argparse's parser whose refusal is one line (the usage block it printed first
+  buried the line that says what is wrong), named for the command as it was typed (`llmserve-env
+  evaluate`, not `python evaluate.py`, when the console script ran it: `invoked_as`).
 - `HelpFormatter`: the module docstring as written, and every option's default in `--help`.
 - `add_output_options` / `configure_logging`: `--quiet` and `--log-level` on every CLI, and
   logging on stderr (so the gateway's retry warnings and the like are seen).
@@ -13,12 +16,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 from llmserve_env.shared.tasks import TASKS, UnknownTaskError, parse_task_ids
 
@@ -28,6 +32,52 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Docstrings keep their layout; each option's help ends with its default."""
+
+
+# The name the running command was typed as, when a dispatcher (`llmserve-env COMMAND`) ran it.
+_invoked_as: str | None = None
+
+
+@contextlib.contextmanager
+def invoked_as(prog: str) -> Iterator[None]:
+    """Parsers made inside this block call themselves `prog` in their usage and errors."""
+    global _invoked_as
+    before, _invoked_as = _invoked_as, prog
+    try:
+        yield
+    finally:
+        _invoked_as = before
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser with a one-line refusal: `PROG: error: MESSAGE (PROG --help lists the
+    options)` on stderr, exit 2. Under `invoked_as`, PROG is the command as typed."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        # a subcommand's parser is named after its parent's prog, already the typed one
+        if _invoked_as is not None and not self.prog.startswith(_invoked_as):
+            self.prog = _invoked_as
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: pydantic's errors as `field: message` joined by '; ', else its first line."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors) and type(exc).__name__ == "ValidationError":
+        return "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}" for e in errors())
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def port(text: str) -> int:
+    """A TCP port, 1-65535 (uvicorn raised a 72-line OverflowError for 99999)."""
+    value = int_at_least(1)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 1 to 65535, got {value}")
+    return value
 
 
 def int_at_least(low: int) -> Callable[[str], int]:

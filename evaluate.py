@@ -15,7 +15,6 @@ JSON object.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -86,7 +85,7 @@ def _skip_reason(agent: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python evaluate.py", description=__doc__, formatter_class=cli.HelpFormatter)
+    ap = cli.ArgumentParser(prog="python evaluate.py", description=__doc__, formatter_class=cli.HelpFormatter)
     ap.add_argument("--agent", type=cli.names_from(POLICIES, AGENTS), default="ppo",
                     help=f"comma-separated from {', '.join(POLICIES)}, or 'all' ({', '.join(AGENTS)})")
     ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")

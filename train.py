@@ -47,6 +47,10 @@ try:
     import torch.nn as nn
 except ModuleNotFoundError as exc:  # the `train` extra is not installed
     if __name__ == "__main__":
+        # --help and argument errors need no torch (train_config.py): they answer first
+        from llmserve_env.train_config import parse_args as _parse_args
+
+        _parse_args(sys.argv[1:])
         sys.exit(f"train.py needs torch, from the `train` extra: make install-train ({exc})")
     raise
 from llmserve_env import cli

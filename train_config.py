@@ -219,7 +219,7 @@ def _type_of(name: str, default: object):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(
+    ap = cli.ArgumentParser(
         prog="python train.py", formatter_class=cli.HelpFormatter,
         description="PPO for LLMServeEnv (needs the `train` extra: make install-train).\n\n" + __doc__.split("\n\n", 1)[1],
     )

@@ -20,7 +20,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llmserve_env.runtime.errors import EnvError, EpisodeRequiredError
-from llmserve_env.server import openapi
+from llmserve_env.server import docs, openapi
 from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
@@ -139,10 +139,10 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
         max_concurrent_envs=config.max_sessions,
         state_cls=WireState,
         gradio_builder=build_dashboard,
-        custom_tab_name="Dashboard",
-        # The dashboard is the landing tab: OpenEnv's generic Playground cannot start from a valid
-        # action, pick a task or seed, or show the server's own URL, so it comes second.
-        custom_tab_primary=True,
+        # The dashboard builds both tabs (server/dashboard.py): the Dashboard lands first, and OpenEnv's
+        # Playground second, built on a form that starts at a valid action (OpenEnv's own started at
+        # batch_cap 0 and failed its first step) and naming the server's own URL.
+        show_default_tab=False,
     )
     app.title = "LLMServeEnv"
     _calm_gradio_queue(app)
@@ -199,6 +199,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
                        max_per_client=config.ws_max_per_client)
     app.add_middleware(KnownMethods, allowed=routes_under(app.router.routes, "/web/"))
     openapi.install(app)
+    docs.install(app)  # /docs from the packaged Swagger UI: it renders offline
     return app
 
 

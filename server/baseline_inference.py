@@ -129,7 +129,7 @@ def _share(text: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m server.baseline_inference", description=__doc__,
+    ap = cli.ArgumentParser(prog="python -m server.baseline_inference", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
     ap.add_argument("--mode", choices=("deterministic", "openai"), default="deterministic",
                     help="the heuristic (no model calls) or the LLM policy")

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from llmserve_env import cli
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim import fitting
 from llmserve_env.sim.caps import RequestCaps
@@ -364,7 +365,7 @@ def _replay_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tup
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
+    ap = cli.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     user = user_profile_dir()

@@ -76,7 +76,7 @@ def test_train_help_names_every_setting_with_its_default():
 
 def test_python_m_llmserve_env_train_refuses_without_torch_or_workers(tmp_path, capsys):
     assert refused(llmserve_main, ["train", "--task", "nope"], capsys).startswith(
-        "python train.py: error: argument --task")
+        "python -m llmserve_env train: error: argument --task")
 
 
 # -- evaluate.py and the bench scripts ------------------------------------------------------------
@@ -170,6 +170,66 @@ def test_console_script_has_a_specific_name():
 def test_unknown_command_is_refused(capsys):
     line = refused(llmserve_main, ["nope"], capsys)
     assert "argument COMMAND: invalid choice: 'nope'" in line
+
+
+def test_a_refusal_is_one_line_named_as_the_command_was_typed(monkeypatch, capsys):
+    """argparse printed its usage block first (6 lines above the one that says what is wrong), and
+    named `llmserve-env evaluate` as `python evaluate.py`."""
+    monkeypatch.setattr(sys, "argv", ["/venv/bin/llmserve-env"])
+    with pytest.raises(SystemExit) as exc:
+        llmserve_main(["evaluate", "--episodes", "0"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("llmserve-env evaluate: error: argument --episodes: expected an integer >= 1"), err
+    assert err[0].endswith("(llmserve-env evaluate --help lists the options)"), err
+    # outside the dispatcher the tool keeps its own name
+    assert refused(parse_args, ["--task", "nope"], capsys).startswith("python train.py: error:")
+
+
+@pytest.mark.parametrize("port", ["99999", "0", "x"])
+def test_serve_refuses_a_port_out_of_range_in_one_line(port, capsys):
+    """`serve --port 99999` used to exit 1 with uvicorn's 72-line OverflowError."""
+    line = refused(llmserve_main, ["serve", "--port", port], capsys)
+    assert "serve: error: argument --port: expected" in line, line
+
+
+def test_serve_with_an_unreachable_real_endpoint_says_so_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("LLMSERVE_MODE", "real")  # restored after the test (serve sets it)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:9/v1")  # the discard port: nothing listens
+    assert llmserve_main(["serve", "--mode", "real", "--port", "7999"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    assert err[-1].startswith("python -m llmserve_env serve: cannot start: OPENAI_BASE_URL=http://127.0.0.1:9/v1 "
+                              "is unreachable"), err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
+def test_train_py_help_needs_no_torch():
+    """`python train.py --help` exited 1 ("needs torch") though the README says --help starts nothing."""
+    shown = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+    assert shown.returncode == 0 and "--total-steps" in shown.stdout, shown.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "train.py"), "--task", "nope"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=120)
+    assert bad.returncode == 2 and "argument --task" in bad.stderr
+    work = subprocess.run([sys.executable, str(ROOT / "train.py")], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert work.returncode == 1 and "make install-train" in work.stderr
+
+
+def test_install_train_tries_the_local_wheel_before_any_index():
+    """Offline, `make install-train` spent ~2 minutes retrying PyTorch's index before using the local
+    wheel: the offline attempt (--no-index) comes first and the index only after it fails."""
+    recipe = subprocess.run(["make", "-n", "-W", "pyproject.toml", "install-train", "VENV=/nonexistent"],
+                            capture_output=True, text=True, cwd=ROOT, timeout=30).stdout
+    offline = recipe.index("--no-index")
+    assert offline < recipe.index("--extra-index-url https://download.pytorch.org/whl/cpu")
+    assert "--extra-index-url" not in recipe.split("-e '.[train]'")[0].split("||")[0]
+    no_index = subprocess.run(["make", "-n", "-W", "pyproject.toml", "install-train", "VENV=/nonexistent",
+                               "TORCH_INDEX="], capture_output=True, text=True, cwd=ROOT, timeout=30).stdout
+    assert "--extra-index-url" not in no_index
 
 
 # -- argument types -----------------------------------------------------------------------------------

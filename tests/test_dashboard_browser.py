@@ -4,11 +4,16 @@ Opens /web on a live server, where the Dashboard is the landing tab, and checks 
 would see: an empty state saying what to do (no empty plots or header-only tables) and a Python
 panel naming the server's own URL; after stepping and then running the multi-tenant task to the
 end, every plot drawn with its points, each knob and each tenant on a plot of its own, the
-ITL/TPOT and last-window notes, the grade; at 390 px wide, one plot per line and no sideways
-scrolling; and manual knobs that start at the heuristic's first action and drive the steps.
+ITL/TPOT and last-window notes, the grade; a second policy on the same task and seed drawn beside
+the first, with the grade in words and bars; the episode log downloaded and graded `verified`
+through POST /grader; on a cluster task, load and replicas on one chart with the time of day on
+its axis; no plot title clipped at 1440 or 390 px; at 390 px wide, one plot per line and no
+sideways scrolling; manual knobs that start at the heuristic's first action and drive the steps;
+the Playground stepping with the values its form starts with; /docs rendering offline.
 Requests to any host but the server are aborted and recorded: the dashboard must work with no
 CDN (web fonts fall back to system fonts). Screenshots go to artifacts/dashboard_empty.png,
-artifacts/dashboard.png and artifacts/dashboard_phone.png.
+artifacts/dashboard.png, artifacts/dashboard_compare.png, artifacts/dashboard_cluster.png and
+artifacts/dashboard_phone.png.
 
 Needs `scripts/ci_browser_deps.sh` (chromium + playwright). Missing, the tests are skipped, unless
 LLMSERVE_REQUIRE_BROWSER is set (`.ci/run` sets it once it has installed them): then they fail.
@@ -17,6 +22,7 @@ LLMSERVE_REQUIRE_BROWSER is set (`.ci/run` sets it once it has installed them): 
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import re
 import shutil
@@ -56,11 +62,12 @@ FONT_HOSTS = {"fonts.googleapis.com", "fonts.gstatic.com"}
 LOCAL_HOSTS = {"127.0.0.1", "localhost"}
 TASK = "adversarial_multitenant"
 TENANTS = ("interactive", "code", "batch")
-# One plot per series group, each knob on its own, and one attainment plot per tenant (the cluster
-# plots are hidden on a single-server task).
-PLOT_COUNT = 14 + len(TENANTS)
-CLUSTER_TITLES = ("Cluster: replicas asked for", "Cluster: ready replicas", "Cluster: starting replicas",
-                  "Cluster: draining replicas", "Cluster: cost")
+# One plot per series group and per knob (dashboard_views.PLOTS: 13), one attainment plot per
+# tenant; the cluster plots are hidden on a single-server task.
+PLOT_COUNT = 13 + len(TENANTS)
+KNOB_TITLES = ("Action: batch cap", "Action: KV budget", "Action: speculation", "Action: quantization",
+               "Action: P/D split", "Action: priority routing")
+CLUSTER_TITLES = ("Load and replicas by time", "Replicas by state", "Cost per window")
 PHONE = {"width": 390, "height": 844}
 # The outermost elements reaching past the right edge (what makes a page scroll sideways).
 WIDEST = """w => [...document.querySelectorAll('body *')]
@@ -79,6 +86,14 @@ COUNT_LINES = "els => els.map(el => el.querySelectorAll('g.mark-line.role-mark p
 UPDATE_TIMEOUT_MS = 180_000
 LEGENDS = "els => els.map(el => [...el.querySelectorAll('.role-legend-label text')].map(t => t.textContent))"
 TITLES = "els => els.map(el => [...el.querySelectorAll('.role-title-text text')].map(t => t.textContent).join(''))"
+# Each visible plot's title against its box: [title, fits] where fits means the title's text lies
+# inside the plot's box and Vega did not shorten it with an ellipsis.
+TITLE_FITS = """els => els.filter(el => el.offsetParent !== null).map(el => {
+  const t = el.querySelector('.role-title-text text'); if (!t) return [null, false];
+  const box = el.getBoundingClientRect(), tb = t.getBoundingClientRect();
+  return [t.textContent, tb.left >= box.left - 1 && tb.right <= box.right + 1 && tb.width > 0
+                         && !t.textContent.endsWith('\u2026')]; })"""
+X_TITLES = "els => els.map(el => [...el.querySelectorAll('.role-axis-title text')].map(t => t.textContent))"
 
 
 def expect(locator: Any) -> Any:
@@ -178,12 +193,16 @@ class Dashboard:
         print(f"dashboard screenshot: {path}")
         return path
 
-    def run_to_end(self, task: str) -> int:
-        """Run a whole episode of `task`; its horizon once the grade is shown."""
+    def run_to_end(self, task: str, policy: str = "heuristic", label: str | None = None) -> int:
+        """Run a whole episode of `task` with `policy` (picked by its `label` when given); its horizon
+        once the status says that episode finished (a grade shown before is the last episode's)."""
         self.choose("dash-task", task)
+        if label is not None:
+            self.choose("dash-policy", label)
         self.page.locator("#dash-run").click()
+        self.wait_status(f"policy {policy}: finished")
         grade = self.page.locator("#dash-grade")
-        grade.get_by_text("Grade:").wait_for(timeout=180_000)
+        grade.get_by_text("Grade:").wait_for(timeout=UPDATE_TIMEOUT_MS)
         assert re.search(r"Grade: [01]\.\d{3}", grade.inner_text())
         finished = re.search(rf"task {task}, .*finished, window (\d+)/\1", self.status.inner_text())
         assert finished, self.status.inner_text()
@@ -292,19 +311,22 @@ def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
     assert min(points) >= horizon // 2, points
     assert points[0] >= 2 * horizon, f"TTFT plot lacks its p50/p99 series: {points}"
     legends = plots.evaluate_all(LEGENDS)
-    assert legends[0] == ["p50 TTFT", "p99 TTFT", *(f"SLO {t}" for t in TENANTS)], legends[0]
+    assert legends[0] == ["p50", "p99", *(f"SLO {t}" for t in TENANTS)], legends[0]
     # Knobs that used to share a plot (and hide each other) have one each; one line per tenant.
     titles = plots.evaluate_all(TITLES)
-    for title in ("Action: KV budget", "Action: speculation depth", "Action: quantization",
-                  "Action: prefill/decode split", "Action: priority routing"):
+    for title in KNOB_TITLES:
         assert title in titles, titles
     # One attainment plot per tenant, each with its one line (a shared plot hid equal lines).
-    assert titles[-len(TENANTS):] == [f"SLO attainment: tenant {t}" for t in TENANTS], titles
+    assert titles[-len(TENANTS):] == [f"SLO attainment: {t}" for t in TENANTS], titles
+    assert all(fits for _, fits in plots.evaluate_all(TITLE_FITS)), plots.evaluate_all(TITLE_FITS)
     assert plots.evaluate_all(COUNT_LINES)[-len(TENANTS):] == [1] * len(TENANTS)
     assert plots.evaluate_all(LEGENDS)[-len(TENANTS):] == [[t] for t in TENANTS], "stale series are not drawn"
     assert not set(CLUSTER_TITLES) & set(titles), "cluster plots only on cluster tasks"
     tenants = page.locator("#dash-tenants").inner_text()
     assert all(name in tenants for name in TENANTS), tenants
+    # the grade in words (its formula) and one bar per term
+    assert "× quality" in page.locator("#dash-grade").inner_text()
+    assert page.locator("#dash-grade-bars .grade-bar").count() == 5  # grade, goodput, worst tenant, quality, cost
     # The two things a newcomer asks about are explained beside their plots.
     assert "TPOT" in page.locator("#dash-itl-note").inner_text()
     assert "backlog" in page.locator("#dash-last-window-note").inner_text()
@@ -329,6 +351,11 @@ def test_dashboard_reflows_on_a_phone(dashboard):
     # One plot per line: no two plots side by side.
     tops = [round(b["y"]) for b in boxes]
     assert len(set(tops)) == len(tops), tops
+    fits = page.locator(".llmserve-plot").evaluate_all(TITLE_FITS)
+    assert fits and all(ok for _, ok in fits), f"titles clipped at {PHONE['width']} px: {fits}"
+    # the per-tenant table fits the screen, all its columns in view
+    table = page.locator("#dash-tenants table").bounding_box()
+    assert table and table["x"] + table["width"] <= PHONE["width"] + 1, table
     dashboard.shoot("dashboard_phone.png")
 
 
@@ -337,7 +364,7 @@ def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
     from llmserve_env.shared.tasks import TASKS
 
     page = dashboard.page
-    dashboard.choose("dash-policy", "Manual knobs (set below)")
+    dashboard.choose("dash-policy", "Manual knobs")
     page.get_by_text("Manual knobs (used when").click()
     start = first_heuristic_action(next(iter(TASKS)))
     expect(page.locator("#dash-batch input[type=number]")).to_have_value(str(start.batch_cap))
@@ -354,10 +381,10 @@ def test_manual_knobs_start_valid_and_drive_the_episode(dashboard):
     assert re.search(row, table.inner_text()), table.inner_text()
 
 
-def test_cluster_tasks_plot_replicas_by_state_and_cost(dashboard):
+def test_cluster_tasks_plot_load_and_replicas_together_by_time_of_day(dashboard):
     page = dashboard.page
     dashboard.choose("dash-task", "diurnal_autoscale")
-    dashboard.choose("dash-policy", "HPA (Kubernetes autoscaler; cluster tasks)")
+    dashboard.choose("dash-policy", "HPA (autoscaler)")
     for window in (1, 2, 3):
         page.locator("#dash-step").click()
         dashboard.wait_status(f"policy hpa: running, window {window}/")
@@ -366,8 +393,97 @@ def test_cluster_tasks_plot_replicas_by_state_and_cost(dashboard):
         f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')]"
         f".filter(el => el.offsetParent !== null)).every(n => n >= 3)", timeout=60_000)
     titles = plots.evaluate_all(TITLES)
-    assert [t for t in titles if t.startswith("Cluster:")] == list(CLUSTER_TITLES), titles
+    assert [t for t in titles if t in CLUSTER_TITLES] == list(CLUSTER_TITLES), titles
+    combined = page.locator("#dash-plot-load_replicas")
+    assert combined.evaluate_all(LEGENDS) == [["arrivals / peak", "ready / 8", "asked / 8"]]
+    # load and replicas on one chart, the x-axis in hours of the day, as the task describes it
+    assert "time of day (h)" in combined.evaluate_all(X_TITLES)[0]
+    assert all("time of day (h)" in x for x in plots.evaluate_all(X_TITLES)), plots.evaluate_all(X_TITLES)
     # diurnal_autoscale has one tenant: one attainment plot, the others hidden
-    assert [t for t in titles if t.startswith("SLO attainment")] == ["SLO attainment: tenant chat"], titles
+    assert [t for t in titles if t.startswith("SLO attainment")] == ["SLO attainment: chat"], titles
     assert "replicas" in page.locator("#dash-actions").inner_text()
+    assert "Draining" in page.locator("#dash-cluster-note").inner_text()
+    assert all(fits for _, fits in plots.evaluate_all(TITLE_FITS)), plots.evaluate_all(TITLE_FITS)
     dashboard.shoot("dashboard_cluster.png")
+
+
+def test_two_policies_share_the_plots_and_the_log_grades_verified(dashboard, live_server):
+    """Run one policy, then another on the same task and seed: both on one set of plots, both grades
+    in words and bars; the downloaded episode log grades `verified: true` through POST /grader."""
+    import httpx
+
+    page = dashboard.page
+    dashboard.run_to_end("static_workload", "tuned_static", "Tuned static")
+    first = re.search(r"Grade: ([01]\.\d{3})", page.locator("#dash-grade").inner_text()).group(1)
+    dashboard.run_to_end("static_workload", "heuristic", "Heuristic")
+    expect(dashboard.status).to_contain_text(f"Drawn beside it: tuned_static on the same task and seed (grade {first})")
+    grade = page.locator("#dash-grade").inner_text()
+    assert f"vs tuned_static {first}" in grade, grade
+    bars = page.locator("#dash-grade-bars .grade-bar")
+    assert sorted(set(bars.evaluate_all("els => els.map(e => e.dataset.policy)"))) == ["heuristic", "tuned_static"]
+    ttft = page.locator("#dash-plot-ttft")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#dash-plot-ttft .role-legend-label text')].length >= 4", timeout=60_000)
+    legend = ttft.evaluate_all(LEGENDS)[0]
+    assert {"heuristic: p99", "tuned_static: p99"} <= set(legend), legend
+    # both episodes' lines are drawn: two policies' p50/p99 plus the SLO line
+    assert ttft.evaluate_all(COUNT_LINES)[0] >= 4
+
+    with page.expect_download(timeout=60_000) as download:
+        page.locator("#dash-download-log").click()
+    log = json.loads(Path(download.value.path()).read_text())
+    graded = httpx.post(live_server.url + "/grader", json={"episode_log": log}, timeout=120)
+    assert graded.status_code == 200, graded.text
+    assert graded.json()["verified"] is True
+    assert f"{graded.json()['score']:.3f}" in grade
+    dashboard.shoot("dashboard_compare.png")
+
+
+def test_the_playground_steps_with_the_values_its_form_starts_with(dashboard, live_server):
+    """OpenEnv's form started at batch_cap 0 and kv_budget_fraction 0: "Run step" failed with two
+    validation errors. Its code panel named http://localhost:8000 whatever the port."""
+    page = dashboard.page
+    page.get_by_role("tab", name="Playground").click()
+    episode = page.locator(".oe-episode")
+    expect(episode).to_contain_text("Nothing yet", timeout=60_000)
+    # "Run step" on a fresh page resets first (one event: a second queued event submitted as the
+    # first one finishes can lose its stream, the race tests/test_dashboard.py's queue test is about)
+    page.get_by_role("button", name="Run step").click()
+    try:
+        expect(episode.locator("li")).to_have_count(2, timeout=UPDATE_TIMEOUT_MS)
+    except AssertionError as exc:
+        shot = dashboard.shoot("failed_playground_step.png")
+        raise AssertionError(f"no step shown; screenshot {shot}; the page's last API calls:\n"
+                             + "\n".join(dashboard.events[-40:])) from exc
+    assert "new episode" in episode.locator("li").nth(0).inner_text()
+    step = episode.locator("li").nth(1).inner_text()
+    assert "reward" in step and "error" not in step, step
+    panel = page.locator(".oe-code")
+    expect(panel).to_contain_text(live_server.url, timeout=30_000)
+    assert "localhost:8000" not in panel.inner_text()
+
+
+def test_docs_render_with_the_network_blocked(live_server, browser):
+    """/docs drew a blank page offline: Swagger UI came from a CDN. Every request to another host is
+    refused here; the page must still list the operations."""
+    external: list[str] = []
+
+    def only_local(route):
+        host = urlsplit(route.request.url).hostname or ""
+        if host in LOCAL_HOSTS:
+            route.continue_()
+        else:
+            external.append(host)
+            route.abort()
+
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    try:
+        page = context.new_page()
+        page.route("**/*", only_local)
+        page.goto(live_server.url + "/docs", wait_until="domcontentloaded")
+        expect(page.locator(".swagger-ui .info .title")).to_contain_text("LLMServeEnv", timeout=60_000)
+        expect(page.locator(".opblock-summary-path", has_text="/reset").first).to_be_visible(timeout=30_000)
+        assert page.locator(".opblock").count() >= 10
+        assert external == [], f"/docs asked other hosts: {sorted(set(external))}"
+    finally:
+        context.close()
