@@ -743,7 +743,18 @@ class Engine:
                 r.reported = cur
             pending.append(r.snapshot_tokens(cur))
         self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
-        settle(self.sched.waiting())
+        for entry in self.sched.heap:
+            r = entry[2]
+            snap = r.snap
+            if r.queued_clean and snap is not None:  # waiting, unchanged since its last snapshot (sim/request.py)
+                pending.append(snap)
+                continue
+            cur = int(r.progress)  # progress_at, for a waiting request
+            if cur != r.reported:
+                new_tokens += cur - r.reported
+                r.reported = cur
+            pending.append(r.snapshot_tokens(cur))
+            r.queued_clean = True
         acc.output_tokens += new_tokens
         used = self.kv.used_fixed + decode_blocks
         mem = self.kv.memory_gib(used)
