@@ -6,8 +6,10 @@
 For every task in shared.tasks.TASKS: the same episodes (arrivals from shared.workloads) are
 served once with a fixed policy and once with uniformly random actions. Only `run_window` is
 timed (arrival generation is the workload's cost, not the simulator's). One process, one core.
-Each measurement is repeated `--repeats` times and the fastest kept (as timeit does: on a
-shared machine the slower runs measure the neighbours, not the simulator).
+Times are this process's CPU time (`time.process_time`), not wall-clock time: on a shared machine
+the wall clock also counts the time the neighbours hold the cores. Each measurement is repeated
+`--repeats` times and the fastest kept (as timeit does: the slower runs measure cache and
+frequency interference, not the simulator).
 The fixed policy is vLLM's defaults (256 sequences, 90 % of memory, FP16, no speculation).
 Prints a table, then (last line) one JSON object with `<task>_steps_per_s`,
 `<task>_requests_per_s` and `<task>_random_steps_per_s` for every single-server task.
@@ -70,10 +72,10 @@ def serve(task: TaskSpec, episodes: list[list], seed: int, policy: str) -> tuple
     for ep, wins in enumerate(episodes):
         backend.reset(seed + ep)
         actions = [FIXED if policy == "fixed" else random_action(rng) for _ in wins]
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for k, (w, a) in enumerate(zip(wins, actions, strict=True)):
             backend.run_window(a, w, k * task.window_s, task.window_s)
-        elapsed += time.perf_counter() - t0
+        elapsed += time.process_time() - t0
         steps += len(wins)
         reqs += sum(len(w) for w in wins)
     return elapsed, steps, reqs
@@ -86,9 +88,9 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
     from llmserve_env.runtime.inprocess import InProcessEnv
 
     env, policy = InProcessEnv(), make_policy(rival, task_id)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     play_episode(env, policy, task_id, seed)
-    el = time.perf_counter() - t0
+    el = time.process_time() - t0
     return el, sum(len(w) for w in env.episode.windows)
 
 

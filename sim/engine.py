@@ -183,18 +183,25 @@ class Engine:
     def _resync_decoding(self) -> None:
         """Re-base every decoding request at the current iteration (the depth changed their rate)."""
         it, g = self.decode_iter, self.depth
-        self.fin_heap = []
-        self.decode_context_tokens = self.decode_tokens_per_iter = 0.0
+        heap = []
+        context = per_iter = 0.0  # summed in the decode map's order, as before (same floats)
+        ceil = math.ceil
         for r in self.decoding.values():
-            r.progress = r.progress_at(it)
+            p = r.progress + (it - r.sync_iter) * r.e  # progress_at, inlined: every request here decodes
+            target = r.target
+            if p >= target:
+                p = float(target)
+            r.progress = p
             r.sync_iter = it
-            r.e = tokens_per_step(r.accept, g)
-            r.gen += 1
-            r.finish_iter = it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
-            self.fin_heap.append((r.finish_iter, r.rid, r.gen, r))
-            self.decode_context_tokens += r.prompt + r.progress
-            self.decode_tokens_per_iter += r.e
-        heapq.heapify(self.fin_heap)
+            e = r.e = tokens_per_step(r.accept, g)
+            gen = r.gen = r.gen + 1
+            fin = r.finish_iter = it + max(1, ceil((target - p) / e - 1e-9))
+            heap.append((fin, r.rid, gen, r))
+            context += r.prompt + p
+            per_iter += e
+        heapq.heapify(heap)
+        self.fin_heap = heap
+        self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
 
     # ----------------------------------------------------------------------------------- window
 
@@ -205,7 +212,8 @@ class Engine:
         reqs = []
         if arrivals:
             p = self.profile
-            means = np.array([p.acceptance_mean(a.tenant) for a in arrivals])
+            mean_of = {t: p.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
+            means = np.array([mean_of[a.tenant] for a in arrivals])
             kappa = p.spec_concentration
             # drawn for every arrival whatever the policy, so the stream never depends on actions
             accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa).tolist()
@@ -422,9 +430,9 @@ class Engine:
         nd = len(self.decoding)
         grown = self.decode_context_tokens + ahead * self.decode_tokens_per_iter
         free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
-        scheduled: set[int] = set()
 
         def pool() -> list[SimRequest]:
+            scheduled = {c[0].rid for c in chunks}  # requests with a chunk in this iteration already
             out = [r for r in self.prefilling if r.rid not in scheduled]
             return (list(self.decoding.values()) + out) if unified else out
 
@@ -452,7 +460,6 @@ class Engine:
             kv.used_fixed += need
             free -= need
             chunks.append((r, c))
-            scheduled.add(r.rid)
             budget -= c
         if preempted:
             return chunks
@@ -500,7 +507,6 @@ class Engine:
             self.prefilling.append(r)
             n_running += 1
             chunks.append((r, c))
-            scheduled.add(r.rid)
             budget -= c
         return chunks
 
@@ -603,7 +609,7 @@ class Engine:
         self.next_sample = self.next_sample + self.dt / SAMPLES_PER_WINDOW
 
     def _run_unified(self, t_end: float) -> None:
-        model, acc, sched = self.unified_model, self.acc, self.sched
+        model, acc, sched, kv = self.unified_model, self.acc, self.sched, self.kv
         decoding, arrivals = self.decoding, self.arrivals
         waiting = sched.heap
         budget0 = self.profile.token_budget
@@ -618,7 +624,9 @@ class Engine:
                 self._process_joins(t)
             n = len(decoding)
             preempted = False
-            if n and self._decode_kv_limit(1) == 0:
+            # _decode_kv_limit(1) == 0, its cheap upper bound inlined (memory is plentiful most passes)
+            if n and ((self.decode_context_tokens + self.decode_tokens_per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n
+                      > kv.total - kv.used_fixed) and self._decode_kv_limit(1) == 0:
                 preempted = self._preempt_for_growth(t)
                 n = len(decoding)
             if self.prefilling or waiting:
