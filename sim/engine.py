@@ -533,7 +533,9 @@ class Engine:
             if r.prefilled >= r.prefill_target:
                 self._complete_prefill(r, t_new, model, split)
         if n:
-            self._finish_due(t_new)
+            h = self.fin_heap
+            if h and h[0][0] <= self.decode_iter:  # _finish_due's own first test, saving the call
+                self._finish_due(t_new)
         return dt_it
 
     def _advance_decode(self, k: int, total: float, first: float, n: int, t_new: float) -> None:
@@ -575,19 +577,27 @@ class Engine:
                     unified: bool) -> float | None:
         """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
         h = self.fin_heap
+        heappop = heapq.heappop
         while h and (h[0][2] != h[0][3].gen or h[0][3].state != DECODE):
-            heapq.heappop(h)
+            heappop(h)
         n = len(self.decoding)
         g = self.depth
-        a = model.iteration_s(n, self.decode_context_tokens, g, [], 0, 0)
-        b = model.decode_slope(g) * self.decode_tokens_per_iter
-        kcap = max(1, h[0][0] - self.decode_iter) if h else 1
-        if self.fresh:
+        context, per_iter = self.decode_context_tokens, self.decode_tokens_per_iter
+        a = model.iteration_s(n, context, g, [], 0, 0)
+        b = model.decode_slope(g) * per_iter
+        it = self.decode_iter
+        kcap = max(1, h[0][0] - it) if h else 1
+        fresh = self.fresh
+        if fresh:
             kcap = 1
         stop = min(t_end, horizon)
         if kcap > 1:
             kcap = min(kcap, steps_to_cover(a, b, stop - t))
-        k = self._decode_kv_limit(kcap)
+        # _decode_kv_limit(kcap), its cheap upper bound inlined (memory is plentiful in most runs)
+        if (context + kcap * per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n <= self.kv.total - self.kv.used_fixed:
+            k = kcap
+        else:
+            k = self._decode_kv_limit(kcap)
         if k == 0:
             victim = self.sched.victim(self._victim_pool(unified))
             if victim is not None:
@@ -595,9 +605,19 @@ class Engine:
             return None
         total = k * a + b * k * (k - 1) * 0.5
         t_new = t + total
-        self.acc.iterations += k
-        self._advance_decode(k, total, a, n, t_new)
-        self._finish_due(t_new)
+        acc = self.acc
+        acc.iterations += k
+        if fresh:
+            self._advance_decode(k, total, a, n, t_new)
+        else:  # _advance_decode without joiners, inlined
+            self.decode_iter = it = it + k
+            self.decode_context_tokens = context + k * per_iter
+            if g:
+                acc.spec_proposed += g * n * k
+                acc.spec_accepted += k * (per_iter - n)
+            acc.itl.append((total / k, n * k))
+        if h and h[0][0] <= self.decode_iter:
+            self._finish_due(t_new)
         return t_new
 
     # ----------------------------------------------------------------------------------- loops
