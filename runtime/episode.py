@@ -30,7 +30,7 @@ from llmserve_env.runtime.errors import (
 )
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.grader import compute_references
+from llmserve_env.shared.grader import References, compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.reward import GradeReward
@@ -183,6 +183,9 @@ class Episode:
     # windows the engine may drain after the horizon (0: none, the backlog at the horizon is missed,
     # as before issue 13; kept for measuring what the drain changes)
     drain_max_windows: int = DRAIN_MAX_WINDOWS
+    # the arrivals as generated from (task, seed) and the grader's references of them, computed once at
+    # the start: what grading this episode would compute again (`grade_own`); read-only, forks share it
+    played: tuple[list[Arrival], References] | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None, *,
@@ -196,6 +199,7 @@ class Episode:
         # capacity of the profile served (as the grader reads it from the log)
         served = _served_profile(backend, task)
         references = compute_references(task, seed, PROFILE_CAPACITY.get(served) or task.capacity(), arrivals)
+        played = (arrivals, references)
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
                 arrivals = backend.begin(seed, episode_id, task.window_s, arrivals,  # type: ignore[attr-defined]
@@ -215,6 +219,7 @@ class Episode:
             tracker=MetricsTracker(task),
             reward=GradeReward(task, references),
             profile=served,
+            played=played,
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
