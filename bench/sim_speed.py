@@ -23,10 +23,10 @@ dynamo_planner) and seed, fastest of `--repeats`: keys `<task>_<rival>_episode_s
 diurnal_autoscale: CPU seconds (time.process_time) per decision over the first N decisions of
 seed `--seed`'s episode, key `planner_cpu_s_per_decision`.
 
-`--against REV` measures the simulator of git revision REV in the same run: REV's tree is exported
-(`git archive`) to a temporary directory and the measurements alternate between REV and this tree,
-one child process each, `--repeats` rounds (REV, this, REV, this, ...), each child timing once;
-every figure is the best of its rounds, so both sides see the same machine load. The table then
+`--against REV` measures the simulator of git revision REV in the same run (bench/against.py): the
+measurements alternate between REV's package and this tree's, one child process each, `--repeats`
+rounds (REV, this, REV, this, ...), each child timing once; every figure is the best of its rounds,
+so both sides see the same machine load. The table then
 has a before (REV), an after (this tree) and a ratio column, and the JSON has every key as
 measured here plus `<key>_before` (REV) and `<key>_speedup` (after over before; episode and
 decision times inverted, so above 1 is faster).
@@ -36,14 +36,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import subprocess
-import sys
-import tempfile
 import time
-from pathlib import Path
 
+from against import alternate, check_rev, compare
 from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
@@ -52,7 +48,6 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 
 FIXED = VLLM_DEFAULT
-ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
 PLANNER_TASK = "diurnal_autoscale"
 
@@ -151,52 +146,6 @@ def measure(args: argparse.Namespace, repeats: int, quiet: bool, table: bool) ->
     return out
 
 
-def _lower_is_better(key: str) -> bool:
-    return key.endswith("_episode_s") or key.endswith("_per_decision")
-
-
-def against(args: argparse.Namespace) -> dict[str, float]:
-    """Before (REV) and after (this tree), alternating child processes; prints the comparison table."""
-    with tempfile.TemporaryDirectory(prefix="sim_speed_") as tmp:
-        pkg = Path(tmp) / "llmserve_env"
-        pkg.mkdir()
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.against], check=True, capture_output=True)
-        subprocess.run(["tar", "-x", "-C", str(pkg)], input=archive.stdout, check=True)
-        child = [sys.executable, str(Path(__file__).resolve()), "--child", "--quiet", "--repeats", "1",
-                 "--episodes", str(args.episodes), "--seed", str(args.seed),
-                 "--planner-decisions", str(args.planner_decisions)]
-        sides: dict[str, list[dict[str, float]]] = {"before": [], "after": []}
-        for rnd in range(args.repeats):
-            for side in ("before", "after"):
-                env = dict(os.environ)
-                if side == "before":  # REV's package first on the path, ahead of the installed one
-                    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tmp, env.get("PYTHONPATH")]))
-                done = subprocess.run(child, env=env, check=True, capture_output=True, text=True)
-                sides[side].append(json.loads(done.stdout.strip().splitlines()[-1]))
-                if not args.quiet:
-                    print(f"round {rnd + 1}/{args.repeats}: {side} measured", file=sys.stderr)
-
-    def best(runs: list[dict[str, float]], key: str) -> float:
-        vals = [r[key] for r in runs if key in r]
-        return min(vals) if _lower_is_better(key) else max(vals)
-
-    out: dict[str, float] = {}
-    keys = [k for k in sides["after"][0] if not k.endswith("_requests_per_s")]  # the table's rows
-    print(f"{'figure':<52} {'before':>10} {'after':>10} {'ratio':>7}")
-    for key in sides["after"][0]:
-        after = best(sides["after"], key)
-        out[key] = after
-        if key not in sides["before"][0]:
-            continue
-        before = best(sides["before"], key)
-        speedup = before / after if _lower_is_better(key) else after / before
-        out[f"{key}_before"] = before
-        out[f"{key}_speedup"] = round(speedup, 3)
-        if key in keys:
-            print(f"{key:<52} {before:>10.4g} {after:>10.4g} {speedup:>6.2f}x")
-    return out
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python bench/sim_speed.py", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
@@ -212,11 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cli.configure_logging(args)
     if args.against is not None:
-        found = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"],
-                               capture_output=True, text=True)
-        if found.returncode != 0:
-            ap.error(f"argument --against: {args.against!r} is not a commit of the repository at {ROOT}")
-        out = against(args)
+        bad = check_rev(args.against)
+        if bad:
+            ap.error(f"argument --against: {bad}")
+        rounds = alternate(__file__, ["--repeats", "1", "--episodes", str(args.episodes), "--seed", str(args.seed),
+                                      "--planner-decisions", str(args.planner_decisions)],
+                           args.against, args.repeats, args.quiet)
+        out = compare(rounds, lower_is_better=("_episode_s", "_per_decision"), skip=("_requests_per_s",))
     else:
         out = measure(args, args.repeats, args.quiet, table=not args.child)
     print(json.dumps(out))
