@@ -631,16 +631,19 @@ class Engine:
     def _run_unified(self, t_end: float) -> None:
         model, acc, sched, kv = self.unified_model, self.acc, self.sched, self.kv
         decoding, arrivals = self.decoding, self.arrivals
+        prefilling, transfers = self.prefilling, self.transfers  # changed in place only, never rebound here
         waiting = sched.heap
         budget0 = self.profile.token_budget
+        per_seq = self.depth + 1
         n_arr = len(arrivals)
-        while self.clock_s < t_end:
-            t = self.clock_s
+        clock = self.clock_s  # the lane's clock, kept local in the loop (nothing it calls reads it)
+        while clock < t_end:
+            t = clock
             if t >= self.next_sample:
                 self._sample(t)
             if self.arrival_idx < n_arr and arrivals[self.arrival_idx].arrival <= t:
                 self._admit_arrivals(t)
-            if self.transfers:
+            if transfers:
                 self._process_joins(t)
             n = len(decoding)
             preempted = False
@@ -649,21 +652,21 @@ class Engine:
                       > kv.total - kv.used_fixed) and self._decode_kv_limit(1) == 0:
                 preempted = self._preempt_for_growth(t)
                 n = len(decoding)
-            if self.prefilling or waiting:
-                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True, preempted=preempted)
+            if prefilling or waiting:
+                chunks = self._plan_prefill(t, budget0 - n * per_seq, unified=True, preempted=preempted)
                 if chunks:
                     dt_it = self._run_chunks(chunks, t, model, len(decoding), split=False)
                     acc.busy += dt_it
-                    self.clock_s = t + dt_it
+                    clock = t + dt_it
                     continue
             if decoding:
-                horizon = self.transfers[0][0] if self.transfers else INF
+                horizon = transfers[0][0] if transfers else INF
                 if preempted:
                     # one iteration: the next pass may admit into what the preemption freed (V1
                     # schedules every step); without a preemption free blocks only shrink until a
                     # request finishes, so a blocked queue stays blocked for the whole decode run
                     horizon = t
-                elif sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
+                elif sched.priority_routing or (not waiting and n + len(prefilling) + len(transfers)
                                                 < self.batch_cap):
                     nxt = arrivals[self.arrival_idx].arrival if self.arrival_idx < n_arr else INF
                     if nxt < horizon:
@@ -671,12 +674,13 @@ class Engine:
                 t_new = self._decode_run(t, t_end, model, horizon, unified=True)
                 if t_new is not None:
                     acc.busy += t_new - t
-                    self.clock_s = t_new
+                    clock = t_new
                 continue
             if preempted:
                 continue  # nothing ran in this pass; the next one (same clock) may admit
-            nxt = min(self._next_arrival(), self.transfers[0][0] if self.transfers else INF, t_end)
-            self.clock_s = nxt if nxt > t else t_end
+            nxt = min(self._next_arrival(), transfers[0][0] if transfers else INF, t_end)
+            clock = nxt if nxt > t else t_end
+        self.clock_s = clock
 
     def _run_split(self, t_end: float) -> None:
         prefill_model, decode_model = self.prefill_model, self.decode_model
