@@ -1,7 +1,12 @@
 """Before and after in one run: a bench measured on git revision REV's package and on this tree's.
 
-    rounds = alternate(__file__, ["--episodes", "2"], "9d1832e", rounds=3)
+    python bench/against.py --rounds 3 9d1832e fork -- --tasks adversarial_multitenant
+    rounds = alternate(__file__, ["--child", "--episodes", "2"], "9d1832e", rounds=3)   # from a bench
     rows = compare(rounds, lower_is_better=("_ms", "_s"))
+
+As a command it runs any bench script of this tree (its options after `--`) on both sides and
+compares the numbers of its last JSON line (keys ending in `_ms` or `_s`, but not `_per_s`, are
+times: lower is better). sim_speed, train_speed and http_step take `--against REV` themselves.
 
 REV's tree is exported (`git archive`) into a temporary directory, and the bench script itself (this
 tree's copy, so both sides measure the same way) runs as a child process with `--child`, once on
@@ -13,6 +18,7 @@ on its last line; every figure is the best of its rounds (the largest rate, the 
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -40,7 +46,7 @@ def alternate(script: str, child_args: Sequence[str], rev: str, rounds: int,
         pkg.mkdir()
         archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True, capture_output=True)
         subprocess.run(["tar", "-x", "-C", str(pkg)], input=archive.stdout, check=True)
-        cmd = [sys.executable, str(Path(script).resolve()), "--child", "--quiet", *child_args]
+        cmd = [sys.executable, str(Path(script).resolve()), *child_args]
         for rnd in range(rounds):
             for side in ("before", "after"):
                 env = dict(os.environ)
@@ -64,7 +70,7 @@ def compare(rounds: dict[str, list[dict[str, float]]], lower_is_better: Sequence
     reported as measured here, without a ratio). Returns every figure as measured on this tree plus
     `<key>_before` and `<key>_speedup`."""
     def lower(key: str) -> bool:
-        return key.endswith(tuple(lower_is_better))
+        return key.endswith(tuple(lower_is_better)) and not key.endswith("_per_s")  # "_per_s": a rate
 
     def best(runs: list[dict[str, float]], key: str) -> float:
         vals = [r[key] for r in runs if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
@@ -88,3 +94,28 @@ def compare(rounds: dict[str, list[dict[str, float]]], lower_is_better: Sequence
         if not key.endswith(tuple(skip)):
             print(f"{key:<52} {before:>10.4g} {after:>10.4g} {ratio:>6.2f}x")
     return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python bench/against.py", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("rev", help="the git revision measured as 'before'")
+    ap.add_argument("script", help="a bench script's name (bench/NAME.py)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3; before REV)")
+    ap.add_argument("options", nargs=argparse.REMAINDER, help="the script's options, after --")
+    args = ap.parse_args(argv)
+    bad = check_rev(args.rev)
+    script = ROOT / "bench" / f"{args.script}.py"
+    if bad:
+        ap.error(f"argument rev: {bad}")
+    if args.script in ("against", "local_server") or not script.is_file():
+        ap.error(f"argument script: no bench script bench/{args.script}.py")
+    if args.rounds < 1:
+        ap.error(f"argument --rounds: expected an integer >= 1, got {args.rounds}")
+    options = args.options[1:] if args.options[:1] == ["--"] else args.options
+    print(json.dumps(compare(alternate(str(script), options, args.rev, args.rounds), lower_is_better=("_ms", "_s"))))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"argument --against: {bad}")
         if args.url:
             ap.error("argument --against: starts its own servers, one per side; leave out --url")
-        rounds = alternate(__file__, ["--task", args.task, "--episodes", str(args.episodes)], args.against,
+        rounds = alternate(__file__, ["--child", "--quiet", "--task", args.task, "--episodes", str(args.episodes)], args.against,
                            args.repeats, args.quiet)
         print(json.dumps(compare(rounds, lower_is_better=("_ms",), counts=("steps",))))
         return

@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> None:
         bad = check_rev(args.against)
         if bad:
             ap.error(f"argument --against: {bad}")
-        rounds = alternate(__file__, ["--repeats", "1", "--episodes", str(args.episodes), "--seed", str(args.seed),
+        rounds = alternate(__file__, ["--child", "--quiet", "--repeats", "1", "--episodes", str(args.episodes), "--seed", str(args.seed),
                                       "--planner-decisions", str(args.planner_decisions)],
                            args.against, args.repeats, args.quiet)
         out = compare(rounds, lower_is_better=("_episode_s", "_per_decision"), skip=("_requests_per_s",))

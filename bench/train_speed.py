@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"argument --against: {bad}")
         child = ["--task", args.task, "--steps", str(args.steps), "--single-steps", str(args.single_steps),
                  "--num-envs", str(args.num_envs), "--num-workers", str(args.num_workers), "--repeats", "1"]
-        rounds = alternate(__file__, child + (["--single-only"] if args.single_only else []), args.against,
+        rounds = alternate(__file__, ["--child", "--quiet", *child] + (["--single-only"] if args.single_only else []), args.against,
                            args.repeats, args.quiet)
         print(json.dumps(compare(rounds, lower_is_better=())))
         return 0
