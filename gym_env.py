@@ -48,7 +48,7 @@ holds the grader's score for the episode.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 import numpy as np
@@ -56,6 +56,8 @@ from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.runtime.episode import ObservedWindow
+from llmserve_env.runtime.errors import EnvError
 from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.workloads import resolve_task
@@ -77,7 +79,17 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it
         self.episode_seed: int | None = None
-        self.last_observation: ServeObservation | None = None  # the raw observation behind the features
+        # The fast path (`Episode.advance`): each step encodes the window's fields directly, without
+        # building the pydantic observation; the advisor proposes from the full observation.
+        self.fast = not advice
+
+    @property
+    def last_observation(self) -> ServeObservation | None:
+        """The raw observation behind the last features (built when read, on the fast path)."""
+        try:
+            return self.runtime.episode.last_observation
+        except EnvError:  # before the first reset
+            return None
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None) -> tuple[np.ndarray, dict]:
         super().reset(seed=seed)
@@ -86,17 +98,24 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         else:
             self.episode_seed = int(self.np_random.integers(0, TRAIN_SEED_LIMIT))
         obs = self.runtime.reset(seed=self.episode_seed, task_id=self.task_id)
-        self.last_observation = obs
         self.view.reset()
         return self.view.features(obs), {"episode_seed": self.episode_seed}
 
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
-        obs = self.runtime.step(self.view.decode(action))
-        self.last_observation = obs
+        act = self.view.decode(action)
+        if self.fast:
+            out = self.runtime.episode.advance(act)
+            # the encoder reads only the fields ObservedWindow holds (tests/test_gym_env.py checks both
+            # paths give the same features, rewards and grades)
+            features = self.view.features(cast(ServeObservation, ObservedWindow(out, self.task)))
+            reward, done = out.reward, out.done
+        else:
+            obs = self.runtime.step(act)
+            features, reward, done = self.view.features(obs), float(obs.reward or 0.0), obs.done
         info: dict[str, Any] = {}
-        if obs.done and self.grade_on_done:
+        if done and self.grade_on_done:
             info["score"] = self.runtime.grade_result().score
-        return self.view.features(obs), float(obs.reward or 0.0), bool(obs.done), False, info
+        return features, float(reward), bool(done), False, info
 
     def close(self) -> None:
         self.runtime.close()

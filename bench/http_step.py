@@ -2,6 +2,11 @@
 
     python bench/http_step.py                 # starts its own server on a free port
     python bench/http_step.py --url http://127.0.0.1:7860 --episodes 5
+    python bench/http_step.py --against 9d1832e --repeats 3   # REV's server and this tree's, alternating
+
+`--against REV` runs the whole bench (its own server included) on git revision REV's package and on
+this tree's, alternating child processes for `--repeats` rounds (bench/against.py), and prints the
+before/after of each figure (the smallest latency of the rounds, the largest rate).
 
 Prints a table, then (last line) one JSON object with http_p50_ms, http_p99_ms,
 http_steps_per_s, ws_p50_ms.
@@ -33,6 +38,7 @@ import time
 
 import httpx
 import numpy as np
+from against import alternate, check_rev, compare
 from llmserve_env import cli
 from local_server import own_server
 
@@ -78,9 +84,23 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--url", type=cli.http_url, help="a running server; default: start one")
     ap.add_argument("--task", type=cli.task_id, default="static_workload", help="task played")
     ap.add_argument("--episodes", type=cli.int_at_least(1), default=5, help="timed episodes per transport")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="a git revision whose server is measured in the same run (before/after)")
+    ap.add_argument("--repeats", type=cli.int_at_least(1), default=3, help="rounds with --against")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one --against side
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
+    if args.against is not None:
+        bad = check_rev(args.against)
+        if bad:
+            ap.error(f"argument --against: {bad}")
+        if args.url:
+            ap.error("argument --against: starts its own servers, one per side; leave out --url")
+        rounds = alternate(__file__, ["--child", "--quiet", "--task", args.task, "--episodes", str(args.episodes)], args.against,
+                           args.repeats, args.quiet)
+        print(json.dumps(compare(rounds, lower_is_better=("_ms",), counts=("steps",))))
+        return
 
     def run(url: str) -> dict[str, float]:
         http_episodes(url, args.task, 1)  # warm-up

@@ -1,20 +1,35 @@
 """Simulator speed: steps/s and simulated requests/s per task, fixed policy and random actions.
 
     python bench/sim_speed.py [--episodes 3] [--seed 0] [--repeats 5]
+    python bench/sim_speed.py --against 9d1832e --episodes 2 --repeats 3   # before/after in one run
 
 For every task in shared.tasks.TASKS: the same episodes (arrivals from shared.workloads) are
 served once with a fixed policy and once with uniformly random actions. Only `run_window` is
 timed (arrival generation is the workload's cost, not the simulator's). One process, one core.
-Each measurement is repeated `--repeats` times and the fastest kept (as timeit does: on a
-shared machine the slower runs measure the neighbours, not the simulator).
+Times are this process's CPU time (`time.process_time`), not wall-clock time: on a shared machine
+the wall clock also counts the time the neighbours hold the cores. Each measurement is repeated
+`--repeats` times and the fastest kept (as timeit does: the slower runs measure cache and
+frequency interference, not the simulator).
 The fixed policy is vLLM's defaults (256 sequences, 90 % of memory, FP16, no speculation).
 Prints a table, then (last line) one JSON object with `<task>_steps_per_s`,
 `<task>_requests_per_s` and `<task>_random_steps_per_s` for every single-server task.
 
 Cluster tasks (`shared.tasks.CLUSTER_TASKS`) are timed as whole episodes in process (the cluster
-backend, metrics, reward and the policy itself), one per rival (tuned_static, hpa, dynamo_planner)
-and seed, fastest of `--repeats`: keys `<task>_<rival>_episode_s` and `<task>_<rival>_requests_per_s`.
-The target is a cluster episode with the best rival under 2 s on one core.
+backend, metrics, reward, grading and the policy itself), one per rival (tuned_static, hpa,
+dynamo_planner) and seed, fastest of `--repeats`: keys `<task>_<rival>_episode_s` and
+`<task>_<rival>_requests_per_s`.
+
+`--planner-decisions N` (default 0: off) also times the rollout planner at its defaults on
+diurnal_autoscale: CPU seconds (time.process_time) per decision over the first N decisions of
+seed `--seed`'s episode, key `planner_cpu_s_per_decision`.
+
+`--against REV` measures the simulator of git revision REV in the same run (bench/against.py): the
+measurements alternate between REV's package and this tree's, one child process each, `--repeats`
+rounds (REV, this, REV, this, ...), each child timing once; every figure is the best of its rounds,
+so both sides see the same machine load. The table then
+has a before (REV), an after (this tree) and a ratio column, and the JSON has every key as
+measured here plus `<key>_before` (REV) and `<key>_speedup` (after over before; episode and
+decision times inverted, so above 1 is faster).
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ import json
 import random
 import time
 
+from against import alternate, check_rev, compare
 from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
@@ -32,6 +48,8 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 
 FIXED = VLLM_DEFAULT
+CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")
+PLANNER_TASK = "diurnal_autoscale"
 
 
 def random_action(rng: random.Random) -> ServeAction:
@@ -49,49 +67,13 @@ def serve(task: TaskSpec, episodes: list[list], seed: int, policy: str) -> tuple
     for ep, wins in enumerate(episodes):
         backend.reset(seed + ep)
         actions = [FIXED if policy == "fixed" else random_action(rng) for _ in wins]
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         for k, (w, a) in enumerate(zip(wins, actions, strict=True)):
             backend.run_window(a, w, k * task.window_s, task.window_s)
-        elapsed += time.perf_counter() - t0
+        elapsed += time.process_time() - t0
         steps += len(wins)
         reqs += sum(len(w) for w in wins)
     return elapsed, steps, reqs
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python bench/sim_speed.py", description=__doc__,
-                                 formatter_class=cli.HelpFormatter)
-    ap.add_argument("--episodes", type=cli.int_at_least(1), default=3, help="episodes per task and policy")
-    ap.add_argument("--seed", type=cli.int_at_least(0), default=0, help="first episode seed")
-    ap.add_argument("--repeats", type=cli.int_at_least(1), default=5, help="timed repeats (the fastest is kept)")
-    cli.add_output_options(ap)
-    args = ap.parse_args(argv)
-    cli.configure_logging(args)
-    out: dict[str, float] = {}
-    print(f"{'task':<26} {'policy':<7} {'steps':>6} {'requests':>9} {'steps/s':>9} {'requests/s':>11}")
-    for tid, task in cli.progress(SINGLE_SERVER_TASKS.items(), total=len(SINGLE_SERVER_TASKS), desc="tasks",
-                                  quiet=args.quiet):
-        episodes = [windows(generate_arrivals(task, args.seed + e), task) for e in range(args.episodes)]
-        serve(task, episodes[:1], args.seed, "fixed")  # warm the step-time tables
-        for policy in ("fixed", "random"):
-            runs = [serve(task, episodes, args.seed, policy) for _ in range(args.repeats)]
-            el, steps, reqs = min(runs)
-            sps, rps = steps / el, reqs / el
-            print(f"{tid:<26} {policy:<7} {steps:>6} {reqs:>9} {sps:>9.0f} {rps:>11.0f}")
-            if policy == "fixed":
-                out[f"{tid}_steps_per_s"] = round(sps, 1)
-                out[f"{tid}_requests_per_s"] = round(rps, 1)
-            else:
-                out[f"{tid}_random_steps_per_s"] = round(sps, 1)
-    print(f"\n{'cluster task':<26} {'rival':<15} {'requests':>9} {'episode s':>10} {'requests/s':>11}")
-    for tid in CLUSTER_TASKS:
-        for rival in ("tuned_static", "hpa", "dynamo_planner"):
-            runs = [cluster_episode(tid, rival, args.seed) for _ in range(args.repeats)]
-            el, reqs = min(runs)
-            print(f"{tid:<26} {rival:<15} {reqs:>9} {el:>10.2f} {reqs / el:>11.0f}")
-            out[f"{tid}_{rival}_episode_s"] = round(el, 3)
-            out[f"{tid}_{rival}_requests_per_s"] = round(reqs / el, 1)
-    print(json.dumps(out))
 
 
 def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
@@ -101,10 +83,94 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
     from llmserve_env.runtime.inprocess import InProcessEnv
 
     env, policy = InProcessEnv(), make_policy(rival, task_id)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     play_episode(env, policy, task_id, seed)
-    el = time.perf_counter() - t0
-    return el, sum(s.metrics["arrivals"] for s in env.episode.steps)
+    el = time.process_time() - t0
+    return el, sum(len(w) for w in env.episode.windows)
+
+
+def planner_decision_s(seed: int, decisions: int) -> float:
+    """CPU seconds per decision of the planner at its defaults: the first `decisions` of seed's episode."""
+    from llmserve_env.agents.registry import make_policy
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    env, policy = InProcessEnv(), make_policy("planner", PLANNER_TASK, seed=seed)
+    policy.reset()
+    obs = env.reset(PLANNER_TASK, seed)
+    spent = 0.0
+    for _ in range(decisions):
+        if obs.done:
+            break
+        c0 = time.process_time()
+        action = policy.act(obs)
+        spent += time.process_time() - c0
+        obs = env.step(action)
+    return spent / decisions
+
+
+def measure(args: argparse.Namespace, repeats: int, quiet: bool, table: bool) -> dict[str, float]:
+    """Every figure, each the best of `repeats`; prints the table rows when `table`."""
+    out: dict[str, float] = {}
+    if table:
+        print(f"{'task':<26} {'policy':<7} {'steps':>6} {'requests':>9} {'steps/s':>9} {'requests/s':>11}")
+    for tid, task in cli.progress(SINGLE_SERVER_TASKS.items(), total=len(SINGLE_SERVER_TASKS), desc="tasks",
+                                  quiet=quiet):
+        episodes = [windows(generate_arrivals(task, args.seed + e), task) for e in range(args.episodes)]
+        serve(task, episodes[:1], args.seed, "fixed")  # warm the step-time tables
+        for policy in ("fixed", "random"):
+            runs = [serve(task, episodes, args.seed, policy) for _ in range(repeats)]
+            el, steps, reqs = min(runs)
+            sps, rps = steps / el, reqs / el
+            if table:
+                print(f"{tid:<26} {policy:<7} {steps:>6} {reqs:>9} {sps:>9.0f} {rps:>11.0f}")
+            if policy == "fixed":
+                out[f"{tid}_steps_per_s"] = round(sps, 1)
+                out[f"{tid}_requests_per_s"] = round(rps, 1)
+            else:
+                out[f"{tid}_random_steps_per_s"] = round(sps, 1)
+    if table:
+        print(f"\n{'cluster task':<26} {'rival':<15} {'requests':>9} {'episode s':>10} {'requests/s':>11}")
+    for tid in CLUSTER_TASKS:
+        for rival in CLUSTER_RIVALS:
+            episodes_run = [cluster_episode(tid, rival, args.seed) for _ in range(repeats)]
+            el, reqs = min(episodes_run)
+            if table:
+                print(f"{tid:<26} {rival:<15} {reqs:>9} {el:>10.3f} {reqs / el:>11.0f}")
+            out[f"{tid}_{rival}_episode_s"] = round(el, 4)
+            out[f"{tid}_{rival}_requests_per_s"] = round(reqs / el, 1)
+    if args.planner_decisions:
+        best = min(planner_decision_s(args.seed, args.planner_decisions) for _ in range(repeats))
+        if table:
+            print(f"\nplanner on {PLANNER_TASK}: {best:.3f} s CPU per decision (first {args.planner_decisions})")
+        out["planner_cpu_s_per_decision"] = round(best, 4)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python bench/sim_speed.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--episodes", type=cli.int_at_least(1), default=3, help="episodes per task and policy")
+    ap.add_argument("--seed", type=cli.int_at_least(0), default=0, help="first episode seed")
+    ap.add_argument("--repeats", type=cli.int_at_least(1), default=5, help="timed repeats (the fastest is kept)")
+    ap.add_argument("--planner-decisions", type=cli.int_at_least(0), default=0,
+                    help="planner decisions to time on diurnal_autoscale (0: skip the planner)")
+    ap.add_argument("--against", metavar="REV", default=None,
+                    help="a git revision whose simulator is measured in the same run (before/after)")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one --against side: JSON only
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    cli.configure_logging(args)
+    if args.against is not None:
+        bad = check_rev(args.against)
+        if bad:
+            ap.error(f"argument --against: {bad}")
+        rounds = alternate(__file__, ["--child", "--quiet", "--repeats", "1", "--episodes", str(args.episodes), "--seed", str(args.seed),
+                                      "--planner-decisions", str(args.planner_decisions)],
+                           args.against, args.repeats, args.quiet)
+        out = compare(rounds, lower_is_better=("_episode_s", "_per_decision"), skip=("_requests_per_s",))
+    else:
+        out = measure(args, args.repeats, args.quiet, table=not args.child)
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,12 @@
     obs = ep.step(action)                     # one window served; obs.reward, obs.done
     ep.episode_log()                          # what the grader reads
     copy = ep.fork()                          # an independent copy in the same state (sim mode)
+    out = ep.advance(action)                  # the fast path: one window served, no observation built
+
+`advance` is for learners and planners in process (the Gym wrapper): it returns the window's
+metrics, reward and done (`StepOutcome`) without building the pydantic observation, and logs the
+step without validating it again (its values are this process's own). `last_observation` is then
+built only when read. `step` (every transport) builds and validates both, as before.
 
 The server keeps HTTP episodes in its store (server/episodes.py); WebSocket sessions and
 in-process users (runtime/inprocess.py) hold theirs directly.
@@ -30,7 +36,7 @@ from llmserve_env.runtime.errors import (
 )
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.grader import compute_references
+from llmserve_env.shared.grader import References, compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.reward import GradeReward
@@ -118,43 +124,88 @@ def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | N
     return out
 
 
+def observed_fields(m: WindowMetrics) -> dict[str, Any]:
+    """One window's metrics as the observation's numeric fields (one place: the observation and
+    the fast path's `ObservedWindow` both take them from here)."""
+    return {
+        "queue_depth": m.queue_depth,
+        "active_requests": m.active_requests,
+        "kv_cache_occupancy": min(1.0, max(0.0, m.kv_occupancy)),
+        "mean_prompt_length": m.mean_prompt_tokens,
+        "p50_ttft_ms": m.p50_ttft_ms,
+        "p99_ttft_ms": m.p99_ttft_ms,
+        "p50_itl_ms": m.p50_itl_ms,
+        "throughput_tps": m.throughput_tps,
+        "slo_compliance_rate": m.slo_attainment,
+        "gpu_memory_used_gb": m.gpu_memory_used_gb,
+        "estimated_cost_per_1k": m.cost_per_1k_tokens,
+        "request_arrival_rate": m.arrival_rate_rps,
+        "spec_acceptance_rate": min(1.0, max(0.0, m.spec_acceptance_rate)),
+        "eviction_events": m.evictions,
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutcome:
+    """One window served, before it is dressed as a `ServeObservation` (`Episode.advance`)."""
+
+    metrics: WindowMetrics
+    reward: float
+    terms: dict[str, float]
+    applied: dict[str, bool]
+    notes: dict[str, Any]
+    step_index: int  # windows served so far, this one included (the observation's step_index)
+    done: bool
+
+
+class ObservedWindow:
+    """The observation's numeric fields, reward, done, step index and (cluster tasks) cluster
+    metadata, without the pydantic model: what a feature encoder reads (the Gym fast path)."""
+
+    __slots__ = ("queue_depth", "active_requests", "kv_cache_occupancy", "mean_prompt_length", "p50_ttft_ms",
+                 "p99_ttft_ms", "p50_itl_ms", "throughput_tps", "slo_compliance_rate", "gpu_memory_used_gb",
+                 "estimated_cost_per_1k", "request_arrival_rate", "spec_acceptance_rate", "eviction_events",
+                 "reward", "done", "step_index", "metadata")
+
+    def __init__(self, out: StepOutcome, task: TaskSpec):
+        for name, value in observed_fields(out.metrics).items():
+            setattr(self, name, value)
+        self.reward = out.reward
+        self.done = out.done
+        self.step_index = out.step_index
+        self.metadata = {"cluster": cluster_metadata(task, out.step_index, out.notes)} if task.is_cluster else {}
+
+
 def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[str, float],
                      applied: dict[str, bool], notes: dict[str, Any]) -> ServeObservation:
     """Map one window's metrics onto the observation fields (one place, both modes)."""
+    return _observation(StepOutcome(m, reward, terms, applied, notes, ep.step_count, ep.done), ep.task,
+                        ep.episode_id)
+
+
+def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObservation:
+    m = out.metrics
     metadata = {
         "per_tenant": {name: t.to_dict() for name, t in m.per_tenant.items()},
         "goodput_rps": m.goodput_rps,
         "p50_tpot_ms": m.p50_tpot_ms,
         "quality": m.quality,
         "cost_usd": m.cost_usd,
-        "reward_terms": terms,
-        "applied": applied,
-        "backend_notes": notes,
-        "terminated": ep.done,
+        "reward_terms": out.terms,
+        "applied": out.applied,
+        "backend_notes": out.notes,
+        "terminated": out.done,
         "drain_windows": m.drain_windows,
     }
-    if ep.task.is_cluster:
-        metadata["cluster"] = cluster_metadata(ep.task, ep.step_count, notes)
+    if task.is_cluster:
+        metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes)
     return ServeObservation(
-        queue_depth=m.queue_depth,
-        active_requests=m.active_requests,
-        kv_cache_occupancy=min(1.0, max(0.0, m.kv_occupancy)),
-        mean_prompt_length=m.mean_prompt_tokens,
-        p50_ttft_ms=m.p50_ttft_ms,
-        p99_ttft_ms=m.p99_ttft_ms,
-        p50_itl_ms=m.p50_itl_ms,
-        throughput_tps=m.throughput_tps,
-        slo_compliance_rate=m.slo_attainment,
-        gpu_memory_used_gb=m.gpu_memory_used_gb,
-        estimated_cost_per_1k=m.cost_per_1k_tokens,
-        request_arrival_rate=m.arrival_rate_rps,
-        spec_acceptance_rate=min(1.0, max(0.0, m.spec_acceptance_rate)),
-        eviction_events=m.evictions,
-        step_index=ep.step_count,
-        task_id=ep.task.task_id,
-        episode_id=ep.episode_id,
-        reward=reward,
-        done=ep.done,
+        **observed_fields(m),
+        step_index=out.step_index,
+        task_id=task.task_id,
+        episode_id=episode_id,
+        reward=out.reward,
+        done=out.done,
         metadata=metadata,
     )
 
@@ -176,13 +227,18 @@ class Episode:
     failed: str | None = None
     cumulative_reward: float = 0.0
     steps: list[StepRecord] = field(default_factory=list)
-    last_observation: ServeObservation | None = None
+    # the last observation, or (after `advance`) the outcome it is built from when first read
+    observation: ServeObservation | None = None
+    outcome: StepOutcome | None = field(default=None, repr=False)
     last_used: float = field(default_factory=time.monotonic)
     lock: threading.Lock = field(default_factory=threading.Lock)
     profile: str = ""  # the simulator profile served (sim mode), else the task's
     # windows the engine may drain after the horizon (0: none, the backlog at the horizon is missed,
     # as before issue 13; kept for measuring what the drain changes)
     drain_max_windows: int = DRAIN_MAX_WINDOWS
+    # the arrivals as generated from (task, seed) and the grader's references of them, computed once at
+    # the start: what grading this episode would compute again (`grade_own`); read-only, forks share it
+    played: tuple[list[Arrival], References] | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None, *,
@@ -196,6 +252,7 @@ class Episode:
         # capacity of the profile served (as the grader reads it from the log)
         served = _served_profile(backend, task)
         references = compute_references(task, seed, PROFILE_CAPACITY.get(served) or task.capacity(), arrivals)
+        played = (arrivals, references)
         if mode == "real":  # the gateway tags its records with the id; arrivals as sent (capped) are judged
             try:
                 arrivals = backend.begin(seed, episode_id, task.window_s, arrivals,  # type: ignore[attr-defined]
@@ -215,6 +272,7 @@ class Episode:
             tracker=MetricsTracker(task),
             reward=GradeReward(task, references),
             profile=served,
+            played=played,
         )
         ep.last_observation = ServeObservation(
             task_id=task.task_id,
@@ -228,39 +286,67 @@ class Episode:
             ep.last_observation.metadata["cluster"] = cluster_metadata(task, 0, None)
         return ep
 
+    @property
+    def last_observation(self) -> ServeObservation | None:
+        if self.observation is None and self.outcome is not None:
+            self.observation = _observation(self.outcome, self.task, self.episode_id)
+        return self.observation
+
+    @last_observation.setter
+    def last_observation(self, obs: ServeObservation | None) -> None:
+        self.observation, self.outcome = obs, None
+
     def step(self, action: ServeAction) -> ServeObservation:
         with self.lock:
-            self.last_used = time.monotonic()
-            if self.done:
-                raise EpisodeDoneError(self.episode_id, self.task.horizon)
-            check_replicas(action, self.task, getattr(self.backend, "max_replicas", None))
-            k = self.step_count
-            arrivals = self.windows[k]
-            dt = self.task.window_s
-            last = k + 1 >= self.task.horizon
-            try:
-                report = self.backend.run_window(action, arrivals, k * dt, dt)
-                m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
-                if last and not self.tracker.closed:
-                    m = with_drain(m, self._drain(action))
-            except Exception as exc:  # one episode's backend failing must not take the server down
-                self.failed = f"{type(exc).__name__}: {exc}"
-                self.done = True
-                log.warning("episode %s: backend failed at step %d: %s", self.episode_id, k, self.failed)
-                self.close()
-                raise BackendFailure(f"the {self.mode} backend failed at step {k}: {self.failed}; "
-                                     f"this episode has ended, call POST /reset for a new one") from exc
-            self.step_count = k + 1
-            self.done = last
-            reward, terms = self.reward.step(m)
-            self.cumulative_reward += reward
-            self.steps.append(StepRecord(step_index=k, action=action.knobs(), metrics=m.to_dict(), reward=reward,
-                                         reward_terms=terms))
-            obs = observation_from(m, self, reward, terms, report.applied, report.notes)
+            out = self._serve(action, validate=True)
+            obs = _observation(out, self.task, self.episode_id)
             self.last_observation = obs
-            if self.done:
-                self.close()
             return obs
+
+    def advance(self, action: ServeAction) -> StepOutcome:
+        """`step` without the observation (built only if `last_observation` is read) and with the
+        step logged unvalidated: the fast path for learners and planners in process."""
+        with self.lock:
+            out = self._serve(action, validate=False)
+            self.observation, self.outcome = None, out
+            return out
+
+    def _serve(self, action: ServeAction, validate: bool) -> StepOutcome:
+        """One window served, metered, rewarded and logged (the caller holds the lock)."""
+        self.last_used = time.monotonic()
+        if self.done:
+            raise EpisodeDoneError(self.episode_id, self.task.horizon)
+        check_replicas(action, self.task, getattr(self.backend, "max_replicas", None))
+        k = self.step_count
+        arrivals = self.windows[k]
+        dt = self.task.window_s
+        last = k + 1 >= self.task.horizon
+        try:
+            report = self.backend.run_window(action, arrivals, k * dt, dt)
+            m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
+            if last and not self.tracker.closed:
+                m = with_drain(m, self._drain(action))
+        except Exception as exc:  # one episode's backend failing must not take the server down
+            self.failed = f"{type(exc).__name__}: {exc}"
+            self.done = True
+            log.warning("episode %s: backend failed at step %d: %s", self.episode_id, k, self.failed)
+            self.close()
+            raise BackendFailure(f"the {self.mode} backend failed at step {k}: {self.failed}; "
+                                 f"this episode has ended, call POST /reset for a new one") from exc
+        self.step_count = k + 1
+        self.done = last
+        reward, terms = self.reward.step(m)
+        self.cumulative_reward += reward
+        knobs, metrics = action.knobs(), m.to_dict()
+        if validate:
+            record = StepRecord(step_index=k, action=knobs, metrics=metrics, reward=reward, reward_terms=terms)
+        else:  # the fast path: the values are this process's own, checked when they were made
+            record = StepRecord.model_construct(step_index=k, action=knobs, metrics=metrics, reward=reward,
+                                                reward_terms=terms)
+        self.steps.append(record)
+        if self.done:
+            self.close()
+        return StepOutcome(m, reward, terms, report.applied, report.notes, self.step_count, self.done)
 
     def _drain(self, action: ServeAction) -> list[WindowMetrics]:
         """After the last window: no more arrivals, the engine keeps serving under the last action

@@ -43,7 +43,7 @@ ABS_TOL = 1e-9
 
 def grade_own(ep: Episode) -> GradeResult:
     """Grade an episode this process played (its metrics are its own): verified."""
-    return grade_episode(ep.episode_log()).model_copy(update={"verified": True})
+    return grade_episode(ep.episode_log(), ep.played).model_copy(update={"verified": True})
 
 
 def grade_log(log: EpisodeLog, allow_real: bool = False) -> GradeResult:

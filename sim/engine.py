@@ -183,18 +183,25 @@ class Engine:
     def _resync_decoding(self) -> None:
         """Re-base every decoding request at the current iteration (the depth changed their rate)."""
         it, g = self.decode_iter, self.depth
-        self.fin_heap = []
-        self.decode_context_tokens = self.decode_tokens_per_iter = 0.0
+        heap = []
+        context = per_iter = 0.0  # summed in the decode map's order, as before (same floats)
+        ceil = math.ceil
         for r in self.decoding.values():
-            r.progress = r.progress_at(it)
+            p = r.progress + (it - r.sync_iter) * r.e  # progress_at, inlined: every request here decodes
+            target = r.target
+            if p >= target:
+                p = float(target)
+            r.progress = p
             r.sync_iter = it
-            r.e = tokens_per_step(r.accept, g)
-            r.gen += 1
-            r.finish_iter = it + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
-            self.fin_heap.append((r.finish_iter, r.rid, r.gen, r))
-            self.decode_context_tokens += r.prompt + r.progress
-            self.decode_tokens_per_iter += r.e
-        heapq.heapify(self.fin_heap)
+            e = r.e = tokens_per_step(r.accept, g)
+            gen = r.gen = r.gen + 1
+            fin = r.finish_iter = it + max(1, ceil((target - p) / e - 1e-9))
+            heap.append((fin, r.rid, gen, r))
+            context += r.prompt + p
+            per_iter += e
+        heapq.heapify(heap)
+        self.fin_heap = heap
+        self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
 
     # ----------------------------------------------------------------------------------- window
 
@@ -205,7 +212,8 @@ class Engine:
         reqs = []
         if arrivals:
             p = self.profile
-            means = np.array([p.acceptance_mean(a.tenant) for a in arrivals])
+            mean_of = {t: p.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
+            means = np.array([mean_of[a.tenant] for a in arrivals])
             kappa = p.spec_concentration
             # drawn for every arrival whatever the policy, so the stream never depends on actions
             accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa).tolist()
@@ -422,9 +430,9 @@ class Engine:
         nd = len(self.decoding)
         grown = self.decode_context_tokens + ahead * self.decode_tokens_per_iter
         free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
-        scheduled: set[int] = set()
 
         def pool() -> list[SimRequest]:
+            scheduled = {c[0].rid for c in chunks}  # requests with a chunk in this iteration already
             out = [r for r in self.prefilling if r.rid not in scheduled]
             return (list(self.decoding.values()) + out) if unified else out
 
@@ -452,7 +460,6 @@ class Engine:
             kv.used_fixed += need
             free -= need
             chunks.append((r, c))
-            scheduled.add(r.rid)
             budget -= c
         if preempted:
             return chunks
@@ -500,7 +507,6 @@ class Engine:
             self.prefilling.append(r)
             n_running += 1
             chunks.append((r, c))
-            scheduled.add(r.rid)
             budget -= c
         return chunks
 
@@ -527,7 +533,9 @@ class Engine:
             if r.prefilled >= r.prefill_target:
                 self._complete_prefill(r, t_new, model, split)
         if n:
-            self._finish_due(t_new)
+            h = self.fin_heap
+            if h and h[0][0] <= self.decode_iter:  # _finish_due's own first test, saving the call
+                self._finish_due(t_new)
         return dt_it
 
     def _advance_decode(self, k: int, total: float, first: float, n: int, t_new: float) -> None:
@@ -569,19 +577,27 @@ class Engine:
                     unified: bool) -> float | None:
         """Run decode-only iterations from t until the next event; return the new clock (None: preempted)."""
         h = self.fin_heap
+        heappop = heapq.heappop
         while h and (h[0][2] != h[0][3].gen or h[0][3].state != DECODE):
-            heapq.heappop(h)
+            heappop(h)
         n = len(self.decoding)
         g = self.depth
-        a = model.iteration_s(n, self.decode_context_tokens, g, [], 0, 0)
-        b = model.decode_slope(g) * self.decode_tokens_per_iter
-        kcap = max(1, h[0][0] - self.decode_iter) if h else 1
-        if self.fresh:
+        context, per_iter = self.decode_context_tokens, self.decode_tokens_per_iter
+        a = model.iteration_s(n, context, g, [], 0, 0)
+        b = model.decode_slope(g) * per_iter
+        it = self.decode_iter
+        kcap = max(1, h[0][0] - it) if h else 1
+        fresh = self.fresh
+        if fresh:
             kcap = 1
         stop = min(t_end, horizon)
         if kcap > 1:
             kcap = min(kcap, steps_to_cover(a, b, stop - t))
-        k = self._decode_kv_limit(kcap)
+        # _decode_kv_limit(kcap), its cheap upper bound inlined (memory is plentiful in most runs)
+        if (context + kcap * per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n <= self.kv.total - self.kv.used_fixed:
+            k = kcap
+        else:
+            k = self._decode_kv_limit(kcap)
         if k == 0:
             victim = self.sched.victim(self._victim_pool(unified))
             if victim is not None:
@@ -589,9 +605,19 @@ class Engine:
             return None
         total = k * a + b * k * (k - 1) * 0.5
         t_new = t + total
-        self.acc.iterations += k
-        self._advance_decode(k, total, a, n, t_new)
-        self._finish_due(t_new)
+        acc = self.acc
+        acc.iterations += k
+        if fresh:
+            self._advance_decode(k, total, a, n, t_new)
+        else:  # _advance_decode without joiners, inlined
+            self.decode_iter = it = it + k
+            self.decode_context_tokens = context + k * per_iter
+            if g:
+                acc.spec_proposed += g * n * k
+                acc.spec_accepted += k * (per_iter - n)
+            acc.itl.append((total / k, n * k))
+        if h and h[0][0] <= self.decode_iter:
+            self._finish_due(t_new)
         return t_new
 
     # ----------------------------------------------------------------------------------- loops
@@ -603,39 +629,44 @@ class Engine:
         self.next_sample = self.next_sample + self.dt / SAMPLES_PER_WINDOW
 
     def _run_unified(self, t_end: float) -> None:
-        model, acc, sched = self.unified_model, self.acc, self.sched
+        model, acc, sched, kv = self.unified_model, self.acc, self.sched, self.kv
         decoding, arrivals = self.decoding, self.arrivals
+        prefilling, transfers = self.prefilling, self.transfers  # changed in place only, never rebound here
         waiting = sched.heap
         budget0 = self.profile.token_budget
+        per_seq = self.depth + 1
         n_arr = len(arrivals)
-        while self.clock_s < t_end:
-            t = self.clock_s
+        clock = self.clock_s  # the lane's clock, kept local in the loop (nothing it calls reads it)
+        while clock < t_end:
+            t = clock
             if t >= self.next_sample:
                 self._sample(t)
             if self.arrival_idx < n_arr and arrivals[self.arrival_idx].arrival <= t:
                 self._admit_arrivals(t)
-            if self.transfers:
+            if transfers:
                 self._process_joins(t)
             n = len(decoding)
             preempted = False
-            if n and self._decode_kv_limit(1) == 0:
+            # _decode_kv_limit(1) == 0, its cheap upper bound inlined (memory is plentiful most passes)
+            if n and ((self.decode_context_tokens + self.decode_tokens_per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n
+                      > kv.total - kv.used_fixed) and self._decode_kv_limit(1) == 0:
                 preempted = self._preempt_for_growth(t)
                 n = len(decoding)
-            if self.prefilling or waiting:
-                chunks = self._plan_prefill(t, budget0 - n * (self.depth + 1), unified=True, preempted=preempted)
+            if prefilling or waiting:
+                chunks = self._plan_prefill(t, budget0 - n * per_seq, unified=True, preempted=preempted)
                 if chunks:
                     dt_it = self._run_chunks(chunks, t, model, len(decoding), split=False)
                     acc.busy += dt_it
-                    self.clock_s = t + dt_it
+                    clock = t + dt_it
                     continue
             if decoding:
-                horizon = self.transfers[0][0] if self.transfers else INF
+                horizon = transfers[0][0] if transfers else INF
                 if preempted:
                     # one iteration: the next pass may admit into what the preemption freed (V1
                     # schedules every step); without a preemption free blocks only shrink until a
                     # request finishes, so a blocked queue stays blocked for the whole decode run
                     horizon = t
-                elif sched.priority_routing or (not waiting and n + len(self.prefilling) + len(self.transfers)
+                elif sched.priority_routing or (not waiting and n + len(prefilling) + len(transfers)
                                                 < self.batch_cap):
                     nxt = arrivals[self.arrival_idx].arrival if self.arrival_idx < n_arr else INF
                     if nxt < horizon:
@@ -643,12 +674,13 @@ class Engine:
                 t_new = self._decode_run(t, t_end, model, horizon, unified=True)
                 if t_new is not None:
                     acc.busy += t_new - t
-                    self.clock_s = t_new
+                    clock = t_new
                 continue
             if preempted:
                 continue  # nothing ran in this pass; the next one (same clock) may admit
-            nxt = min(self._next_arrival(), self.transfers[0][0] if self.transfers else INF, t_end)
-            self.clock_s = nxt if nxt > t else t_end
+            nxt = min(self._next_arrival(), transfers[0][0] if transfers else INF, t_end)
+            clock = nxt if nxt > t else t_end
+        self.clock_s = clock
 
     def _run_split(self, t_end: float) -> None:
         prefill_model, decode_model = self.prefill_model, self.decode_model
@@ -743,7 +775,18 @@ class Engine:
                 r.reported = cur
             pending.append(r.snapshot_tokens(cur))
         self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
-        settle(self.sched.waiting())
+        for entry in self.sched.heap:
+            r = entry[2]
+            snap = r.snap
+            if r.queued_clean and snap is not None:  # waiting, unchanged since its last snapshot (sim/request.py)
+                pending.append(snap)
+                continue
+            cur = int(r.progress)  # progress_at, for a waiting request
+            if cur != r.reported:
+                new_tokens += cur - r.reported
+                r.reported = cur
+            pending.append(r.snapshot_tokens(cur))
+            r.queued_clean = True
         acc.output_tokens += new_tokens
         used = self.kv.used_fixed + decode_blocks
         mem = self.kv.memory_gib(used)

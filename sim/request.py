@@ -15,7 +15,7 @@ WAITING, PREFILL, TRANSFER, DECODE, DONE = 0, 1, 2, 3, 4
 class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
-                 "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq")
+                 "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq", "queued_clean")
     # the snapshot is handed out read-only and replaced, never changed: a fork shares it (sim/fork.py)
     __fork_shared__ = ("snap",)
 
@@ -43,6 +43,10 @@ class SimRequest:
         self.admitted_seq = 0         # the engine's admission count when this request last started running
         self.snap: RequestRecord | None = None  # last pending snapshot, reused while nothing changed
         self.snap_key: tuple = ()
+        # True while the request waits in the queue unchanged since its last pending snapshot (set by
+        # the engine's report, cleared by every push into the queue): its snapshot and reported tokens
+        # still hold, so the report reuses them without rebuilding the key (queues of thousands)
+        self.queued_clean = False
 
     def progress_at(self, it: int) -> float:
         if self.state == DECODE:

@@ -29,13 +29,20 @@ class Scheduler:
     def configure(self, priority_routing: bool) -> None:
         if priority_routing != self.priority_routing:
             self.priority_routing = priority_routing
-            reqs = [entry[2] for entry in self.heap]
-            self.heap = []
-            for r in reqs:
-                self.push(r)
+            # re-keyed in place and heapified: the keys are unique (the request id is in them), so the
+            # pop order is the one pushing each again would give, in O(n) rather than O(n log n). The
+            # requests themselves are unchanged (their pending snapshots still hold).
+            entries = []
+            for entry in self.heap:
+                r = entry[2]
+                r.wkey = waiting_key(r.priority, r.arrival, r.rid, priority_routing)
+                entries.append((r.wkey, r.rid, r))
+            heapq.heapify(entries)
+            self.heap[:] = entries  # the same list: the engine's loops hold it
 
     def push(self, r: SimRequest) -> None:
         r.wkey = waiting_key(r.priority, r.arrival, r.rid, self.priority_routing)
+        r.queued_clean = False
         heapq.heappush(self.heap, (r.wkey, r.rid, r))
 
     def pop(self) -> SimRequest:

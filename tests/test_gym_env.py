@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import gymnasium
 import numpy as np
+import pytest
 from conftest import train_extra
 from gymnasium.utils.env_checker import check_env
 from llmserve_env.agents.encoding import ACTION_NVEC, OBS_DIM
 from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
-from llmserve_env.shared.tasks import get_task
+from llmserve_env.shared.tasks import TASKS, get_task
 
 
 def test_registered_and_made_with_a_task():
@@ -100,3 +101,28 @@ def test_train_py_is_reproducible_with_workers_served_out_of_order(tmp_path):
     (w1, log1), (w2, log2) = run("a"), run("b")
     assert log1 == log2 and len(log1) == 3
     assert w1.keys() == w2.keys() and all(np.array_equal(w1[k], w2[k]) for k in w1)
+
+
+@pytest.mark.parametrize("task_id", list(TASKS))
+def test_fast_path_matches_the_full_observation_path(task_id: str) -> None:
+    """Differential: the same random actions through the fast path (Episode.advance: no pydantic
+    observation, step log unvalidated) and the full one (Episode.step) give the same features,
+    rewards, done flags, grade, step log and, read at the end, the same last observation."""
+    fast, full = LLMServeGymEnv(task_id), LLMServeGymEnv(task_id)
+    assert fast.fast  # the default without advice
+    full.fast = False
+    rng = np.random.default_rng(7)
+    x_fast, _ = fast.reset(options={"episode_seed": 11})
+    x_full, _ = full.reset(options={"episode_seed": 11})
+    assert np.array_equal(x_fast, x_full)
+    done = False
+    while not done:
+        a = rng.integers(0, fast.action_space.nvec)
+        x_fast, r_fast, done, _, info_fast = fast.step(a)
+        x_full, r_full, done_full, _, info_full = full.step(a)
+        assert np.array_equal(x_fast, x_full) and r_fast == r_full and done == done_full
+    assert info_fast["score"] == info_full["score"]
+    assert fast.runtime.episode.episode_log().model_dump(exclude={"episode_id"}) == \
+        full.runtime.episode.episode_log().model_dump(exclude={"episode_id"})
+    assert fast.last_observation.model_dump(exclude={"episode_id"}) == \
+        full.last_observation.model_dump(exclude={"episode_id"})
