@@ -178,6 +178,11 @@ def only_changed_props(updates: list[Any], sent: dict[int, dict[str, Any]]) -> l
         changed = {k: v for k, v in update.items()
                    if k not in ("value", "__type__") and (k not in known or known[k] != v)}
         known.update(changed)
+        # `visible` goes with every update: a boolean sent again redraws nothing, and a page that
+        # missed the one update that showed a plot (a streamed update lost while Gradio's event
+        # stream reconnects, seen under load) would otherwise keep it hidden for the whole episode.
+        if "visible" in update:
+            changed["visible"] = update["visible"]
         out.append(gr.update(value=update["value"], **changed))
     return out
 

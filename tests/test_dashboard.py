@@ -211,3 +211,15 @@ def test_episode_csv_has_one_row_per_window():
     run = played("diurnal_autoscale", "tuned_static", 3)
     lines = episode_csv(run).splitlines()
     assert len(lines) == 4 and "hour_of_day" in lines[0].split(",")
+
+
+def test_a_shown_plot_says_so_with_every_update():
+    """A tenant plot's `visible` is repeated with each update: a page that missed the update that
+    showed it (a streamed update lost while Gradio's event stream reconnects) shows it at the next."""
+    run = played("adversarial_multitenant", "heuristic", 2)
+    offsets = len(PLOTS)
+    views(run, URL)
+    run.step(None)
+    again = views(run, URL)[11:]
+    assert [again[offsets + i]["visible"] for i in range(3)] == [True, True, True]
+    assert "color_map" not in again[offsets] and "title" not in again[offsets]
