@@ -22,13 +22,14 @@ from typing import Any, Literal
 
 from llmserve_env.runtime.errors import (
     BackendFailure,
+    EndpointUnavailableError,
     EnvError,
     EpisodeDoneError,
     EpisodeIdError,
     ForkUnsupportedError,
     ReplicasOutOfRangeError,
 )
-from llmserve_env.shared.backend import Arrival, Backend
+from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.grader import compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
@@ -133,6 +134,12 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
         "terminated": ep.done,
         "drain_windows": m.drain_windows,
     }
+    if notes.get("backend") == "real":
+        # Requests that failed in the window, beside the latencies they leave out: a window whose
+        # requests all failed must not read as a quiet one (0 ms, 0 tokens/s) to a client that
+        # does not read the backend's notes.
+        metadata["failed_requests"] = int(notes.get("errors") or 0) + int(notes.get("timeouts") or 0)
+        metadata["failure"] = notes.get("failure")
     if ep.task.is_cluster:
         metadata["cluster"] = cluster_metadata(ep.task, ep.step_count, notes)
     return ServeObservation(
@@ -243,6 +250,9 @@ class Episode:
                 m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
                 if last and not self.tracker.closed:
                     m = with_drain(m, self._drain(action))
+            except BackendUnavailableError as exc:  # nothing was served: the same step can be sent again
+                log.warning("episode %s: step %d not served: %s", self.episode_id, k, exc)
+                raise EndpointUnavailableError(self.episode_id, k, exc.endpoint, exc.reason) from exc
             except Exception as exc:  # one episode's backend failing must not take the server down
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self.done = True
