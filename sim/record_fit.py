@@ -53,6 +53,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing {', '.join(missing)}")
             out.append(d)
+    # A window withdrawn while the endpoint was unreachable is sent again with the same request ids:
+    # a request's last row is its outcome (gateway/dispatcher.py's _withdraw).
+    last = {(episode_key(d), d["request_id"]): i for i, d in enumerate(out)}
+    out = [d for i, d in enumerate(out) if last[(episode_key(d), d["request_id"])] == i]
     if not any(d["status"] == "ok" for d in out):
         raise ValueError(f"{path}: no completed requests")
     return out
@@ -179,12 +183,13 @@ def initial_guess(runs: list[RecordedRun]) -> StepCoefficients:
     return StepCoefficients(step_s=0.4 * tpot, seq_s=0.1 * tpot, token_s=tok, ctx_s=1e-3 * tok)
 
 
-def _objective(runs: list[RecordedRun], base: Profile) -> Callable[[np.ndarray], float]:
-    """Mean soft-L1 loss of log(sim / real) over every request's TTFT and TPOT, on coefficients exp(x)."""
+def replay_objective(runs: list[RecordedRun], build: Callable[[np.ndarray], Profile]) -> Callable[[np.ndarray], float]:
+    """Mean soft-L1 loss of log(sim / real) over every request's TTFT and TPOT, replaying `runs` on the
+    profile `build(x)` (the affine fit's and the table fit's (sim/table_fit.py) one objective)."""
     reals = [real_side(r) for r in runs]
 
     def f(x: np.ndarray) -> float:
-        prof = with_coefficients(base, StepCoefficients(*np.exp(x)))
+        prof = build(x)
         res = []
         for run, real in zip(runs, reals, strict=True):
             sim = sim_side(run, prof)
@@ -249,7 +254,7 @@ def fit_records(base: Profile, runs: list[RecordedRun], iters: int = 300) -> Rec
     """Fit the measured step coefficients to `runs`, scored against `base` as it stands."""
     if not runs:
         raise ValueError("no recorded runs to fit")
-    f = _objective(runs, base)
+    f = replay_objective(runs, lambda x: with_coefficients(base, StepCoefficients(*np.exp(x))))
     calls = 0
 
     def counted(x: np.ndarray) -> float:
