@@ -72,8 +72,10 @@ def test_stream_timings_come_from_the_step_time_model(standin):
     decode = model.iteration_s(1, n + 1.0, 0, [], 0, 0)
     # the server really waits each iteration; HTTP on loopback adds a little, never removes any
     assert prefill <= times[0] < prefill + 0.25
-    itl = sorted(b - a for a, b in zip(times, times[1:], strict=False))
-    assert decode * 0.9 <= itl[len(itl) // 2] < decode + 0.03
+    # the mean gap: a late iteration's token goes out with the next one's (the batcher keeps its
+    # schedule on a busy host: sim/standin/batching.py), so single gaps may be short
+    itl = (times[-1] - times[0]) / (len(times) - 1)
+    assert decode * 0.9 <= itl < decode + 0.03
 
 
 def test_concurrent_requests_are_batched(standin):
