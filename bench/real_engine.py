@@ -26,7 +26,9 @@ TTFT/TPOT are from the engine's); then each held-out replay's per-window table, 
 by the real engine's concurrency, and on its last line {"ttft_err_pct", "tpot_err_pct",
 "throughput_err_pct"} of the fitted simulator: medians over every held-out request (throughput over
 all held-out windows). Without the binary it says so and exits 0 (last line: {"skipped": reason}).
-`--base-url URL --model M` plays against an OpenAI-compatible server already running instead
+`--gguf FILE --model-alias NAME --port P` choose the model file, the name it is served and requested
+under, and llama-server's port; the header names the model from the server's own GET /v1/models.
+`--base-url URL --model-alias M` plays against an OpenAI-compatible server already running instead
 (vLLM, or the stand-in `python -m llmserve_env.sim.standin`), and needs no binary.
 """
 
@@ -117,10 +119,11 @@ def parse_cpus(spec: str) -> set[int]:
     return out
 
 
-def start_server(folder: Path, port: int, log: Path, prefix: list[str]) -> subprocess.Popen[bytes]:
-    cmd = prefix + [str(folder / "llama-server"), "-m", str(folder / "model.gguf"), "--host", "127.0.0.1",
+def start_server(folder: Path, gguf: Path, alias: str, port: int, log: Path,
+                 prefix: list[str]) -> subprocess.Popen[bytes]:
+    cmd = prefix + [str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1",
                     "--port", str(port), "-c", "8192", "-np", "8", "-t", "1", "--metrics", "--no-webui",
-                    "--alias", MODEL_ALIAS]
+                    "--alias", alias]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -134,6 +137,25 @@ def start_server(folder: Path, port: int, log: Path, prefix: list[str]) -> subpr
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"llama-server did not become healthy in 120 s; log: {log}")
+
+
+def served_model(base_url: str) -> str:
+    """What the server says it serves (GET /v1/models): the first model's id, with llama-server's size
+    metadata when it gives some. The header names this, never what the bench assumed it started."""
+    try:
+        r = httpx.get(base_url + "/models", timeout=10.0)
+        r.raise_for_status()
+        first = r.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return f"(GET {base_url}/models failed: {type(exc).__name__})"
+    meta = first.get("meta") or {}
+    size = []
+    if isinstance(meta.get("n_params"), (int, float)):
+        size.append(f"{meta['n_params'] / 1e6:.0f}M params")
+    if isinstance(meta.get("size"), (int, float)):
+        size.append(f"{meta['size'] / 2**20:.0f} MiB")
+    owner = first.get("owned_by")
+    return f"{first.get('id')}" + (f" ({', '.join(size)})" if size else "") + (f", owned by {owner}" if owner else "")
 
 
 def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestCaps,
@@ -255,7 +277,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-completion-tokens", type=int, default=32)
     ap.add_argument("--out-dir", type=Path, default=None, help="keep records and the fitted profile here")
     ap.add_argument("--base-url", default=None, help="use this running server instead of starting llama-server")
-    ap.add_argument("--model", default=MODEL_ALIAS, help="model name to request [%(default)s]")
+    ap.add_argument("--model-alias", "--model", dest="model", default=MODEL_ALIAS,
+                    help="the name llama-server serves the model under (its --alias) and every request names "
+                    "(with --base-url: the served model's name) [%(default)s]")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="the model file llama-server serves [LLMSERVE_LLAMA_DIR/model.gguf]")
+    ap.add_argument("--port", type=int, default=None,
+                    help="llama-server's port on 127.0.0.1 [a free one]")
     ap.add_argument("--engine-cpus", default=None, help="pin llama-server to these CPUs (taskset list, e.g. 1)")
     ap.add_argument("--gateway-cpus", default=None, help="pin this process (the gateway) to these CPUs (e.g. 0)")
     ap.add_argument("--probe", default=None, metavar="B,B,...",
@@ -288,9 +316,16 @@ def main(argv: list[str] | None = None) -> None:
         probe_batches = [0]
     if any(not 1 <= b <= 8 for b in probe_batches):
         ap.error(f"--probe takes slot counts 1-8 (the server's -np 8), got {a.probe!r}")
+    if a.port is not None and not 1 <= a.port <= 65535:
+        ap.error(f"--port must be in 1..65535, got {a.port}")
+    if a.base_url is not None and (a.port is not None or a.gguf is not None):
+        ap.error("--port and --gguf start llama-server; with --base-url the server is already running")
     folder = llama_dir()
-    if a.base_url is None and not ((folder / "llama-server").exists() and (folder / "model.gguf").exists()):
-        reason = f"no llama-server/model.gguf in {folder}; run scripts/build_llama_server.sh first"
+    gguf = a.gguf or folder / "model.gguf"
+    if a.gguf is not None and not a.gguf.is_file():
+        ap.error(f"--gguf {a.gguf}: no such file")
+    if a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
+        reason = f"no llama-server/{gguf.name} in {folder}; run scripts/build_llama_server.sh first"
         print(f"skipped: {reason}")
         print(json.dumps({"skipped": reason}))
         return
@@ -303,9 +338,10 @@ def main(argv: list[str] | None = None) -> None:
     base_url = a.base_url
     log = out / "llama-server.log"
     if base_url is None:
-        port = free_port()
-        proc = start_server(folder, port, log, isolation_prefix(a.engine_cpus, a.priority))
+        port = a.port or free_port()
+        proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
         base_url = f"http://127.0.0.1:{port}/v1"
+    served = served_model(base_url)
     played, timings = [], {}
     probes: dict[int, list[ProbeRow]] = {}
     try:
@@ -327,7 +363,8 @@ def main(argv: list[str] | None = None) -> None:
     fit_rec = out / "records_fit.jsonl"
     fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in fit_seeds))
     kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
-    engine = "llama-server (-np 8 -t 1), SmolLM2-135M Q4_1" if proc is not None else f"{a.model} at {base_url}"
+    engine = (f"llama-server (-np 8 -t 1) serving {gguf.name} as {served}" if proc is not None
+              else f"{served} at {base_url}")
     iso = (f"engine CPUs {a.engine_cpus or 'any'}, gateway CPUs {a.gateway_cpus or 'any'}, priority {a.priority}")
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g}, prompts <= {a.max_prompt_tokens}, "
           f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs")
