@@ -109,6 +109,29 @@ def load_runs(path: Path, actions: list[ServeAction], *, window_s: float = 1.0, 
     return runs
 
 
+PROMPT_KEY = "prompt_tokens"  # engine.prompt_tokens: how the engine counts a prompt the gateway counted
+
+
+def fit_prompt_counting(runs: list[RecordedRun]) -> dict[str, Any] | None:
+    """How the engine counts prompts, from the records: its count (usage_prompt_tokens) against the
+    gateway's o200k_base count of the message text (prompt_tokens), least squares usage = per_token *
+    prompt + chat_overhead (the tokenizer's ratio and the chat template's tokens), overhead >= 0. None
+    when no record carries the engine's count."""
+    pairs = [(float(r["prompt_tokens"]), float(r["usage_prompt_tokens"])) for run in runs for r in run.rows
+             if r.get("usage_prompt_tokens") and r.get("prompt_tokens")]
+    if not pairs:
+        return None
+    x, y = np.array(pairs).T
+    if len(pairs) >= 2 and np.ptp(x) > 0:
+        per_token, overhead = np.polyfit(x, y, 1)
+    else:
+        per_token, overhead = float(np.median(y / x)), 0.0
+    if overhead < 0:  # never fewer tokens than the text's own at length 0: refit through the origin
+        per_token, overhead = float(x @ y / (x @ x)), 0.0
+    return {"tokenizer": "o200k_base", "per_token": float(f"{per_token:.6g}"), "chat_overhead": round(float(overhead), 2),
+            "requests": len(pairs)}
+
+
 def solve_fixed_and_scale(iterations: np.ndarray, gpu_s: np.ndarray, measured_s: np.ndarray) -> tuple[float, float]:
     """(t_fixed, gpu_time_scale) minimising the relative error of iterations * t_fixed + scale * gpu_s
     against `measured_s`, by least squares, both >= 0: when one comes out negative it is set to 0

