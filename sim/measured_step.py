@@ -103,7 +103,7 @@ def measured_models(p: Profile) -> dict[tuple[str, str], MeasuredStepModel | Tab
     coef = coefficients(p)
     if coef is None:
         return {}
-    out = {}
+    out: dict[tuple[str, str], MeasuredStepModel | TableStepModel] = {}
     for tier in p.tiers:
         for lane in LANES:
             cs, _ = lane_shares(p, lane)
