@@ -19,7 +19,9 @@ keeps ~0.5 req/s), and real mode's caps cut prompts to --max-prompt-tokens and c
 are the task's (64 x 1 s).
 
 The episodes of all seeds but the last --held-out are fitted (`calibrate records`, starting from
-h100-llama3.1-8b); the held-out ones are replayed through the simulator on the fitted profile (and
+h100-llama3.1-8b; with two fit seeds or more it also fits the measured step table and keeps it only
+if it replays the last third of the fit seeds better than the affine model, starting the table's
+decode values from --probe's measurements when given, and says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
 on the starting one, for scale). Prints, per episode, the load average around it, the gateway's
 worst event-loop lag and the engine's own speed from its timing log (and how far the gateway's
 TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
@@ -58,7 +60,7 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.calibrate import FitRefusedError, run_records
 from llmserve_env.sim.calibrate_engine_log import EngineTiming, engine_speed, match, read_engine_log
 from llmserve_env.sim.caps import RequestCaps
-from llmserve_env.sim.measured_step import KEY, MeasuredStepModel, StepCoefficients
+from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.record_fit import load_runs
 from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, replay
@@ -222,7 +224,7 @@ def decode_probe(base_url: str, model: str, batches: list[int], words: int, toke
 
 def probe_table(rows: list[ProbeRow], prof: Profile, tokens: int) -> str:
     """The engine's decode step against the fitted profile's, at the probe's batch and mean context."""
-    model = MeasuredStepModel(prof, "FP16", StepCoefficients.from_dict(prof.raw["engine"][KEY]))
+    model = measured_models(prof)[("FP16", "unified")]  # the table or the affine model, as the fit chose
     lines = [f"{'slots':>5} {'prompt tok':>10} {'engine ms/step':>14} {'fitted ms/step':>14} {'error %':>8}"]
     for r in rows:
         ctx = r.batch * (r.prompt_tokens + tokens / 2)
@@ -377,15 +379,31 @@ def main(argv: list[str] | None = None) -> None:
               f"{p['load_start']:>5.1f}-{p['load_end']:<5.1f} {p['loop_lag_p99_max_ms']:>14.1f} ms  "
               f"{engine_check(rows, timings[s]) if proc is not None else '(no engine log)'}")
     try:
-        prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw)
+        # the engine's own decode step by slots (the first prompt size probed) starts the table's fit
+        first = next(iter(probes.values()), [])
+        prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
+                                probe={r.batch: r.eval_ms_per_token / 1e3 for r in first} or None,
+                                probe_ctx={r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2)
+                                           for r in first})
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))
         return
     c = fit.coefficients
-    print(f"fitted on seeds {fit_seeds}: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
-          f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token "
+    records_fit = prof["fit_error"]["records"]
+    print(f"fitted on seeds {fit_seeds}, affine: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per "
+          f"decoding sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token "
           f"(fit runs: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
+    if "choice" in records_fit:
+        held = records_fit["choice"]["held_out"]
+        print(f"step model kept: {records_fit['step_model']} (on the fit seeds' held-out episode(s): affine TTFT / "
+              f"TPOT {held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
+              f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+    if records_fit["step_model"] == "table":
+        t = prof["engine"]["measured_table"]
+        print(f"measured table: {t['step_s'] * 1e3:.2f} ms per iteration + decode at {t['slots']} slots "
+              f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
+              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {t['ctx_s'] * 1e6:.3f} us per context token")
     fitted, base = load_profile(str(out / "llama-cpu-fit.json")), load_profile(BASE_PROFILE)
     held_runs = [run for s in held_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
     base_cmp = pooled([replay(r, base) for r in held_runs])

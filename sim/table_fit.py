@@ -2,7 +2,7 @@
 model by their error on held-out records.
 
 The table's knots are read off the records: decode at 1, 2, 4, ... slots up to the largest batch the
-actions allowed; prefill at two token counts (the median and the largest prompt the engine counted).
+records saw (within the actions' batch_cap); prefill at two token counts (the median and the largest prompt the engine counted).
 Its values are fitted the way the affine coefficients are (sim/record_fit.py): replaying the recorded
 episodes through the simulator and minimising the soft-L1 log error of every request's TTFT and TPOT,
 by Nelder-Mead on the logs of the values, started from the affine fit (so the table starts where the
@@ -46,10 +46,24 @@ def with_table(base: Profile, table: StepTable, out_id: str | None = None) -> Pr
     return profile_from_dict(d)
 
 
+def most_in_flight(runs: list[RecordedRun]) -> int:
+    """The most requests the engine held at once in the records (dispatch to finish)."""
+    most = 0
+    for run in runs:
+        events = sorted(e for r in run.rows if r.get("dispatch_s") is not None and r.get("finish_s") is not None
+                        for e in ((float(r["dispatch_s"]), 1), (float(r["finish_s"]), -1)))
+        n = 0
+        for _, d in events:
+            n += d
+            most = max(most, n)
+    return most
+
+
 def knots(runs: list[RecordedRun], actions: list[ServeAction]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """(slots, prefill tokens) the table is measured at: powers of two up to the largest batch_cap played
-    (at most 64), and the median and largest prompt the engine counted."""
-    cap = min(64, max(a.batch_cap for a in actions))
+    """(slots, prefill tokens) the table is measured at: powers of two up to the largest batch the records
+    saw (at most the largest batch_cap played, and 64: a knot no record reaches would be fitted to
+    nothing), and the median and largest prompt the engine counted."""
+    cap = max(1, min(64, max(a.batch_cap for a in actions), most_in_flight(runs)))
     slots = [1]
     while slots[-1] * 2 <= cap:
         slots.append(slots[-1] * 2)
