@@ -46,8 +46,9 @@ first chunk T ms after the request is read, then one every I ms), for measuring 
 `--served-model NAME` answers every request as NAME and lists only NAME, whatever model was asked
 for, the way a one-model server (llama.cpp's llama-server) does: for testing that clients notice.
 Token times at batch 1: the batching loop keeps an absolute schedule (a late wake-up is caught up,
-up to 100 ms), so a stream's mean inter-token latency is the profile's step time (measured -0.3 %..0 %
-on a loaded 2-core host; it was +15 % to +30 % when each iteration started at its late wake-up).
+up to 100 ms), so a stream's mean inter-token latency is the profile's step time (measured -0.3..+0.1 %
+on a loaded 2-core host, the median gap 2-3 % short; +12..+32 % when each iteration started at its
+late wake-up).
 `--api-key K` makes the server demand that key; a wrong one gets a 401 that echoes it back, the
 way a careless server might, so clients can prove they redact it.
 

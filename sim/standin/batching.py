@@ -15,8 +15,8 @@ from llmserve_env.sim.step_time import step_model
 
 # How far behind its schedule the batching loop may run and still catch up (tokens of a late iteration
 # go out together, the mean rate stays the profile's). Measured at batch 1, 200 tokens, on a 2-core host
-# at load 6.5 (issue 29): mean ITL over the priced step +21..+32 % with no catching up (the old loop),
-# +6..+11 % catching up 5 ms, -0.3..0.0 % catching up 100 ms.
+# at load 6.5-9 (issue 29), mean / median ITL over the priced step: no catching up (the old loop)
+# +12..+32 % / +12 %; 5 ms -0.1..+11 % / -3 %; 100 ms -0.3..+0.1 % / -2..-3 %.
 RESYNC_S = 0.1
 
 
