@@ -64,6 +64,7 @@ from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.record_fit import load_runs
 from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, replay
+from llmserve_env.sim.table_fit import write_probe
 
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"
@@ -381,10 +382,12 @@ def main(argv: list[str] | None = None) -> None:
     try:
         # the engine's own decode step by slots (the first prompt size probed) starts the table's fit
         first = next(iter(probes.values()), [])
+        probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
+        probe_ctx = {r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2) for r in first}
+        if probe:  # kept for `calibrate records --decode-probe`
+            write_probe(out / "decode_probe.csv", probe, probe_ctx)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
-                                probe={r.batch: r.eval_ms_per_token / 1e3 for r in first} or None,
-                                probe_ctx={r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2)
-                                           for r in first})
+                                probe=probe or None, probe_ctx=probe_ctx)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))

@@ -70,7 +70,7 @@ from llmserve_env.sim.replay import replay
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_table import KEY as TABLE_KEY
 from llmserve_env.sim.step_time import StepTimeModel
-from llmserve_env.sim.table_fit import Choice, choose, fit_table
+from llmserve_env.sim.table_fit import Choice, choose, fit_table, read_probe
 
 # Measured anchor: batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM is about 6.5 ms (InferenceBench's
 # measurement, as cited by issue 15; the earlier 7-8 ms of shared/data/README.md was a kernel sum, not a
@@ -326,6 +326,9 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
     choice: Choice | None = None
     if step_model == "table" or (step_model == "auto" and len(runs) >= 2):
+        if len(runs) < 2:
+            raise ValueError(f"--step-model table needs two episodes or more in the recording (one at least "
+                             f"held out to check the table on); {records_path.name} has {len(runs)}")
         h = held_out if held_out is not None else max(1, len(runs) // 3)
         if not 1 <= h < len(runs):
             raise ValueError(f"choosing the step model holds out 1..{len(runs) - 1} of the {len(runs)} episodes "
@@ -450,6 +453,9 @@ def main(argv: list[str] | None = None) -> int:
                    "tokens, interpolated; auto: the one that replays held-out episodes better [%(default)s]")
     r.add_argument("--held-out", type=int, default=None,
                    help="episodes (the last ones) held out to choose the step model [a third, at least 1]")
+    r.add_argument("--decode-probe", type=Path, default=None, metavar="CSV",
+                   help="the engine's decode step by slots (columns slots,step_ms,context_tokens, as "
+                   "bench/real_engine.py --probe writes it): starts the table's decode values")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -482,9 +488,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "records":
                 base_id = load_profile(args.profile).id
                 out = out_path(args.out, f"{base_id}-records")
+                probe, probe_ctx = read_probe(args.decode_probe) if args.decode_probe else (None, None)
                 prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
                                         windows=args.windows, caps=caps, episode=args.episode,
-                                        step_model=args.step_model, held_out=args.held_out)
+                                        step_model=args.step_model, held_out=args.held_out, probe=probe,
+                                        probe_ctx=probe_ctx)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,

@@ -16,8 +16,10 @@ must earn them on episodes it never saw.
 
 from __future__ import annotations
 
+import csv
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -129,6 +131,42 @@ def probe_start(c: StepCoefficients, slots: tuple[float, ...], tokens: tuple[flo
     decode = tuple(max(1e-6, probe[int(b)] - c.step_s - c.ctx_s * probe_ctx.get(int(b), 0.0))
                    if int(b) in probe else d for b, d in zip(slots, base.decode_s, strict=True))
     return StepTable(base.step_s, base.ctx_s, slots, decode, tokens, base.prefill_s)
+
+
+PROBE_COLUMNS = ("slots", "step_ms", "context_tokens")
+
+
+def read_probe(path: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """A decode probe (bench/real_engine.py --probe writes one): CSV rows of slots, the engine's step in ms
+    at that many slots, and the decode context summed over them. ({slots: step s}, {slots: context});
+    ValueError naming the line on malformed input."""
+    steps: dict[int, float] = {}
+    ctx: dict[int, float] = {}
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in PROBE_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)} (want {', '.join(PROBE_COLUMNS)})")
+        for lineno, row in enumerate(reader, 2):
+            try:
+                b, ms, c = int(row["slots"]), float(row["step_ms"]), float(row["context_tokens"])
+            except (TypeError, ValueError):
+                raise ValueError(f"{path}:{lineno}: slots must be an integer, step_ms and context_tokens "
+                                 f"numbers, got {row}") from None
+            if b < 1 or not ms > 0 or not c >= 0:
+                raise ValueError(f"{path}:{lineno}: want slots >= 1, step_ms > 0, context_tokens >= 0, got {row}")
+            steps[b], ctx[b] = ms / 1e3, c
+    if not steps:
+        raise ValueError(f"{path}: no probe rows")
+    return steps, ctx
+
+
+def write_probe(path: Path, steps: dict[int, float], ctx: dict[int, float]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(PROBE_COLUMNS)
+        for b in sorted(steps):
+            w.writerow([b, f"{steps[b] * 1e3:.4f}", f"{ctx.get(b, 0.0):g}"])
 
 
 def held_out_error(c: Comparison) -> float:

@@ -25,7 +25,7 @@ from llmserve_env.sim.record_fit import load_runs, with_coefficients
 from llmserve_env.sim.replay import pooled, replay
 from llmserve_env.sim.standin.app import StandinConfig, StandinState
 from llmserve_env.sim.step_table import StepTable, TableStepModel, interpolate
-from llmserve_env.sim.table_fit import choose, with_table
+from llmserve_env.sim.table_fit import choose, probe_start, read_probe, with_table, write_probe
 
 BASE = "h100-llama3.1-8b"
 ACTION = ServeAction(batch_cap=8, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",
@@ -149,3 +149,23 @@ def test_replay_on_the_fitted_table_matches_its_engine(tmp_path):
     run = load_runs(records(SATURATING, tmp_path / "t.jsonl", 5, n=20), [ACTION], windows=20)[0]
     cmp = pooled([replay(run, with_table(load_profile(BASE), SATURATING))])
     assert cmp.summary()["ttft_err_pct"] < 1 and cmp.summary()["tpot_err_pct"] < 1
+
+
+def test_a_decode_probe_starts_the_table_and_bad_probe_files_are_named(tmp_path, capsys):
+    steps, ctx = {1: 0.0177, 2: 0.0378, 4: 0.0984, 8: 0.0942}, {1: 40.0, 2: 80.0, 4: 160.0, 8: 320.0}
+    path = tmp_path / "probe.csv"
+    write_probe(path, steps, ctx)
+    got_steps, got_ctx = read_probe(path)
+    assert got_steps == pytest.approx(steps) and got_ctx == ctx
+    c = StepCoefficients(step_s=0.002, seq_s=0.004, token_s=0.006, ctx_s=1e-5)
+    start = probe_start(c, (1.0, 2.0, 4.0, 8.0, 16.0), (64.0,), got_steps, got_ctx)
+    # the engine's step less the fixed cost and the context term; 16 slots (not probed) from the line
+    assert start.decode_s[:4] == pytest.approx([s - 0.002 - 1e-5 * ctx[b] for b, s in steps.items()])
+    assert start.decode_s[4] == pytest.approx((0.004 + 0.006) * 16)
+    path.write_text("slots,step_ms,context_tokens\n1,17.7,40\n2,fast,80\n")
+    with pytest.raises(ValueError, match=r"probe.csv:3: slots must be an integer"):
+        read_probe(path)
+    path.write_text("slots,step_ms\n1,17.7\n")
+    assert calibrate.main(["records", "--profile", BASE, "--records", str(path), "--action", ACTION_JSON,
+                           "--decode-probe", str(path)]) == 2
+    assert "missing column(s) context_tokens" in capsys.readouterr().err
