@@ -169,3 +169,18 @@ def test_a_killed_engine_gives_503_over_http_and_websocket_and_health_says_so_at
             assert client.get("/health").status_code == 200
     finally:
         s.kill()
+
+
+def test_health_sees_a_dead_endpoint_within_a_second_with_no_request_sent():
+    from llmserve_env.gateway.service import GatewayService
+    from llmserve_env.gateway.startup import check_real_mode
+
+    service = GatewayService()
+    s = BackgroundStandin(StandinConfig(profile=PROFILE)).__enter__()
+    check_real_mode([1.0], {"OPENAI_BASE_URL": s.base_url, "LLMSERVE_REAL_MODEL": PROFILE}, service=service)
+    up = service.endpoint_health()
+    assert up is not None and up["reachable"] is True
+    s.__exit__()
+    time.sleep(1.05)  # the probe /health answers from is at most a second old
+    down = service.endpoint_health()
+    assert down is not None and down["reachable"] is False
