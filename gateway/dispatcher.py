@@ -190,10 +190,11 @@ class Dispatcher:
         self._lane_tokens: list[list[int]] = [[0, 0] for _ in range(n)]
         self._handles: dict[int, tuple[asyncio.TimerHandle, Arrival]] = {}
         self._window = WindowAccumulator()
-        # this window's attempts: how many reached an endpoint, how many could not connect (and why)
+        # this window's attempts: how many sent in it reached an endpoint, how many could not connect (and why)
         self._reached = 0
         self._unreached = 0
         self._unreached_error: str | None = None
+        self._window_start = 0.0  # loop time the current window's call began
         self._seed = 0
         self._episode = 0
         self._rng = random.Random(0)
@@ -363,6 +364,7 @@ class Dispatcher:
         self._window_task = asyncio.current_task()
         self._reached = self._unreached = 0
         self._unreached_error = None
+        self._window_start = now
         self._set_busy()
         self._step = int(round(t0 / dt)) if dt > 0 else 0
         self._set_action(action)
@@ -560,7 +562,8 @@ class Dispatcher:
                         outcome = await self.clients[e.endpoint].stream(request, on_chunk)
                     except AttemptError as err:
                         billed = self._settle(e, reservation, process_res, err.outcome)
-                        self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err)
+                        self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err,
+                                       err.outcome.dispatch_t)
                         e.completion_id = err.outcome.completion_id or e.completion_id
                         msg = redact(err.message, self._secret)
                         e.attempt_log.append(AttemptLog(e.ep(err.outcome.dispatch_t), e.ep(loop.time()), err.kind,
@@ -578,7 +581,7 @@ class Dispatcher:
                         await asyncio.sleep(delay)
                         continue
                     billed = self._settle(e, reservation, process_res, outcome)
-                    self._endpoint(True, None)
+                    self._endpoint(True, None, outcome.dispatch_t)
                     self._check_model(e, outcome.served_model)
                     e.attempt_log.append(AttemptLog(e.ep(outcome.dispatch_t), e.ep(loop.time()), "ok", outcome.status_code))
                     e.usage_prompt_tokens = outcome.usage_prompt_tokens
@@ -598,10 +601,12 @@ class Dispatcher:
         c = self.config
         return self._rng.uniform(0.0, min(c.backoff_cap_s, c.backoff_base_s * 2 ** (attempt_no - 1)))
 
-    def _endpoint(self, reached: bool, err: AttemptError | None) -> None:
+    def _endpoint(self, reached: bool, err: AttemptError | None, dispatch_t: float) -> None:
         message = None if err is None else redact(err.message, self._secret)[:200]
         if reached:
-            self._reached += 1
+            # only an attempt sent in this window says the endpoint answers now: a stream sent before it
+            # and cut by the engine's death (its first token came) is not one
+            self._reached += dispatch_t >= self._window_start
         else:
             self._unreached += 1
             self._unreached_error = message
