@@ -57,12 +57,12 @@ class ThreadServer:
     """`with ThreadServer(app) as s: s.url` - uvicorn serving `app` on 127.0.0.1 in a daemon thread."""
 
     def __init__(self, app: Any, *, lifespan: Literal["auto", "on", "off"] = "auto", log_level: str = "warning",
-                 name: str = "server"):
+                 name: str = "server", port: int = 0):
         import uvicorn
 
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind(("127.0.0.1", 0))
+        self._sock.bind(("127.0.0.1", port))  # 0: a free port
         self.port = int(self._sock.getsockname()[1])
         self.url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, lifespan=lifespan))

@@ -46,6 +46,7 @@ from llmserve_env.gateway.recorder import read_records
 from llmserve_env.launch import ServerProcess
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.sim.standin.app import DEFAULT_PROFILE
 
 WINDOW_S = 1.0
 BENCH_NICE = -10
@@ -79,7 +80,7 @@ def run_level(base_url: str, client: str, n: int, ttft_s: float, itl_s: float, t
                                max_requests_per_step=max(64, int(rate * WINDOW_S) + 2), max_inflight_tokens=1 << 22,
                                max_requests_per_episode=1 << 30, max_tokens_per_episode=1 << 40,
                                step_timeout_s=30.0, record_path=str(record))
-        tiers = TierTable({t: TierPrice("standin", 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "bench")
+        tiers = TierTable({t: TierPrice(DEFAULT_PROFILE, 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "bench")
         backend = GatewayBackend(config, tiers=tiers)
         action = ServeAction(batch_cap=512, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",
                              prefill_decode_split=False, priority_routing=False)

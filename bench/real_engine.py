@@ -19,14 +19,18 @@ keeps ~0.5 req/s), and real mode's caps cut prompts to --max-prompt-tokens and c
 are the task's (64 x 1 s).
 
 The episodes of all seeds but the last --held-out are fitted (`calibrate records`, starting from
-h100-llama3.1-8b); the held-out ones are replayed through the simulator on the fitted profile (and
+h100-llama3.1-8b; with two fit seeds or more it also fits the measured step table and keeps it only
+if it replays the last third of the fit seeds better than the affine model, starting the table's
+decode values from --probe's measurements when given, and says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
 on the starting one, for scale). Prints, per episode, the load average around it, the gateway's
 worst event-loop lag and the engine's own speed from its timing log (and how far the gateway's
 TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
 by the real engine's concurrency, and on its last line {"ttft_err_pct", "tpot_err_pct",
 "throughput_err_pct"} of the fitted simulator: medians over every held-out request (throughput over
 all held-out windows). Without the binary it says so and exits 0 (last line: {"skipped": reason}).
-`--base-url URL --model M` plays against an OpenAI-compatible server already running instead
+`--gguf FILE --model-alias NAME --port P` choose the model file, the name it is served and requested
+under, and llama-server's port; the header names the model from the server's own GET /v1/models.
+`--base-url URL --model-alias M` plays against an OpenAI-compatible server already running instead
 (vLLM, or the stand-in `python -m llmserve_env.sim.standin`), and needs no binary.
 """
 
@@ -56,10 +60,11 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.calibrate import FitRefusedError, run_records
 from llmserve_env.sim.calibrate_engine_log import EngineTiming, engine_speed, match, read_engine_log
 from llmserve_env.sim.caps import RequestCaps
-from llmserve_env.sim.measured_step import KEY, MeasuredStepModel, StepCoefficients
+from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.record_fit import load_runs
 from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, replay
+from llmserve_env.sim.table_fit import write_probe
 
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"
@@ -117,10 +122,11 @@ def parse_cpus(spec: str) -> set[int]:
     return out
 
 
-def start_server(folder: Path, port: int, log: Path, prefix: list[str]) -> subprocess.Popen[bytes]:
-    cmd = prefix + [str(folder / "llama-server"), "-m", str(folder / "model.gguf"), "--host", "127.0.0.1",
+def start_server(folder: Path, gguf: Path, alias: str, port: int, log: Path,
+                 prefix: list[str]) -> subprocess.Popen[bytes]:
+    cmd = prefix + [str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1",
                     "--port", str(port), "-c", "8192", "-np", "8", "-t", "1", "--metrics", "--no-webui",
-                    "--alias", MODEL_ALIAS]
+                    "--alias", alias]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -134,6 +140,25 @@ def start_server(folder: Path, port: int, log: Path, prefix: list[str]) -> subpr
         time.sleep(0.5)
     proc.kill()
     raise RuntimeError(f"llama-server did not become healthy in 120 s; log: {log}")
+
+
+def served_model(base_url: str) -> str:
+    """What the server says it serves (GET /v1/models): the first model's id, with llama-server's size
+    metadata when it gives some. The header names this, never what the bench assumed it started."""
+    try:
+        r = httpx.get(base_url + "/models", timeout=10.0)
+        r.raise_for_status()
+        first = r.json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        return f"(GET {base_url}/models failed: {type(exc).__name__})"
+    meta = first.get("meta") or {}
+    size = []
+    if isinstance(meta.get("n_params"), (int, float)):
+        size.append(f"{meta['n_params'] / 1e6:.0f}M params")
+    if isinstance(meta.get("size"), (int, float)):
+        size.append(f"{meta['size'] / 2**20:.0f} MiB")
+    owner = first.get("owned_by")
+    return f"{first.get('id')}" + (f" ({', '.join(size)})" if size else "") + (f", owned by {owner}" if owner else "")
 
 
 def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestCaps,
@@ -200,7 +225,7 @@ def decode_probe(base_url: str, model: str, batches: list[int], words: int, toke
 
 def probe_table(rows: list[ProbeRow], prof: Profile, tokens: int) -> str:
     """The engine's decode step against the fitted profile's, at the probe's batch and mean context."""
-    model = MeasuredStepModel(prof, "FP16", StepCoefficients.from_dict(prof.raw["engine"][KEY]))
+    model = measured_models(prof)[("FP16", "unified")]  # the table or the affine model, as the fit chose
     lines = [f"{'slots':>5} {'prompt tok':>10} {'engine ms/step':>14} {'fitted ms/step':>14} {'error %':>8}"]
     for r in rows:
         ctx = r.batch * (r.prompt_tokens + tokens / 2)
@@ -255,7 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--max-completion-tokens", type=int, default=32)
     ap.add_argument("--out-dir", type=Path, default=None, help="keep records and the fitted profile here")
     ap.add_argument("--base-url", default=None, help="use this running server instead of starting llama-server")
-    ap.add_argument("--model", default=MODEL_ALIAS, help="model name to request [%(default)s]")
+    ap.add_argument("--model-alias", "--model", dest="model", default=MODEL_ALIAS,
+                    help="the name llama-server serves the model under (its --alias) and every request names "
+                    "(with --base-url: the served model's name) [%(default)s]")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="the model file llama-server serves [LLMSERVE_LLAMA_DIR/model.gguf]")
+    ap.add_argument("--port", type=int, default=None,
+                    help="llama-server's port on 127.0.0.1 [a free one]")
     ap.add_argument("--engine-cpus", default=None, help="pin llama-server to these CPUs (taskset list, e.g. 1)")
     ap.add_argument("--gateway-cpus", default=None, help="pin this process (the gateway) to these CPUs (e.g. 0)")
     ap.add_argument("--probe", default=None, metavar="B,B,...",
@@ -288,9 +319,16 @@ def main(argv: list[str] | None = None) -> None:
         probe_batches = [0]
     if any(not 1 <= b <= 8 for b in probe_batches):
         ap.error(f"--probe takes slot counts 1-8 (the server's -np 8), got {a.probe!r}")
+    if a.port is not None and not 1 <= a.port <= 65535:
+        ap.error(f"--port must be in 1..65535, got {a.port}")
+    if a.base_url is not None and (a.port is not None or a.gguf is not None):
+        ap.error("--port and --gguf start llama-server; with --base-url the server is already running")
     folder = llama_dir()
-    if a.base_url is None and not ((folder / "llama-server").exists() and (folder / "model.gguf").exists()):
-        reason = f"no llama-server/model.gguf in {folder}; run scripts/build_llama_server.sh first"
+    gguf = a.gguf or folder / "model.gguf"
+    if a.gguf is not None and not a.gguf.is_file():
+        ap.error(f"--gguf {a.gguf}: no such file")
+    if a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
+        reason = f"no llama-server/{gguf.name} in {folder}; run scripts/build_llama_server.sh first"
         print(f"skipped: {reason}")
         print(json.dumps({"skipped": reason}))
         return
@@ -303,9 +341,10 @@ def main(argv: list[str] | None = None) -> None:
     base_url = a.base_url
     log = out / "llama-server.log"
     if base_url is None:
-        port = free_port()
-        proc = start_server(folder, port, log, isolation_prefix(a.engine_cpus, a.priority))
+        port = a.port or free_port()
+        proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
         base_url = f"http://127.0.0.1:{port}/v1"
+    served = served_model(base_url)
     played, timings = [], {}
     probes: dict[int, list[ProbeRow]] = {}
     try:
@@ -327,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     fit_rec = out / "records_fit.jsonl"
     fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in fit_seeds))
     kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
-    engine = "llama-server (-np 8 -t 1), SmolLM2-135M Q4_1" if proc is not None else f"{a.model} at {base_url}"
+    engine = (f"llama-server (-np 8 -t 1) serving {gguf.name} as {served}" if proc is not None
+              else f"{served} at {base_url}")
     iso = (f"engine CPUs {a.engine_cpus or 'any'}, gateway CPUs {a.gateway_cpus or 'any'}, priority {a.priority}")
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g}, prompts <= {a.max_prompt_tokens}, "
           f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs")
@@ -340,15 +380,33 @@ def main(argv: list[str] | None = None) -> None:
               f"{p['load_start']:>5.1f}-{p['load_end']:<5.1f} {p['loop_lag_p99_max_ms']:>14.1f} ms  "
               f"{engine_check(rows, timings[s]) if proc is not None else '(no engine log)'}")
     try:
-        prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw)
+        # the engine's own decode step by slots (the first prompt size probed) starts the table's fit
+        first = next(iter(probes.values()), [])
+        probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
+        probe_ctx = {r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2) for r in first}
+        if probe:  # kept for `calibrate records --decode-probe`
+            write_probe(out / "decode_probe.csv", probe, probe_ctx)
+        prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
+                                probe=probe or None, probe_ctx=probe_ctx)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))
         return
     c = fit.coefficients
-    print(f"fitted on seeds {fit_seeds}: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
-          f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token "
+    records_fit = prof["fit_error"]["records"]
+    print(f"fitted on seeds {fit_seeds}, affine: {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per "
+          f"decoding sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token "
           f"(fit runs: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
+    if "choice" in records_fit:
+        held = records_fit["choice"]["held_out"]
+        print(f"step model kept: {records_fit['step_model']} (on the fit seeds' held-out episode(s): affine TTFT / "
+              f"TPOT {held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
+              f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+    if records_fit["step_model"] == "table":
+        t = prof["engine"]["measured_table"]
+        print(f"measured table: {t['step_s'] * 1e3:.2f} ms per iteration + decode at {t['slots']} slots "
+              f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
+              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {t['ctx_s'] * 1e6:.3f} us per context token")
     fitted, base = load_profile(str(out / "llama-cpu-fit.json")), load_profile(BASE_PROFILE)
     held_runs = [run for s in held_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
     base_cmp = pooled([replay(r, base) for r in held_runs])

@@ -67,6 +67,7 @@ from llmserve_env.shared.admission import AdmissionLimits, blocks_for, token_bud
 from llmserve_env.shared.backend import (
     TERMINAL_STATUSES,
     Arrival,
+    BackendUnavailableError,
     RequestRecord,
     ResourceSample,
     WindowReport,
@@ -189,6 +190,11 @@ class Dispatcher:
         self._lane_tokens: list[list[int]] = [[0, 0] for _ in range(n)]
         self._handles: dict[int, tuple[asyncio.TimerHandle, Arrival]] = {}
         self._window = WindowAccumulator()
+        # this window's attempts: how many sent in it reached an endpoint, how many could not connect (and why)
+        self._reached = 0
+        self._unreached = 0
+        self._unreached_error: str | None = None
+        self._window_start = 0.0  # loop time the current window's call began
         self._seed = 0
         self._episode = 0
         self._rng = random.Random(0)
@@ -303,6 +309,42 @@ class Dispatcher:
         self._abandon_task = asyncio.get_running_loop().create_task(self.cancel_all(
             f"episode abandoned (no step for LLMSERVE_REAL_ABANDON_S={self.config.abandon_s:g} s)", take=False))
 
+    async def _withdraw(self, arrivals: list[Arrival]) -> None:
+        """Take back a window no attempt of which reached the endpoint, so that the same window can be
+        sent again: its arrivals not yet sent are dropped, those still retrying are cancelled (the
+        record file keeps their attempts; a resent request's later row supersedes them), and none is
+        reported. Requests of earlier windows stay for the next report. The episode clock restarts at
+        the next window, so the retried window is served whole."""
+        ids = {a.request_id for a in arrivals}
+        for rid in ids & self._handles.keys():
+            self._handles.pop(rid)[0].cancel()
+        self._waiting = [e for e in self._waiting if e.record.request_id not in ids]
+        tasks = [e.task for e in self._running if e.record.request_id in ids and e.task is not None]
+        self._cancel_reason = "endpoint unreachable, window withdrawn to be sent again"
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+        w = self._window
+        kept = []
+        for rec in w.finished:
+            if rec.request_id not in ids:
+                kept.append(rec)
+                continue
+            w.errors -= rec.status == "error"
+            w.timeouts -= rec.status == "timeout"
+            w.cancelled -= rec.status == "cancelled"
+            w.rejected -= rec.status == "rejected"
+            w.attempts -= rec.attempts  # every attempt of a request released in this window was in it
+            w.retries -= max(0, rec.attempts - 1)
+            w.prompt_tokens -= rec.prompt_tokens * rec.attempts
+        w.finished = kept
+        w.failure = next((f"request {r.request_id}: {r.error}" for r in reversed(kept)
+                          if r.status in ("error", "timeout")), None)
+        if self.recorder is not None:
+            self.recorder.flush()
+        self._anchor = None
+
     # ----------------------------------------------------------------- one window
 
     async def run_window(self, action: ServeAction, arrivals: list[Arrival], prompts: dict[int, str],
@@ -320,6 +362,9 @@ class Dispatcher:
         late = max(0.0, now - start)
         self._window_open = True
         self._window_task = asyncio.current_task()
+        self._reached = self._unreached = 0
+        self._unreached_error = None
+        self._window_start = now
         self._set_busy()
         self._step = int(round(t0 / dt)) if dt > 0 else 0
         self._set_action(action)
@@ -338,6 +383,15 @@ class Dispatcher:
         finally:
             self._window_open = False
             self._window_task = None
+        if arrivals and self._unreached and not self._reached:
+            await self._withdraw(arrivals)
+            self._set_busy()
+            if c.abandon_s > 0:
+                self._abandon_handle = loop.call_later(c.abandon_s, self._abandon)
+            raise BackendUnavailableError(
+                self.config.base_url if len(self.clients) == 1 else ", ".join(self.config.pool[:self._replicas]),
+                f"all {self._unreached} attempts of this window failed to connect, none reached it; "
+                f"last error: {self._unreached_error}")
         report = self._report(action, t0, dt, loop.time())
         report.notes["window_late_ms"] = round(1e3 * late, 3)
         report.notes["mean_prompt_tokens_sent"] = round(sum(sent) / len(sent), 3) if sent else None
@@ -508,7 +562,8 @@ class Dispatcher:
                         outcome = await self.clients[e.endpoint].stream(request, on_chunk)
                     except AttemptError as err:
                         billed = self._settle(e, reservation, process_res, err.outcome)
-                        self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err)
+                        self._endpoint(err.kind != "connection" or err.outcome.first_t is not None, err,
+                                       err.outcome.dispatch_t)
                         e.completion_id = err.outcome.completion_id or e.completion_id
                         msg = redact(err.message, self._secret)
                         e.attempt_log.append(AttemptLog(e.ep(err.outcome.dispatch_t), e.ep(loop.time()), err.kind,
@@ -526,7 +581,7 @@ class Dispatcher:
                         await asyncio.sleep(delay)
                         continue
                     billed = self._settle(e, reservation, process_res, outcome)
-                    self._endpoint(True, None)
+                    self._endpoint(True, None, outcome.dispatch_t)
                     self._check_model(e, outcome.served_model)
                     e.attempt_log.append(AttemptLog(e.ep(outcome.dispatch_t), e.ep(loop.time()), "ok", outcome.status_code))
                     e.usage_prompt_tokens = outcome.usage_prompt_tokens
@@ -546,9 +601,17 @@ class Dispatcher:
         c = self.config
         return self._rng.uniform(0.0, min(c.backoff_cap_s, c.backoff_base_s * 2 ** (attempt_no - 1)))
 
-    def _endpoint(self, reached: bool, err: AttemptError | None) -> None:
+    def _endpoint(self, reached: bool, err: AttemptError | None, dispatch_t: float) -> None:
+        message = None if err is None else redact(err.message, self._secret)[:200]
+        if reached:
+            # only an attempt sent in this window says the endpoint answers now: a stream sent before it
+            # and cut by the engine's death (its first token came) is not one
+            self._reached += dispatch_t >= self._window_start
+        else:
+            self._unreached += 1
+            self._unreached_error = message
         if self._on_endpoint is not None:
-            self._on_endpoint(reached, None if err is None else redact(err.message, self._secret)[:200])
+            self._on_endpoint(reached, message)
 
     def _check_model(self, e: Entry, served: str | None) -> None:
         assert e.price is not None
@@ -643,8 +706,10 @@ class Dispatcher:
         w = self._window
         if rec.status == "error":
             w.errors += 1
+            w.failure = f"request {rec.request_id}: {rec.error}"
         elif rec.status == "timeout":
             w.timeouts += 1
+            w.failure = f"request {rec.request_id}: {rec.error}"
         elif rec.status == "cancelled":
             w.cancelled += 1
         if self.recorder is not None:
@@ -712,6 +777,7 @@ class Dispatcher:
             "errors": got.errors,
             "timeouts": got.timeouts,
             "cancelled": got.cancelled,
+            "failure": got.failure,
             # An empty window has no TTFT: the observation's p50/p99_ttft_ms then read 0.0 by the shared
             # metrics' convention for no samples; these say whether that 0.0 is a measurement.
             "ttft_samples": len(got.first_tokens),

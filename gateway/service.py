@@ -43,7 +43,8 @@ logger = logging.getLogger("llmserve_env.gateway")
 
 # batch_cap allows 512 in flight per episode; the pool is shared, LLMSERVE_REAL_MAX_INFLIGHT_TOTAL bounds it.
 MAX_CONNECTIONS = 1024
-PROBE_MAX_AGE_S = 5.0
+# /health's probe is at most this old, so a dead endpoint shows within a second with no request sent.
+PROBE_MAX_AGE_S = 1.0
 
 
 class GatewayClosedError(RuntimeError):
@@ -252,13 +253,16 @@ class GatewayService:
 
     def endpoint_health(self, max_age_s: float | None = None) -> dict[str, object] | None:
         """{"endpoint", "reachable", "probe", "requests"}; probes again when the last probe is older
-        than `max_age_s` (blocks up to LLMSERVE_REAL_PROBE_TIMEOUT_S). None when no real-mode endpoint is set."""
+        than `max_age_s` or a request failed to connect since (blocks up to LLMSERVE_REAL_PROBE_TIMEOUT_S). None when no real-mode endpoint is set."""
         state = self.endpoint
         if state is None:
             return None
         max_age_s = PROBE_MAX_AGE_S if max_age_s is None else max_age_s
         probe = state.probe
-        if probe is None or time.monotonic() - probe.checked_at > max_age_s:
+        # a request that could not connect after the last probe: probe again now rather than say "healthy"
+        failed_since = (state.failures_in_a_row > 0 and state.last_failed_at is not None and probe is not None
+                        and state.last_failed_at > probe.checked_at)
+        if probe is None or failed_since or time.monotonic() - probe.checked_at > max_age_s:
             probe = state.probe = probe_endpoint(state.config)
         now = time.monotonic()
         return {

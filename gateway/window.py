@@ -30,6 +30,7 @@ class WindowAccumulator:
     abandoned: int = 0  # requests cancelled because the episode's client went quiet
     model_mismatches: int = 0
     model_mismatch: str | None = None  # one example, for the notes
+    failure: str | None = None  # the last error or timeout's message, for the observation
     process_capped: bool = False  # admission waited for the server-wide in-flight cap
     # Busy time: seconds with at least one request in flight (loop clock).
     busy_s: float = 0.0
@@ -60,14 +61,14 @@ class WindowAccumulator:
             attempts=self.attempts, retries=self.retries, rejected=self.rejected, errors=self.errors,
             timeouts=self.timeouts, cancelled=self.cancelled, abandoned=self.abandoned,
             model_mismatches=self.model_mismatches, model_mismatch=self.model_mismatch,
-            process_capped=self.process_capped,
+            failure=self.failure, process_capped=self.process_capped,
         )
         self.finished, self.first_tokens, self.itl_samples = [], [], []
         # A negative correction (usage below the chunks counted) is carried, never dropped.
         self.output_tokens = min(0, self.output_tokens)
         self.prompt_tokens = self.attempts = self.retries = self.rejected = 0
         self.errors = self.timeouts = self.cancelled = self.abandoned = self.model_mismatches = 0
-        self.model_mismatch = None
+        self.model_mismatch = self.failure = None
         self.process_capped = False
         self.cost_usd = 0.0
         return out

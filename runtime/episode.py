@@ -28,13 +28,14 @@ from typing import Any, Literal
 
 from llmserve_env.runtime.errors import (
     BackendFailure,
+    EndpointUnavailableError,
     EnvError,
     EpisodeDoneError,
     EpisodeIdError,
     ForkUnsupportedError,
     ReplicasOutOfRangeError,
 )
-from llmserve_env.shared.backend import Arrival, Backend
+from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
 from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.grader import References, compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
@@ -197,6 +198,12 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         "terminated": out.done,
         "drain_windows": m.drain_windows,
     }
+    if out.notes.get("backend") == "real":
+        # Requests that failed in the window, beside the latencies they leave out: a window whose
+        # requests all failed must not read as a quiet one (0 ms, 0 tokens/s) to a client that
+        # does not read the backend's notes.
+        metadata["failed_requests"] = int(out.notes.get("errors") or 0) + int(out.notes.get("timeouts") or 0)
+        metadata["failure"] = out.notes.get("failure")
     if task.is_cluster:
         metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes)
     return ServeObservation(
@@ -326,6 +333,9 @@ class Episode:
             m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
             if last and not self.tracker.closed:
                 m = with_drain(m, self._drain(action))
+        except BackendUnavailableError as exc:  # nothing was served: the same step can be sent again
+            log.warning("episode %s: step %d not served: %s", self.episode_id, k, exc)
+            raise EndpointUnavailableError(self.episode_id, k, exc.endpoint, exc.reason) from exc
         except Exception as exc:  # one episode's backend failing must not take the server down
             self.failed = f"{type(exc).__name__}: {exc}"
             self.done = True

@@ -113,6 +113,19 @@ class BackendFailure(EnvError):
     status = 502
 
 
+class EndpointUnavailableError(EnvError):
+    """Real mode's endpoint could not be reached for a whole window: the episode is kept at its step."""
+
+    status = 503
+
+    def __init__(self, episode_id: str, step: int, endpoint: str, reason: str):
+        super().__init__(
+            f"episode {episode_id!r}, step {step}: real-mode endpoint {endpoint} is unreachable ({reason}); "
+            f"no window was served and the episode is kept at step {step}: send the same step again once the "
+            f"endpoint is back, or end the episode (POST /reset starts a new one)")
+        self.endpoint = endpoint
+
+
 class TraceForbiddenError(EnvError):
     status = 403
 

@@ -136,6 +136,17 @@ class WindowReport:
     notes: dict[str, object] = field(default_factory=dict)
 
 
+class BackendUnavailableError(RuntimeError):
+    """`run_window` could not serve the window at all (real mode: every attempt of the window failed to
+    connect to its endpoint). Nothing of the window was consumed: the backend withdrew its arrivals and
+    can serve the same window again, so the episode stays at its step (the server answers 503)."""
+
+    def __init__(self, endpoint: str, reason: str):
+        super().__init__(f"endpoint {endpoint} is unreachable: {reason}")
+        self.endpoint = endpoint
+        self.reason = reason
+
+
 @runtime_checkable
 class Backend(Protocol):
     """A serving engine the environment drives one window at a time.

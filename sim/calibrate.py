@@ -15,7 +15,10 @@ sim.profiles.user_profile_dir) unless told where: never into the source tree by 
         Fit the iteration time of the engine behind a real-mode recording (sim/record_fit.py: fixed
         per iteration, per decoding sequence, per token, per token of context) by replaying it through
         the simulator, starting from profile ID. Writes the fitted profile only if its replay beats ID's
-        (exit 1 and why otherwise).
+        (exit 1 and why otherwise). --step-model auto (default): with two episodes or more, also fits
+        a measured table (sim/step_table.py: decode step by slots, prefill by tokens, interpolated) and
+        keeps it only when it replays the held-out episodes (--held-out, the last third) better; says
+        which it kept.
 
     python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile ID|PATH --action JSON|--actions FILE
         The recording's arrivals and actions through the simulator on the profile, under the same
@@ -47,6 +50,7 @@ from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim import fitting
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.forms import RooflineFit
+from llmserve_env.sim.measured_step import KEY as MEASURED_KEY
 from llmserve_env.sim.profile_specs import SPECS, base_profile
 from llmserve_env.sim.profiles import (
     Profile,
@@ -55,10 +59,19 @@ from llmserve_env.sim.profiles import (
     profile_from_dict,
     user_profile_dir,
 )
-from llmserve_env.sim.record_fit import RecordFit, fit_records, load_runs, read_actions
+from llmserve_env.sim.record_fit import (
+    PROMPT_KEY,
+    RecordFit,
+    fit_prompt_counting,
+    fit_records,
+    load_runs,
+    read_actions,
+)
 from llmserve_env.sim.replay import replay
 from llmserve_env.sim.step_fit import fit_steps, read_steps
+from llmserve_env.sim.step_table import KEY as TABLE_KEY
 from llmserve_env.sim.step_time import StepTimeModel
+from llmserve_env.sim.table_fit import Choice, choose, fit_table, read_probe
 
 # Measured anchor: batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM is about 6.5 ms (InferenceBench's
 # measurement, as cited by issue 15; the earlier 7-8 ms of shared/data/README.md was a kernel sum, not a
@@ -291,32 +304,92 @@ def out_path(out: str | None, default_id: str) -> Path:
     return user_profile_dir() / f"{out}.json"
 
 
+STEP_MODELS = ("auto", "affine", "table")
+
+
 def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction], out: Path, *,
                 window_s: float = 1.0, windows: int | None = None, caps: RequestCaps | None = None,
-                episode: str | None = None) -> tuple[dict[str, Any], RecordFit]:
-    """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile."""
+                episode: str | None = None, step_model: str = "auto", held_out: int | None = None,
+                probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
+                ) -> tuple[dict[str, Any], RecordFit]:
+    """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile.
+
+    The step model (`step_model`): "affine" (sim/measured_step.py) or "table" (sim/step_table.py); "auto"
+    fits both to all but the last `held_out` episodes (a third by default), replays the held-out ones on
+    each, and keeps the table only if it beats the affine model there; the model kept is then fitted to
+    every episode. With one episode "auto" keeps the affine model (nothing to hold out). `probe`: the
+    engine's decode step (s) by slots, from bench/real_engine.py's probe, starts the table's decode values.
+    The profile also records how the engine counts prompts (engine.prompt_tokens, record_fit.py), which
+    the stand-in serving it counts by."""
+    if step_model not in STEP_MODELS:
+        raise ValueError(f"step_model must be one of {STEP_MODELS}, got {step_model!r}")
     base = load_profile(profile_ref)
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
+    choice: Choice | None = None
+    if step_model == "table" or (step_model == "auto" and len(runs) >= 2):
+        if len(runs) < 2:
+            raise ValueError(f"--step-model table needs two episodes or more in the recording (one at least "
+                             f"held out to check the table on); {records_path.name} has {len(runs)}")
+        h = held_out if held_out is not None else max(1, len(runs) // 3)
+        if not 1 <= h < len(runs):
+            raise ValueError(f"choosing the step model holds out 1..{len(runs) - 1} of the {len(runs)} episodes "
+                             f"recorded (one at least is fitted, one at least held out), got {h}")
+        choice = choose(base, runs[:-h], runs[-h:], actions, probe, probe_ctx)
+    chosen = "table" if step_model == "table" else (choice.model if choice is not None else "affine")
     result = fit_records(base, runs)
-    if not result.improved:
-        b, a = result.before_summary, result.after_summary
+    table = None
+    if chosen == "table":
+        assert choice is not None
+        table = fit_table(base, runs, choice.table.table)
+    after = table.after_summary if table is not None else result.after_summary
+    b = result.before_summary
+    if after["ttft_err_pct"] + after["tpot_err_pct"] >= b["ttft_err_pct"] + b["tpot_err_pct"]:
         raise FitRefusedError(
             f"the fit does not beat {base.id} on {records_path.name} (TTFT / TPOT median error "
-            f"{b['ttft_err_pct']:.1f} / {b['tpot_err_pct']:.1f} % before, {a['ttft_err_pct']:.1f} / "
-            f"{a['tpot_err_pct']:.1f} % after); nothing written")
+            f"{b['ttft_err_pct']:.1f} / {b['tpot_err_pct']:.1f} % before, {after['ttft_err_pct']:.1f} / "
+            f"{after['tpot_err_pct']:.1f} % after); nothing written")
     prof = json.loads(json.dumps(base.raw))
     prof["id"] = out.stem
     prof["description"] = f"{base.id} timed by the engine recorded in {records_path.name} ({base.description})"
-    prof["engine"]["measured_step"] = result.coefficients.to_dict()
+    engine = prof["engine"]
+    if table is not None:
+        engine.pop(MEASURED_KEY, None)
+        engine[TABLE_KEY] = table.table.to_dict()
+    else:
+        engine.pop(TABLE_KEY, None)
+        engine[MEASURED_KEY] = result.coefficients.to_dict()
+    counting = fit_prompt_counting(runs)
+    if counting is not None:
+        engine[PROMPT_KEY] = counting
+    what = f"engine.{TABLE_KEY if table is not None else MEASURED_KEY}"
     prof.setdefault("provenance", {})["records_fit"] = (
-        f"engine.measured_step fitted to {sum(len(r.rows) for r in runs)} request records "
+        f"{what} fitted to {sum(len(r.rows) for r in runs)} request records "
         f"({records_path.name}) by replaying them through the simulator: python -m llmserve_env.sim.calibrate "
         "records; model shapes, memory, tiers and prices are the base profile's")
-    prof.setdefault("fit_error", {})["records"] = result.to_dict()
+    fit_error = result.to_dict()
+    fit_error["step_model"] = chosen
+    if table is not None:
+        fit_error["table_after"] = {k: round(v, 2) for k, v in table.after_summary.items()}
+    if choice is not None:
+        fit_error["choice"] = choice.to_dict()
+    prof.setdefault("fit_error", {})["records"] = fit_error
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(prof, indent=2) + "\n")
-    out.with_name(f"{out.stem}.records_fit.md").write_text(
-        result.report(prof["id"], base.id, f"{records_path.name}"))
+    report = result.report(prof["id"], base.id, f"{records_path.name}")
+    if choice is not None:
+        report += "\n" + choice.line() + "\n"
+    if table is not None:
+        t = table.table
+        report += ("\n| measured table | values |\n| --- | --- |\n"
+                   f"| fixed per iteration (ms) | {t.step_s * 1e3:.3f} |\n"
+                   f"| decode at {', '.join(f'{x:g}' for x in t.slots)} slots (ms) | "
+                   f"{', '.join(f'{y * 1e3:.2f}' for y in t.decode_s)} |\n"
+                   f"| prefill of {', '.join(f'{x:g}' for x in t.prefill_tokens)} tokens (ms) | "
+                   f"{', '.join(f'{y * 1e3:.2f}' for y in t.prefill_s)} |\n"
+                   f"| per token of decode context (us) | {t.ctx_s * 1e6:.4f} |\n"
+                   f"\nThe profile is timed by the table: replay TTFT / TPOT median error "
+                   f"{after['ttft_err_pct']:.1f} / {after['tpot_err_pct']:.1f} %.\n")
+    out.with_name(f"{out.stem}.records_fit.md").write_text(report)
     return prof, result
 
 
@@ -376,6 +449,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--profile", required=True, help="the profile to start from (id or path)")
     r.add_argument("--out", default=None, help="where to write the fitted profile: a .json path, or an id "
                    f"written to {user} [<profile>-records]")
+    r.add_argument("--step-model", choices=STEP_MODELS, default="auto",
+                   help="affine: one cost per decoding sequence; table: decode step by slots and prefill by "
+                   "tokens, interpolated; auto: the one that replays held-out episodes better [%(default)s]")
+    r.add_argument("--held-out", type=int, default=None,
+                   help="episodes (the last ones) held out to choose the step model [a third, at least 1]")
+    r.add_argument("--decode-probe", type=Path, default=None, metavar="CSV",
+                   help="the engine's decode step by slots (columns slots,step_ms,context_tokens, as "
+                   "bench/real_engine.py --probe writes it): starts the table's decode values")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -408,8 +489,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "records":
                 base_id = load_profile(args.profile).id
                 out = out_path(args.out, f"{base_id}-records")
+                probe, probe_ctx = read_probe(args.decode_probe) if args.decode_probe else (None, None)
                 prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
-                                        windows=args.windows, caps=caps, episode=args.episode)
+                                        windows=args.windows, caps=caps, episode=args.episode,
+                                        step_model=args.step_model, held_out=args.held_out, probe=probe,
+                                        probe_ctx=probe_ctx)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,
@@ -424,10 +508,23 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "records":
             b, a = fit.before_summary, fit.after_summary
             c = fit.coefficients
-            print(f"{prof['id']}: per iteration {c.step_s * 1e3:.2f} ms + {c.seq_s * 1e3:.3f} ms per decoding "
+            kept = "" if prof["fit_error"]["records"]["step_model"] == "affine" else " (affine fit, not kept)"
+            print(f"{prof['id']}{kept}: per iteration {c.step_s * 1e3:.2f} ms + {c.seq_s * 1e3:.3f} ms per decoding "
                   f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; "
                   f"replay TTFT median error {b['ttft_err_pct']:.1f} % -> {a['ttft_err_pct']:.1f} %, TPOT "
                   f"{b['tpot_err_pct']:.1f} % -> {a['tpot_err_pct']:.1f} %")
+            records = prof["fit_error"]["records"]
+            if "choice" in records:
+                held = records["choice"]["held_out"]
+                print(f"step model: {records['step_model']} (held-out TTFT / TPOT median error: affine "
+                      f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
+                      f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+            else:
+                print(f"step model: {records['step_model']} (one episode recorded: none held out to choose on)")
+            if "table_after" in records:
+                t = records["table_after"]
+                print(f"timed by the table: replay TTFT median error {t['ttft_err_pct']:.1f} %, TPOT "
+                      f"{t['tpot_err_pct']:.1f} %")
             print(f"profile: {out}")
             print(f"report: {out.with_name(out.stem + '.records_fit.md')}")
         else:

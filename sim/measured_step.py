@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.step_table import TableStepModel, table_models
 from llmserve_env.sim.step_time import lane_shares
 
 KEY = "measured_step"
@@ -93,12 +94,16 @@ def coefficients(p: Profile) -> StepCoefficients | None:
     return StepCoefficients.from_dict(d) if d is not None else None
 
 
-def measured_models(p: Profile) -> dict[tuple[str, str], MeasuredStepModel]:
-    """Every (tier, lane) model of a measured profile; {} for a kernel-based one (built lazily)."""
+def measured_models(p: Profile) -> dict[tuple[str, str], MeasuredStepModel | TableStepModel]:
+    """Every (tier, lane) model of a measured profile: its table (sim/step_table.py) when it has one, else
+    its coefficients; {} for a kernel-based one (built lazily)."""
+    table = table_models(p)
+    if table:
+        return dict(table)
     coef = coefficients(p)
     if coef is None:
         return {}
-    out = {}
+    out: dict[tuple[str, str], MeasuredStepModel | TableStepModel] = {}
     for tier in p.tiers:
         for lane in LANES:
             cs, _ = lane_shares(p, lane)

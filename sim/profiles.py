@@ -277,7 +277,11 @@ def load_profile(ref: str) -> Profile:
 def _load_file(path: str, mtime_ns: int) -> Profile:
     try:
         d = json.loads(Path(path).read_text())
-        return profile_from_dict(d)
+        prof = profile_from_dict(d)
+        from llmserve_env.sim.measured_step import measured_models  # it imports this module
+
+        measured_models(prof)  # a measured step model (table or coefficients) is checked at load, named
+        return prof
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidProfileError(path, exc) from None
 

@@ -53,6 +53,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             if missing:
                 raise ValueError(f"{path}:{lineno}: missing {', '.join(missing)}")
             out.append(d)
+    # A window withdrawn while the endpoint was unreachable is sent again with the same request ids:
+    # a request's last row is its outcome (gateway/dispatcher.py's _withdraw).
+    last = {(episode_key(d), d["request_id"]): i for i, d in enumerate(out)}
+    out = [d for i, d in enumerate(out) if last[(episode_key(d), d["request_id"])] == i]
     if not any(d["status"] == "ok" for d in out):
         raise ValueError(f"{path}: no completed requests")
     return out
@@ -103,6 +107,29 @@ def load_runs(path: Path, actions: list[ServeAction], *, window_s: float = 1.0, 
             n = int(last // window_s) + 1
         runs.append(RecordedRun(key, grp, window_s, n, acts, caps or RequestCaps(), int(grp[0].get("seed", 0))))
     return runs
+
+
+PROMPT_KEY = "prompt_tokens"  # engine.prompt_tokens: how the engine counts a prompt the gateway counted
+
+
+def fit_prompt_counting(runs: list[RecordedRun]) -> dict[str, Any] | None:
+    """How the engine counts prompts, from the records: its count (usage_prompt_tokens) against the
+    gateway's o200k_base count of the message text (prompt_tokens), least squares usage = per_token *
+    prompt + chat_overhead (the tokenizer's ratio and the chat template's tokens), overhead >= 0. None
+    when no record carries the engine's count."""
+    pairs = [(float(r["prompt_tokens"]), float(r["usage_prompt_tokens"])) for run in runs for r in run.rows
+             if r.get("usage_prompt_tokens") and r.get("prompt_tokens")]
+    if not pairs:
+        return None
+    x, y = np.array(pairs).T
+    if len(pairs) >= 2 and np.ptp(x) > 0:
+        per_token, overhead = np.polyfit(x, y, 1)
+    else:
+        per_token, overhead = float(np.median(y / x)), 0.0
+    if overhead < 0:  # never fewer tokens than the text's own at length 0: refit through the origin
+        per_token, overhead = float(x @ y / (x @ x)), 0.0
+    return {"tokenizer": "o200k_base", "per_token": float(f"{per_token:.6g}"), "chat_overhead": round(float(overhead), 2),
+            "requests": len(pairs)}
 
 
 def solve_fixed_and_scale(iterations: np.ndarray, gpu_s: np.ndarray, measured_s: np.ndarray) -> tuple[float, float]:
@@ -179,12 +206,13 @@ def initial_guess(runs: list[RecordedRun]) -> StepCoefficients:
     return StepCoefficients(step_s=0.4 * tpot, seq_s=0.1 * tpot, token_s=tok, ctx_s=1e-3 * tok)
 
 
-def _objective(runs: list[RecordedRun], base: Profile) -> Callable[[np.ndarray], float]:
-    """Mean soft-L1 loss of log(sim / real) over every request's TTFT and TPOT, on coefficients exp(x)."""
+def replay_objective(runs: list[RecordedRun], build: Callable[[np.ndarray], Profile]) -> Callable[[np.ndarray], float]:
+    """Mean soft-L1 loss of log(sim / real) over every request's TTFT and TPOT, replaying `runs` on the
+    profile `build(x)` (the affine fit's and the table fit's (sim/table_fit.py) one objective)."""
     reals = [real_side(r) for r in runs]
 
     def f(x: np.ndarray) -> float:
-        prof = with_coefficients(base, StepCoefficients(*np.exp(x)))
+        prof = build(x)
         res = []
         for run, real in zip(runs, reals, strict=True):
             sim = sim_side(run, prof)
@@ -249,7 +277,7 @@ def fit_records(base: Profile, runs: list[RecordedRun], iters: int = 300) -> Rec
     """Fit the measured step coefficients to `runs`, scored against `base` as it stands."""
     if not runs:
         raise ValueError("no recorded runs to fit")
-    f = _objective(runs, base)
+    f = replay_objective(runs, lambda x: with_coefficients(base, StepCoefficients(*np.exp(x))))
     calls = 0
 
     def counted(x: np.ndarray) -> float:

@@ -56,6 +56,9 @@ def test_records_match_the_log_in_completion_order_and_a_foreign_log_is_refused(
     (["--max-prompt-tokens", "0"], "--max-prompt-tokens must be >= 1"),
     (["--rate-scale", "2"], "--rate-scale must be in (0, 1]"),
     (["--probe", "1,9"], "--probe takes slot counts 1-8"),
+    (["--port", "70000"], "--port must be in 1..65535"),
+    (["--gguf", "/nonexistent/model.gguf"], "no such file"),
+    (["--base-url", "http://127.0.0.1:9/v1", "--port", "8080"], "with --base-url the server is already running"),
 ])
 def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engine(argv, says, capsys):
     """Checked first, so a bad command line says so even where the engine is not built (CI)."""
@@ -64,3 +67,15 @@ def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engi
     with pytest.raises(SystemExit) as exc:
         bench_main("real_engine")(argv)
     assert exc.value.code == 2 and says in capsys.readouterr().err
+
+
+def test_the_real_engine_bench_names_the_model_the_server_says_it_serves():
+    """Issue 29 item 4: the header's model comes from the server's GET /v1/models, not from the bench."""
+    from llmserve_env.sim.standin.app import StandinConfig
+    from llmserve_env.sim.standin.harness import BackgroundStandin
+    from test_cli import bench_main
+
+    served_model = bench_main("real_engine").__globals__["served_model"]
+    with BackgroundStandin(StandinConfig(served_model="gemma-3-270m")) as s:
+        assert served_model(s.base_url) == "gemma-3-270m, owned by llmserve-standin"
+    assert served_model("http://127.0.0.1:9/v1").startswith("(GET http://127.0.0.1:9/v1/models failed: ")

@@ -69,11 +69,13 @@ def test_stream_timings_come_from_the_step_time_model(standin):
     assert usage.prompt_tokens == n and usage.completion_tokens == 12
     model = step_model(PROFILE, "FP16")
     prefill = model.iteration_s(0, 0.0, 0, [(n, 0)], n, 1)
-    decode = model.iteration_s(1, n + 1.0, 0, [], 0, 0)
     # the server really waits each iteration; HTTP on loopback adds a little, never removes any
     assert prefill <= times[0] < prefill + 0.25
-    itl = sorted(b - a for a, b in zip(times, times[1:], strict=False))
-    assert decode * 0.9 <= itl[len(itl) // 2] < decode + 0.03
+    # the batcher keeps its schedule on a busy host (sim/standin/batching.py: a late iteration is caught
+    # up, so single gaps may be short), never runs ahead of it: the last token comes when the priced
+    # prefill and 11 decode steps are over, a little later for HTTP, never sooner
+    steps = prefill + sum(model.iteration_s(1, n + k, 0, [], 0, 0) for k in range(1, 12))
+    assert steps <= times[-1] < steps + 0.25
 
 
 def test_concurrent_requests_are_batched(standin):

@@ -25,7 +25,7 @@ from llmserve_env.sim.measured_step import StepCoefficients
 from llmserve_env.sim.profiles import InvalidProfileError, UnknownProfileError, load_profile
 from llmserve_env.sim.record_fit import fit_records, load_runs, solve_fixed_and_scale, with_coefficients
 from llmserve_env.sim.replay import replay
-from llmserve_env.sim.standin.app import StandinConfig
+from llmserve_env.sim.standin.app import DEFAULT_PROFILE, StandinConfig
 from llmserve_env.sim.standin.harness import BackgroundStandin
 
 BASE = "h100-llama3.1-8b"
@@ -189,7 +189,7 @@ def test_solve_fixed_and_scale_refits_the_other_term_when_one_is_clamped():
 
 def test_replay_of_a_recording_made_through_the_gateway(tmp_path, capsys):
     record = tmp_path / "real.jsonl"
-    tiers = TierTable({t: TierPrice("standin", 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "test")
+    tiers = TierTable({t: TierPrice(DEFAULT_PROFILE, 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "test")
     with BackgroundStandin(StandinConfig(fixed_ttft_s=0.05, fixed_itl_s=0.01)) as s:
         config = GatewayConfig(api_key=Secret("EMPTY"), base_url=s.base_url, record_path=str(record),
                                max_requests_per_step=3, max_completion_tokens=8)

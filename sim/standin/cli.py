@@ -9,7 +9,14 @@ import random
 
 import uvicorn
 from llmserve_env.sim import standin
-from llmserve_env.sim.standin.app import DEFAULT_PROFILE, TIERS, StandinConfig, build_app, tier_table
+from llmserve_env.sim.standin.app import (
+    DEFAULT_MAX_MODEL_LEN,
+    DEFAULT_PROFILE,
+    TIERS,
+    StandinConfig,
+    build_app,
+    tier_table,
+)
 from llmserve_env.sim.standin.faults import Faults, cut_on_drop
 
 
@@ -25,6 +32,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed-itl-ms", type=float, default=20.0, help="exact ITL with --fixed-ttft-ms")
     ap.add_argument("--api-key", default=None, help="require this key (default: accept any)")
     ap.add_argument("--served-model", default=None, help="answer every request as this one model (like llama-server)")
+    ap.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN,
+                    help="context length served (vLLM's --max-model-len): prompt + max_tokens must fit, and a "
+                         "request without max_tokens gets what is left of it")
     ap.add_argument("--fail-429", type=float, default=0.0)
     ap.add_argument("--retry-after", type=float, default=1.0)
     ap.add_argument("--fail-500", type=float, default=0.0)
@@ -47,11 +57,13 @@ def config_from_args(a: argparse.Namespace) -> StandinConfig:
     return StandinConfig(profile=a.profile, tier=a.tier, max_num_seqs=a.max_num_seqs,
                          fixed_ttft_s=a.fixed_ttft_ms / 1000 if fixed else None,
                          fixed_itl_s=a.fixed_itl_ms / 1000 if fixed else None, api_key=a.api_key,
-                         served_model=a.served_model, faults=faults)
+                         served_model=a.served_model, max_model_len=a.max_model_len, faults=faults)
 
 
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
+    if a.max_model_len < 2:
+        raise SystemExit(f"--max-model-len must be >= 2 (a prompt token and an output token), got {a.max_model_len}")
     app = cut_on_drop(build_app(config_from_args(a)))
     if a.write_tiers:
         with open(a.write_tiers, "w", encoding="utf-8") as f:

@@ -1,0 +1,134 @@
+"""A step-time model measured as a table: what `calibrate records` writes when it follows the engine better.
+
+The affine measured model (sim/measured_step.py) charges one cost per decoding sequence. An engine whose
+decode step stops growing with the batch defeats it: llama-server with gemma-3-270m on one CPU thread
+took 17.7 / 37.8 / 98.4 / 94.2 ms per step at 1 / 2 / 4 / 8 slots, where the fitted straight line gave
+21.6 / 39.0 / 73.7 / 143.4 (issue 29). The table model keeps the terms that are affine on every engine
+measured and tabulates the one that is not:
+
+    t = step_s                          fixed cost of one iteration
+      + decode(b)                       b = decoding rows (sequences x (depth + 1)); piecewise linear
+                                        between the measured slot counts, 0 at b = 0, and past the last
+                                        one extended along its last segment (never below its last value)
+      + prefill(m)                      m = prompt tokens through the model; piecewise linear between
+                                        the measured token counts, 0 at m = 0, extended the same way
+      + ctx_s * summed decode context   attention reading the KV cache
+
+stored in the profile as `engine.measured_table`:
+
+    {"step_s": s, "ctx_s": c, "slots": [1, 2, 4, 8], "decode_s": [...], "prefill_tokens": [...], "prefill_s": [...]}
+
+The context term stays one coefficient, not a table axis: the engine sums runs of identical decode
+iterations in closed form (t_j = A + B * j), which needs the step affine in context (`decode_slope`).
+The interface is the engine's IterationModel (sim/step_time.py), so every knob works unchanged, with the
+measured model's limits (one model measured: tiers and speculation are timed like it; a lane with share
+s runs 1/s slower; KV transfers use the base profile's link).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.step_time import lane_shares
+
+KEY = "measured_table"
+LANES = ("unified", "prefill", "decode")
+
+
+def _points(d: dict[str, Any], xs_key: str, ys_key: str) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    xs, ys = d.get(xs_key), d.get(ys_key)
+    if not isinstance(xs, list) or not isinstance(ys, list) or len(xs) != len(ys) or not xs:
+        raise ValueError(f"engine.{KEY}.{xs_key} and .{ys_key} must be lists of the same, non-zero length")
+    xf, yf = tuple(float(x) for x in xs), tuple(float(y) for y in ys)
+    if any(not x > 0 for x in xf) or any(b <= a for a, b in zip(xf, xf[1:], strict=False)):
+        raise ValueError(f"engine.{KEY}.{xs_key} must be positive and increasing, got {xs}")
+    if any(not y >= 0 for y in yf):
+        raise ValueError(f"engine.{KEY}.{ys_key} must be >= 0, got {ys}")
+    return xf, yf
+
+
+@dataclass(frozen=True, slots=True)
+class StepTable:
+    step_s: float
+    ctx_s: float
+    slots: tuple[float, ...]
+    decode_s: tuple[float, ...]
+    prefill_tokens: tuple[float, ...]
+    prefill_s: tuple[float, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> StepTable:
+        for k in ("step_s", "ctx_s"):
+            if k not in d or not float(d[k]) >= 0:
+                raise ValueError(f"engine.{KEY}.{k} must be a number >= 0, got {d.get(k)!r}")
+        slots, decode = _points(d, "slots", "decode_s")
+        tokens, prefill = _points(d, "prefill_tokens", "prefill_s")
+        return cls(float(d["step_s"]), float(d["ctx_s"]), slots, decode, tokens, prefill)
+
+    def to_dict(self) -> dict[str, Any]:
+        def r(v: float) -> float:
+            return float(f"{v:.6g}")
+
+        return {"step_s": r(self.step_s), "ctx_s": r(self.ctx_s), "slots": [r(x) for x in self.slots],
+                "decode_s": [r(y) for y in self.decode_s], "prefill_tokens": [r(x) for x in self.prefill_tokens],
+                "prefill_s": [r(y) for y in self.prefill_s]}
+
+
+def interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    """Piecewise linear through (0, 0) and the points; past the last point along the last segment, never
+    below the last value (an engine's step does not shrink with more work)."""
+    if x <= 0:
+        return 0.0
+    if x <= xs[-1]:
+        return float(np.interp(x, (0.0, *xs), (0.0, *ys)))
+    x0, y0 = (xs[-2], ys[-2]) if len(xs) > 1 else (0.0, 0.0)
+    slope = (ys[-1] - y0) / (xs[-1] - x0)
+    return ys[-1] + max(0.0, slope) * (x - xs[-1])
+
+
+class TableStepModel:
+    """Iteration times from a measured table, with the interface the engine uses of StepTimeModel."""
+
+    __slots__ = ("profile", "tier", "share", "table", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token")
+
+    def __init__(self, p: Profile, tier: str, table: StepTable, compute_share: float = 1.0):
+        if tier not in p.tiers:
+            raise KeyError(f"profile {p.id} has no tier {tier!r}")
+        self.profile, self.tier, self.share, self.table = p, tier, compute_share, table
+        self.slow = 1.0 / compute_share
+        self.t_fixed = table.step_s
+        self.gpu_scale = 1.0
+        x = p.kv_transfer
+        self.xfer_c0 = x.c0_us * 1e-6
+        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)
+
+    def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
+                    prefill_tokens: int, sampled_prefills: int) -> float:
+        tb = self.table
+        t = tb.step_s + interpolate(prefill_tokens, tb.prefill_tokens, tb.prefill_s)
+        if decode_seqs:
+            t += interpolate(decode_seqs * (depth + 1), tb.slots, tb.decode_s) + tb.ctx_s * ctx_sum
+        return t * self.slow
+
+    def decode_slope(self, depth: int) -> float:
+        return self.table.ctx_s * self.slow
+
+    def transfer_s(self, tokens: int) -> float:
+        return self.xfer_c0 + tokens * self.xfer_per_token
+
+
+def table_of(p: Profile) -> StepTable | None:
+    """The profile's measured step table, None when it has none."""
+    d = p.raw.get("engine", {}).get(KEY)
+    return StepTable.from_dict(d) if d is not None else None
+
+
+def table_models(p: Profile) -> dict[tuple[str, str], TableStepModel]:
+    """Every (tier, lane) model of a profile with a measured table; {} otherwise."""
+    table = table_of(p)
+    if table is None:
+        return {}
+    return {(tier, lane): TableStepModel(p, tier, table, lane_shares(p, lane)[0]) for tier in p.tiers for lane in LANES}
