@@ -187,3 +187,20 @@ def test_a_family_episode_grades_and_verifies(task_id):
     g = grade_log(ep.episode_log())
     assert g.verified and 0.0 < g.score <= 1.0
     assert len(windows(generate_arrivals(task, 0), task)) == task.horizon
+
+
+def test_split_summary_pairs_every_agent_with_the_best_rival():
+    from llmserve_env.agents.family_table import families_in, split_job, split_summary
+    from llmserve_env.agents.planner import RIVALS_TO_BEAT
+
+    low, high = RIVALS_TO_BEAT[0], RIVALS_TO_BEAT[1]
+    scores = {low: [0.1, 0.2, 0.3], high: [0.5, 0.4, 0.6], "ppo": [0.6, 0.5, 0.6], "planner": [0.5, 0.5, 0.5]}
+    cells, flat = split_summary("diurnal_family", "shifted", scores)
+    assert flat["diurnal_family.shifted.best_rival"] == high
+    assert flat["diurnal_family.shifted.learned_minus_best_rival"] == pytest.approx(0.0667, abs=1e-4)
+    assert flat["diurnal_family.shifted.planner_minus_best_rival"] == pytest.approx(0.0)
+    assert "diurnal_family.shifted.clairvoyant_minus_best_rival" not in flat and len(cells) == len(scores) + 1
+    assert families_in(["static_workload", "multitenant_family_shifted", "diurnal_family"]) == [
+        "multitenant_family", "diurnal_family"]
+    job = split_job("hpa", "diurnal_family", "shifted", 1_000_000)
+    assert job.task_id == "diurnal_family_shifted" and job.policy.args == ("hpa", "diurnal_family")
