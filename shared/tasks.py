@@ -17,8 +17,13 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | diurnal_autoscale       | daily cycle 10 -> 30 req/s (peak 14:00), 1-8 replicas | chat 2048/384, 1000/60 ms                             | 48 x 10 s |
 | multitenant_autoscale   | interactive cycle 4 -> 16 req/s + batch jobs at 03:00 and 15:00, 1-8 replicas | interactive (priority 0) 2048/384, 1000/60 ms; batch 4096/512, 20 s/150 ms | 48 x 10 s |
 
-The last two are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
-`SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds.
+| diurnal_family          | diurnal_autoscale's day drawn per seed: peak 12:30-15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds, spot preemption, cold-start jitter | as diurnal_autoscale | 48 x 10 s |
+| multitenant_family      | multitenant_autoscale's day drawn per seed, its two jobs at random start/length/rate, half announced 1-3 h ahead, ad-hoc jobs | as multitenant_autoscale | 48 x 10 s |
+| *_family_shifted        | the shifted tests: peaks 08:00-11:00, load x1.2-1.4 (jobs at 06:00-08:00 and 19:00-21:00) | as their family | 48 x 10 s |
+
+The last six are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
+`SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds, and `FAMILY_TASKS` names
+the scenario families (shared/scenarios.py) among the cluster tasks.
 
 The loads sit near what a well-set engine sustains on the default profile (the vLLM-like default
 keeps up with static_workload up to about 60 req/s), so a careless setting builds a queue that

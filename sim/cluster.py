@@ -276,7 +276,9 @@ class ClusterBackend:
             },
         }
         if self.disruptions is not None:
-            rep.notes["cluster"]["preempted"] = self.preempted
+            cluster = rep.notes["cluster"]
+            assert isinstance(cluster, dict)
+            cluster["preempted"] = self.preempted
         return rep
 
     def fork(self) -> ClusterBackend:
