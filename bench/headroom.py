@@ -40,7 +40,13 @@ import time
 from pathlib import Path
 
 from llmserve_env.agents.autoscale import NotClusterTaskError
-from llmserve_env.agents.family_table import families_in, split_job, split_summary
+from llmserve_env.agents.family_table import (
+    NOT_ON_SHIFTED,
+    families_in,
+    plays_split,
+    split_job,
+    split_summary,
+)
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
@@ -88,7 +94,9 @@ def main(argv: list[str] | None = None) -> None:
     cells = [(a, t) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
              if available(a, t)]
     jobs = [registry_job(a, t, s) for a, t in cells for s in seeds]
-    shifted_cells = [(a, f) for a, f in cells if f in families]
+    shifted_cells = [(a, f) for a, f in cells if f in families and plays_split(a, "shifted")]
+    for a in sorted({a for a, f in cells if f in families} - {a for a, _ in shifted_cells}):
+        print(f"skipped {a} on the shifted split: {NOT_ON_SHIFTED[a]}")
     jobs += [split_job(a, f, "shifted", s) for a, f in shifted_cells for s in seeds]
     t0 = time.perf_counter()
     scores: dict[tuple[str, str], dict[int, float]] = {}

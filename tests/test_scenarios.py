@@ -204,3 +204,11 @@ def test_split_summary_pairs_every_agent_with_the_best_rival():
         "multitenant_family", "diurnal_family"]
     job = split_job("hpa", "diurnal_family", "shifted", 1_000_000)
     assert job.task_id == "diurnal_family_shifted" and job.policy.args == ("hpa", "diurnal_family")
+
+
+def test_the_current_planner_is_kept_off_the_shifted_split_with_the_reason():
+    from llmserve_env.agents.family_table import plays_split, split_job
+
+    assert plays_split("planner", "test") and not plays_split("planner", "shifted") and plays_split("hpa", "shifted")
+    with pytest.raises(ValueError, match="built for"):
+        split_job("clairvoyant", "diurnal_family", "shifted", 1_000_000)
