@@ -3,24 +3,16 @@
 - training seeds (0 .. 99,999): PPO rollouts and the tuned-static search
 - validation seeds (500,000 + i): checkpoint scores printed by train.py
 - evaluation seeds (1,000,000 + i): evaluate.py and the score table, the same for every agent
+
+The ranges are defined once, in shared/splits.py (with the scenario families' shifted tasks); the
+names here are the ones the agents have always imported.
 """
 
 from __future__ import annotations
 
-TRAIN_SEED_LIMIT = 100_000
-VALIDATION_SEED_BASE = 500_000
-EVAL_SEED_BASE = 1_000_000
+from llmserve_env.shared.splits import TEST_SEED_BASE as EVAL_SEED_BASE
+from llmserve_env.shared.splits import TRAIN_SEED_LIMIT, VALIDATION_SEED_BASE, train_seeds, validation_seeds
+from llmserve_env.shared.splits import test_seeds as eval_seeds
 
-
-def train_seeds(n: int, offset: int = 0) -> list[int]:
-    if offset + n > TRAIN_SEED_LIMIT:
-        raise ValueError(f"only {TRAIN_SEED_LIMIT} training seeds")
-    return list(range(offset, offset + n))
-
-
-def validation_seeds(n: int) -> list[int]:
-    return [VALIDATION_SEED_BASE + i for i in range(n)]
-
-
-def eval_seeds(n: int) -> list[int]:
-    return [EVAL_SEED_BASE + i for i in range(n)]
+__all__ = ["EVAL_SEED_BASE", "TRAIN_SEED_LIMIT", "VALIDATION_SEED_BASE", "eval_seeds", "train_seeds",
+           "validation_seeds"]

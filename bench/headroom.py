@@ -14,6 +14,13 @@ by seed against the heuristic, with 95 % CIs; on cluster tasks also against the 
 rival by mean (`RIVALS_TO_BEAT` in agents/planner.py: hpa, dynamo_planner, tuned_static and the
 heuristic on the starting replicas).
 
+Scenario families (shared/splits.py; agents/family_table.py): each family among the tasks is also
+reported per split, `test` (its row) and `shifted` (its shifted task on the same seeds, every agent
+built for the training family); shifted tasks get no row of their own. Keys `<family>.<split>.<agent>.mean`
+/ `.ci95`, `<family>.<split>.best_rival` (best of RIVALS_TO_BEAT by mean), and, paired with 95 % CIs,
+`<family>.<split>.planner_minus_best_rival`, `.clairvoyant_minus_best_rival`, `.learned_minus_best_rival`
+(ppo) where those played.
+
 `planner_ms_per_decision`: CPU time of one planner decision at its defaults on
 adversarial_multitenant (mean over the planner's evaluation episodes of that task, time.process_time
 in the worker), the issue's target being 100 ms on one core; `<task>.planner_ms_per_decision` for
@@ -33,6 +40,13 @@ import time
 from pathlib import Path
 
 from llmserve_env.agents.autoscale import NotClusterTaskError
+from llmserve_env.agents.family_table import (
+    NOT_ON_SHIFTED,
+    families_in,
+    plays_split,
+    split_job,
+    split_summary,
+)
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
@@ -40,6 +54,7 @@ from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import TASKS, UnknownTaskError
 
 AGENTS = ("tuned_static", "hpa", "dynamo_planner", "heuristic", "ppo", "planner", "clairvoyant")
@@ -68,6 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     for t in tasks:
         if t not in TASKS:
             ap.error(str(UnknownTaskError(t)))
+    families = families_in(tasks)
+    tasks = [t for t in tasks if t not in SHIFTED_TASKS.values()] + [f for f in families if f not in tasks]
     agents = [a.strip() for a in args.agents.split(",") if a.strip()]
     for a in agents:
         if a not in AGENTS:
@@ -77,6 +94,10 @@ def main(argv: list[str] | None = None) -> None:
     cells = [(a, t) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
              if available(a, t)]
     jobs = [registry_job(a, t, s) for a, t in cells for s in seeds]
+    shifted_cells = [(a, f) for a, f in cells if f in families and plays_split(a, "shifted")]
+    for a in sorted({a for a, f in cells if f in families} - {a for a, _ in shifted_cells}):
+        print(f"skipped {a} on the shifted split: {NOT_ON_SHIFTED[a]}")
+    jobs += [split_job(a, f, "shifted", s) for a, f in shifted_cells for s in seeds]
     t0 = time.perf_counter()
     scores: dict[tuple[str, str], dict[int, float]] = {}
     cpu: dict[tuple[str, str], list[tuple[float, int]]] = {}
@@ -85,9 +106,13 @@ def main(argv: list[str] | None = None) -> None:
         outcomes = runner.map(jobs)
     finally:
         runner.close()
-    for (agent, task_id), o in zip([c for c in cells for _ in seeds], outcomes, strict=True):
+    shifted: dict[tuple[str, str], dict[int, float]] = {}
+    for (agent, task_id), o in zip([c for c in cells for _ in seeds], outcomes[:len(cells) * len(seeds)], strict=True):
         scores.setdefault((agent, task_id), {})[o.seed] = o.score
         cpu.setdefault((agent, task_id), []).append((o.cpu_s, o.steps))
+    for (agent, family), o in zip([c for c in shifted_cells for _ in seeds], outcomes[len(cells) * len(seeds):],
+                                  strict=True):
+        shifted.setdefault((agent, family), {})[o.seed] = o.score
     wall = time.perf_counter() - t0
 
     out: dict[str, float | int | str] = {"episodes": args.episodes}
@@ -139,6 +164,18 @@ def main(argv: list[str] | None = None) -> None:
     if "planner_ms_per_decision" in out:
         print(f"planner: {out['planner_ms_per_decision']} ms CPU per decision on {TIMED_TASK} at its defaults")
     print(f"wall {wall:.0f} s, {args.workers} workers ({runner.name} runner)")
+    if families:
+        lines.append("")
+        lines.append("| family.split | " + " | ".join(agents) + " | best rival; differences (paired, 95 % CI) |")
+        lines.append("|---|" + "---|" * (len(agents) + 1))
+        for f in families:
+            for split, table in (("test", scores), ("shifted", shifted)):
+                played = {a: [table[(a, f)][s] for s in seeds] for a in agents if (a, f) in table}
+                split_cells, flat = split_summary(f, split, played)
+                out.update(flat)  # type: ignore[arg-type]
+                row = [split_cells[list(played).index(a)] if a in played else "-" for a in agents]
+                lines.append(f"| {f}.{split} | " + " | ".join(row) + f" | {split_cells[-1]} |")
+        print("\n".join(lines[-(2 + 2 * len(families)):]))
     if args.markdown:
         args.markdown.write_text("\n".join(lines) + "\n")
     print(json.dumps(out))

@@ -16,6 +16,13 @@ holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heu
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
 differences (the same seeds for both) and the half-width of its 95 % Student-t interval.
 
+Scenario families (shared/splits.py; agents/family_table.py): a family named in `--tasks` (or its
+shifted task) is also reported per split: `test` (the family on the held-out seeds: its column of the
+main table) and `shifted` (its shifted task on the same seeds, every agent built for the training
+family: tuned parameters, weights). Shifted tasks get no column of their own. Keys
+`<family>.<split>.<agent>.mean` / `.ci95`, `<family>.<split>.best_rival` (best of RIVALS_TO_BEAT by
+mean) and, where the learned policy (`ppo`) played, `<family>.<split>.learned_minus_best_rival` (+ `.ci95`).
+
 Prints a markdown table (rows: agents; columns: tasks; cells: mean ± half-width of the 95 %
 Student-t interval), then, as the last line, one flat JSON object with `<agent>.<task>.mean` and
 `<agent>.<task>.ci95` for every cell played.
@@ -31,6 +38,7 @@ import time
 
 from llmserve_env import cli
 from llmserve_env.agents.autoscale import NotClusterTaskError
+from llmserve_env.agents.family_table import families_in, plays_split, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
@@ -38,6 +46,7 @@ from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import TASKS
 
 # Registry names that are another agent under a second name.
@@ -100,13 +109,20 @@ def main(argv: list[str] | None = None) -> int:
     agents, skipped = available_agents()
     if args.agents != ["all"]:
         agents = args.agents
-    tasks = args.tasks
+    families = families_in(args.tasks)
+    shifted = set(SHIFTED_TASKS.values())
+    tasks = [t for t in args.tasks if t not in shifted] + [f for f in families if f not in args.tasks]
     seeds = eval_seeds(args.episodes)
 
     t_start = time.perf_counter()
     runner = runner_from_args(ap, args)
     try:
         cells, cell_skips = play_table(agents, tasks, args.episodes, runner)
+        # the shifted split: every agent that played its family, built for the family, on the shifted task
+        played = [(a, f) for a in agents for f in families if (a, f) in cells and plays_split(a, "shifted")]
+        outcomes = runner.map([split_job(a, f, "shifted", s) for a, f in played for s in seeds])
+        shifted_cells = {cell: [o.score for o in outcomes[i * len(seeds):(i + 1) * len(seeds)]]
+                         for i, cell in enumerate(played)}
     finally:
         runner.close()
     skipped.update(cell_skips)
@@ -125,6 +141,28 @@ def main(argv: list[str] | None = None) -> int:
     for what, why in skipped.items():
         print(f"\nskipped {what}: {why}", end="")
     print()
+    family_flat: dict[str, object] = {}
+    if families:
+        cols = [f"{f}.{split}" for f in families for split in ("test", "shifted")]
+        print("\nScenario families, per split (the same held-out seeds; `shifted`: agents built for the training "
+              "family, on its shifted task):\n")
+        print("| agent | " + " | ".join(cols) + " |")
+        print("|---|" + "---|" * len(cols))
+        summaries = {}
+        for f in families:
+            for split, source in (("test", {a: cells[(a, f)] for a in agents if (a, f) in cells}),
+                                  ("shifted", {a: shifted_cells[(a, f)] for a in agents if (a, f) in shifted_cells})):
+                summaries[(f, split)] = (list(source), *split_summary(f, split, source))
+                family_flat.update(summaries[(f, split)][2])
+        for agent in agents:
+            row = []
+            for f in families:
+                for split in ("test", "shifted"):
+                    names, split_cells, _ = summaries[(f, split)]
+                    row.append(split_cells[names.index(agent)] if agent in names else "skipped")
+            print(f"| {agent} | " + " | ".join(row) + " |")
+        for (f, split), (_, split_cells, _) in summaries.items():
+            print(f"{f}.{split}: {split_cells[-1]}")
 
     flat: dict[str, float] = {}
     for (agent, task_id), scores in cells.items():
@@ -142,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
                 flat[f"{task_id}.ppo_minus_best_rival"] = round(d.mean, 4)
                 flat[f"{task_id}.ppo_minus_best_rival.ci95"] = round(d.half_width, 4)
                 print(f"{task_id}: ppo minus the best rival ({best}), paired over {d.n} seeds: {d}")
-    print(json.dumps(flat))
+    print(json.dumps({**flat, **family_flat}))
     return 0
 
 

@@ -41,6 +41,7 @@ from llmserve_env.shared.grader import References, compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.reward import GradeReward
+from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 
@@ -81,7 +82,7 @@ def make_backend(mode: str, task: TaskSpec, profile: Any = None, caps: Any = Non
     if task.is_cluster:
         from llmserve_env.sim.cluster import ClusterBackend
 
-        return ClusterBackend(task.profile, task.replicas, task.initial_replicas)
+        return ClusterBackend(task.profile, task.replicas, task.initial_replicas, replica_disruptions(task))
     from llmserve_env.sim.backend import SimBackend
     from llmserve_env.sim.caps import CappedBackend
 
@@ -111,8 +112,14 @@ def check_replicas(action: ServeAction, task: TaskSpec, backend_max: int | None 
         raise ReplicasOutOfRangeError(task.task_id, n, lo, hi)
 
 
-def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | None) -> dict[str, Any]:
-    """The cluster state and the next window's place in the daily cycle (cluster tasks' observations)."""
+def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | None, seed: int | None = None,
+                     served: list[Arrival] | None = None) -> dict[str, Any]:
+    """What an operator of a cluster task sees: the replicas by state (asked for, ready, starting with the
+    seconds until each is ready, draining), the next window's place in the daily cycle, each tenant's
+    arrival rate in the window just `served` (absent before the first window), and the batch jobs
+    announced by the next window and not yet finished (`seed` picks a scenario family's day; a
+    fixed-day task's published jobs are always announced). Nothing about the episode's future beyond
+    what is announced (tests/test_scenarios.py)."""
     out: dict[str, Any] = dict((notes or {}).get("cluster") or {})
     if not out:  # the reset observation, or a backend that does not scale (real mode)
         out = {"target": task.initial_replicas, "ready": task.initial_replicas, "starting": 0, "draining": 0}
@@ -122,6 +129,13 @@ def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | N
         out["window_in_cycle"] = k
         out["cycle_windows"] = task.cycle_windows
         out["time_of_day_h"] = round(24.0 * k / task.cycle_windows, 4)
+    if served is not None:
+        counts = dict.fromkeys((t.name for t in task.tenants), 0)
+        for a in served:
+            counts[a.tenant] += 1
+        out["arrival_rate_by_tenant"] = {name: round(n / task.window_s, 4) for name, n in counts.items()}
+    if seed is not None and task.workload.get("kind") == "cycle":
+        out["announced_jobs"] = announced_jobs(task, seed, next_window)
     return out
 
 
@@ -157,6 +171,8 @@ class StepOutcome:
     notes: dict[str, Any]
     step_index: int  # windows served so far, this one included (the observation's step_index)
     done: bool
+    seed: int  # the episode's seed: a scenario family's day, for the announced jobs
+    served: list[Arrival]  # the window's arrivals (each tenant's arrival rate, cluster tasks)
 
 
 class ObservedWindow:
@@ -174,14 +190,16 @@ class ObservedWindow:
         self.reward = out.reward
         self.done = out.done
         self.step_index = out.step_index
-        self.metadata = {"cluster": cluster_metadata(task, out.step_index, out.notes)} if task.is_cluster else {}
+        self.metadata = ({"cluster": cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)}
+                         if task.is_cluster else {})
 
 
 def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[str, float],
                      applied: dict[str, bool], notes: dict[str, Any]) -> ServeObservation:
     """Map one window's metrics onto the observation fields (one place, both modes)."""
-    return _observation(StepOutcome(m, reward, terms, applied, notes, ep.step_count, ep.done), ep.task,
-                        ep.episode_id)
+    out = StepOutcome(m, reward, terms, applied, notes, ep.step_count, ep.done, ep.seed,
+                      ep.windows[ep.step_count - 1])
+    return _observation(out, ep.task, ep.episode_id)
 
 
 def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObservation:
@@ -205,7 +223,7 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         metadata["failed_requests"] = int(out.notes.get("errors") or 0) + int(out.notes.get("timeouts") or 0)
         metadata["failure"] = out.notes.get("failure")
     if task.is_cluster:
-        metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes)
+        metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)
     return ServeObservation(
         **observed_fields(m),
         step_index=out.step_index,
@@ -290,7 +308,7 @@ class Episode:
                       "mode": mode, "seed": seed},
         )
         if task.is_cluster:
-            ep.last_observation.metadata["cluster"] = cluster_metadata(task, 0, None)
+            ep.last_observation.metadata["cluster"] = cluster_metadata(task, 0, None, seed)
         return ep
 
     @property
@@ -356,7 +374,8 @@ class Episode:
         self.steps.append(record)
         if self.done:
             self.close()
-        return StepOutcome(m, reward, terms, report.applied, report.notes, self.step_count, self.done)
+        return StepOutcome(m, reward, terms, report.applied, report.notes, self.step_count, self.done, self.seed,
+                           arrivals)
 
     def _drain(self, action: ServeAction) -> list[WindowMetrics]:
         """After the last window: no more arrivals, the engine keeps serving under the last action

@@ -17,8 +17,13 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | diurnal_autoscale       | daily cycle 10 -> 30 req/s (peak 14:00), 1-8 replicas | chat 2048/384, 1000/60 ms                             | 48 x 10 s |
 | multitenant_autoscale   | interactive cycle 4 -> 16 req/s + batch jobs at 03:00 and 15:00, 1-8 replicas | interactive (priority 0) 2048/384, 1000/60 ms; batch 4096/512, 20 s/150 ms | 48 x 10 s |
 
-The last two are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
-`SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds.
+| diurnal_family          | diurnal_autoscale's day drawn per seed: peak 12:30-15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds, spot preemption, cold-start jitter | as diurnal_autoscale | 48 x 10 s |
+| multitenant_family      | multitenant_autoscale's day drawn per seed, its two jobs at random start/length/rate, half announced 1-3 h ahead, ad-hoc jobs | as multitenant_autoscale | 48 x 10 s |
+| *_family_shifted        | the shifted tests: peaks 08:00-11:00, load x1.2-1.4 (jobs at 06:00-08:00 and 19:00-21:00) | as their family | 48 x 10 s |
+
+The last six are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
+`SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds, and `FAMILY_TASKS` names
+the scenario families (shared/scenarios.py) among the cluster tasks.
 
 The loads sit near what a well-set engine sustains on the default profile (the vLLM-like default
 keeps up with static_workload up to about 60 req/s), so a careless setting builds a queue that
@@ -27,8 +32,10 @@ costs SLOs; see tests/test_policy_floors.py for the properties this tuning pins.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from llmserve_env.shared.scenarios import AWS_SPOT_TOP_BUCKET_PER_HOUR, FAMILY_SOURCES
 
 # The longest episode any task (built-in or trace replay) may have; bounds episode logs too.
 MAX_HORIZON = 1024
@@ -363,9 +370,96 @@ MULTITENANT_AUTOSCALE = TaskSpec(
     cycle_windows=48,
 )
 
-# The seed's single-server tasks (exactly one replica) and the cluster tasks.
+# ---------------------------------------------------------------------------------------- scenario families
+# The two cluster tasks above play the same published day on every seed, so an open-loop schedule read
+# off the task is near optimal (issue 26). A family task draws each seed's day from the distribution in
+# `workload["family"]` (shared/scenarios.py: the keys, the draw, and the source or ASSUMPTION of every
+# range in FAMILY_SOURCES); the rest of `workload` is the NOMINAL day it publishes, in the keys the
+# fixed-day tasks use. The training families' nominal day is exactly the fixed-day task's (every range
+# is centred on it). A shifted family (shared/splits.py: the `shifted` split) draws from ranges outside
+# the training family's and publishes the training family's nominal day: what an operator knew before
+# the world moved. Tenants, SLOs, replicas, budget and horizon are the fixed-day task's.
+_FAMILY_COMMON = {
+    "level": [0.85, 1.15],
+    "peak_to_trough": [2.5, 3.5],
+    "noise": {"phi": 0.7, "sigma": 0.15},
+    "preemption_per_replica_hour": round(AWS_SPOT_TOP_BUCKET_PER_HOUR, 7),
+    "cold_start_sigma": 0.15,
+}
+_SHIFT = {"peak_window": [16.0, 22.0], "level": [1.2, 1.4]}  # peaks 08:00-11:00, 20-40 % more load
+
+
+def _family(base: TaskSpec, task_id: str, ranges: dict[str, Any], description: str,
+            shifted_from: str | None = None) -> TaskSpec:
+    family = {**ranges, "sources": FAMILY_SOURCES}
+    if shifted_from is not None:
+        family["published_day"] = f"the nominal day of {shifted_from} (the training family), not this one's"
+    return replace(base, task_id=task_id, description=description,
+                   workload={**base.workload, "family": family})
+
+
+_DIURNAL_RANGES = {
+    **_FAMILY_COMMON,
+    "peak_window": [25.0, 31.0],  # 12:30-15:30
+    "flash_crowds": {"per_day": 0.5, "tenant": "chat", "factor": [1.5, 2.5], "windows": [1, 4]},
+}
+_FAMILY_TAIL = (
+    "A replica is billed from its request and serves after its cold start (87 s, log-normal jitter "
+    "sigma 0.15); spot replicas are reclaimed at AWS's top interruption rate (2.8e-4 per replica-hour of "
+    "the day) and replaced by a new request. 48 windows of 10 s; starts with 2 replicas ready. Ranges and "
+    "their sources: workload.family."
+)
+DIURNAL_FAMILY = _family(
+    DIURNAL_AUTOSCALE, "diurnal_family", _DIURNAL_RANGES,
+    "diurnal_autoscale's cluster (1-8 replicas) and chat tenant (median 2048 in / 384 out, TTFT 1000 ms, "
+    "TPOT 60 ms), but every seed draws its own day: peak between 12:30 and 15:30, mean load x0.85-1.15 of "
+    "the published 20 req/s, peak/trough 2.5-3.5, autocorrelated noise (AR(1) log-rate, sigma 0.15) and "
+    "0.5 flash crowds a day (x1.5-2.5 for 0.5-2 h). The published day is diurnal_autoscale's. " + _FAMILY_TAIL,
+)
+DIURNAL_FAMILY_SHIFTED = _family(
+    DIURNAL_AUTOSCALE, "diurnal_family_shifted", {**_DIURNAL_RANGES, **_SHIFT},
+    "diurnal_family's shifted test: peaks between 08:00 and 11:00 (never in the training range "
+    "12:30-15:30) and 20-40 % more load (x1.2-1.4); otherwise as diurnal_family (chat tenant, TTFT 1000 ms, "
+    "TPOT 60 ms), and it still publishes diurnal_autoscale's day. " + _FAMILY_TAIL,
+    shifted_from="diurnal_family",
+)
+_MULTITENANT_RANGES = {
+    **_FAMILY_COMMON,
+    "peak_window": [25.0, 31.0],
+    "flash_crowds": {"per_day": 0.5, "tenant": "interactive", "factor": [1.5, 2.5], "windows": [1, 4]},
+    "jobs": [{"tenant": "batch", "start_window": [4, 8], "windows": [5, 7], "rate_rps": [3.0, 5.0]},
+             {"tenant": "batch", "start_window": [28, 32], "windows": [3, 5], "rate_rps": [3.0, 5.0]}],
+    "announced_share": 0.5,
+    "lead_windows": [2, 6],
+    "extra_jobs": {"per_day": 0.5, "tenant": "batch", "windows": [2, 6], "rate_rps": [2.0, 5.0]},
+}
+MULTITENANT_FAMILY = _family(
+    MULTITENANT_AUTOSCALE, "multitenant_family", _MULTITENANT_RANGES,
+    "multitenant_autoscale's cluster and tenants (interactive, priority 0, TTFT 1000 ms, TPOT 60 ms; batch, "
+    "priority 2, TTFT 20 s, TPOT 150 ms), but every seed draws its own day: the interactive cycle's peak "
+    "between 12:30 and 15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds; the two "
+    "batch jobs start within an hour of 03:00 and 15:00 with random length and rate (3-5 req/s), each "
+    "announced in the observation 1-3 h ahead with probability 0.5, plus 0.5 unannounced ad-hoc jobs a "
+    "day. The published day is multitenant_autoscale's. " + _FAMILY_TAIL,
+)
+MULTITENANT_FAMILY_SHIFTED = _family(
+    MULTITENANT_AUTOSCALE, "multitenant_family_shifted",
+    {**_MULTITENANT_RANGES, **_SHIFT,
+     "jobs": [{"tenant": "batch", "start_window": [12, 16], "windows": [5, 7], "rate_rps": [4.0, 6.0]},
+              {"tenant": "batch", "start_window": [38, 42], "windows": [3, 5], "rate_rps": [4.0, 6.0]}]},
+    "multitenant_family's shifted test: interactive peaks between 08:00 and 11:00, 20-40 % more load, and "
+    "the batch jobs at new times (06:00-08:00 and 19:00-21:00) at 4-6 req/s; tenants and SLOs as "
+    "multitenant_family (TTFT 1000 ms / 20 s, TPOT 60 / 150 ms), and it still publishes "
+    "multitenant_autoscale's day. " + _FAMILY_TAIL,
+    shifted_from="multitenant_family",
+)
+FAMILY_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (DIURNAL_FAMILY, DIURNAL_FAMILY_SHIFTED, MULTITENANT_FAMILY,
+                                                           MULTITENANT_FAMILY_SHIFTED)}
+
+# The seed's single-server tasks (exactly one replica) and the cluster tasks (fixed days, then families).
 SINGLE_SERVER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
-CLUSTER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (DIURNAL_AUTOSCALE, MULTITENANT_AUTOSCALE)}
+CLUSTER_TASKS: dict[str, TaskSpec] = {**{t.task_id: t for t in (DIURNAL_AUTOSCALE, MULTITENANT_AUTOSCALE)},
+                                      **FAMILY_TASKS}
 TASKS: dict[str, TaskSpec] = {**SINGLE_SERVER_TASKS, **CLUSTER_TASKS}
 
 

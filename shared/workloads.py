@@ -23,6 +23,9 @@ Arrival processes (`task.workload["kind"]`):
   from `peak_window` up to `peak_rps` at it (evaluated at each window's centre), times a log-normal
   factor with sigma `noise_sigma` drawn per window and tenant. Each entry of `jobs` adds a tenant's
   scheduled job: Poisson at `rate_rps` for `windows` windows from `start_window` (every cycle).
+  A scenario family (`workload["family"]`, shared/scenarios.py) draws the day from the seed instead:
+  each tenant's rate per window and the jobs come from `draw_day(task, seed)` (its own random
+  stream), and the arrivals are Poisson at those rates, drawn as above.
 - "trace": a file replayed (`shared.traces`): `packaged` names a trace shipped in shared/data,
   `path` a file. With `speedup` and `start_s` the slice is fixed and the seed changes nothing.
   With `tokens_per_s` the seed picks the slice: the consecutive requests, from a start drawn
@@ -51,6 +54,7 @@ from urllib.parse import parse_qsl
 import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
+from llmserve_env.shared.scenarios import draw_day, is_family
 from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
 from llmserve_env.shared.traces import TraceError, TraceSlice, load_trace, packaged_trace_path, replay_slice
 
@@ -178,6 +182,30 @@ def _cycle(rng: np.random.Generator, task: TaskSpec) -> tuple[np.ndarray, np.nda
     return np.concatenate(times), np.concatenate(who)
 
 
+def _family_day(rng: np.random.Generator, task: TaskSpec, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(times, tenant index) of a scenario family's day (shared.scenarios.draw_day), window by window:
+    Poisson at each cycled tenant's drawn rate, and at each drawn job's rate while it runs."""
+    day = draw_day(task, seed)
+    names = [t.name for t in task.tenants]
+    cycled = [(names.index(name), rates) for name, rates in day.rates.items()]
+    jobs = [(names.index(j.tenant), j.start_window, j.windows, j.rate_rps) for j in day.jobs]
+    times, who = [], []
+    for k in range(task.horizon):
+        t0, t1 = k * task.window_s, (k + 1) * task.window_s
+        for i, rates in cycled:
+            ts = _poisson_times(rng, float(rates[k]), t0, t1)
+            times.append(ts)
+            who.append(np.full(ts.shape[0], i, dtype=np.int64))
+        for i, start, length, rate in jobs:
+            if start <= k < start + length:
+                ts = _poisson_times(rng, rate, t0, t1)
+                times.append(ts)
+                who.append(np.full(ts.shape[0], i, dtype=np.int64))
+    if not times:
+        return np.empty(0), np.empty(0, dtype=np.int64)
+    return np.concatenate(times), np.concatenate(who)
+
+
 def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     w = task.workload
     path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
@@ -224,6 +252,8 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         who = None
     elif kind == "spiky":
         times, who, _ = _spiky(t_rng, task)
+    elif kind == "cycle" and is_family(task):
+        times, who = _family_day(t_rng, task, seed)
     elif kind == "cycle":
         times, who = _cycle(t_rng, task)
     else:

@@ -33,6 +33,14 @@ and running requests, it grows by each request routed there, and it drains at th
 processing rate (prompt + output tokens per busy second in its last window; a new replica starts from
 the cluster's mean).
 
+Scenario families only (`disruptions`, shared/scenarios.py; None on every other task, which then
+behaves exactly as without it): each replica's cold start is the profile's times a drawn log-normal
+factor, and a spot preemption reclaims replica i at a drawn time after its request. A reclaimed
+replica is gone at the start of the first window at or after that time (within AWS's two-minute
+notice of a 10 s window), its queued and running requests are lost (finished `preempted`: missed),
+and the target is requested again, as a Kubernetes ReplicaSet replaces a lost pod, through a new
+cold start. Arrivals that find no ready replica (the last one reclaimed) are rejected.
+
 Forkable (`fork()`, what `Episode.fork` and the planner use): the copy holds its own replicas,
 engines and router estimates; the profile and step-time models are shared.
 
@@ -42,11 +50,14 @@ s x MAX_REPLICAS + i, and nothing depends on wall-clock time.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+import math
+from dataclasses import dataclass, field
 
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
+from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
@@ -68,6 +79,8 @@ class Replica:
     rate_tps: float = 0.0      # measured prompt + output tokens per busy second, last window
     est_work: float = 0.0      # router's outstanding-work estimate (tokens) at est_t
     est_t: float = 0.0
+    preempt_s: float = math.inf  # when a spot preemption reclaims it (scenario families)
+    pending: list[RequestRecord] = field(default_factory=list)  # its requests at the last window's end (families)
 
     def work_at(self, t: float) -> float:
         w = self.est_work - self.rate_tps * (t - self.est_t)
@@ -89,7 +102,7 @@ class ClusterBackend:
     name = "sim"
 
     def __init__(self, profile_id: str | Profile = "h100-llama3.1-8b", replicas: tuple[int, int] = (1, 8),
-                 initial: int = 1):
+                 initial: int = 1, disruptions: ReplicaDisruptions | None = None):
         self.profile = profile_id if isinstance(profile_id, Profile) else load_profile(profile_id)
         lo, hi = replicas
         if not 1 <= lo <= initial <= hi <= MAX_REPLICAS:
@@ -97,6 +110,7 @@ class ClusterBackend:
                              f"<= {MAX_REPLICAS}")
         self.range = (lo, hi)
         self.initial = initial
+        self.disruptions = disruptions
         self.cold_start_s = self.profile.cold_start_s()
         self.price_per_s = self.profile.replica_price_per_s()
         self._models = _models_for(self.profile)
@@ -111,11 +125,30 @@ class ClusterBackend:
             r = self._request(0.0)
             r.ready_s = 0.0
         self.target = self.initial
+        self.preempted = 0
+        self._unrouted: list[Arrival] = []
 
     def _request(self, t: float) -> Replica:
         r = Replica(len(self.replicas), t, t + self.cold_start_s)
+        if self.disruptions is not None:
+            factor, life = self.disruptions.draw(self.seed, r.index)
+            r.ready_s, r.preempt_s = t + self.cold_start_s * factor, t + life
         self.replicas.append(r)
         return r
+
+    def _reclaim(self, t: float) -> list[RequestRecord]:
+        """Spot preemption at a window's start (module docstring): the reclaimed replicas' requests, lost."""
+        lost: list[RequestRecord] = []
+        before = self.preempted
+        for r in self.replicas:
+            if r.state != GONE and r.preempt_s <= t:
+                lost += [dataclasses.replace(rec, status="preempted", finish_s=t,
+                                             error="replica reclaimed (spot preemption)") for rec in r.pending]
+                r.state, r.gone_s, r.engine, r.pending = GONE, t, None, []
+                self.preempted += 1
+        if self.preempted > before:
+            self._scale(self.target, t)
+        return lost
 
     def _make_ready(self, r: Replica) -> None:
         r.engine = Engine(self.profile, self.seed * MAX_REPLICAS + r.index, self._models)
@@ -157,8 +190,11 @@ class ClusterBackend:
         for a in arrivals:
             t = a.arrival_s
             eligible = [r for r in ready if r.ready_s <= t]
-            if not eligible:  # cannot happen while a ready replica exists from t0 on (see the docstring)
-                raise RuntimeError(f"no ready replica at t={t:.3f}")
+            if not eligible:  # only after a spot preemption: otherwise a ready replica exists from t0 on
+                if self.disruptions is None:
+                    raise RuntimeError(f"no ready replica at t={t:.3f}")
+                self._unrouted.append(a)
+                continue
             work = [r.work_at(t) for r in eligible]
             i = least_outstanding(work)
             best, best_w = eligible[i], work[i]
@@ -169,6 +205,7 @@ class ClusterBackend:
 
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         t1 = t0 + dt
+        lost = self._reclaim(t0) if self.disruptions is not None else []
         if action.replicas is not None:
             lo, hi = self.range
             if not lo <= action.replicas <= hi:
@@ -181,6 +218,11 @@ class ClusterBackend:
         p = self.profile
         rep = WindowReport(t0=t0, dt=dt, quality=p.tiers[action.quantization_tier].quality,
                            applied=dict.fromkeys((*KNOBS, "replicas"), True))
+        if lost or self._unrouted:
+            rep.finished += lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
+                                                  a.output_tokens, status="rejected", finish_s=a.arrival_s,
+                                                  error="no ready replica (spot preemption)") for a in self._unrouted]
+            self._unrouted = []
         used_total = blocks_total = iterations = rejected = 0
         spec_accepted = 0.0
         for r in self.replicas:
@@ -214,6 +256,8 @@ class ClusterBackend:
             if processed > 0 and acc.busy > 0:
                 r.rate_tps = processed / acc.busy
             r.est_work, r.est_t = _outstanding_tokens(pending), t1
+            if self.disruptions is not None:
+                r.pending = pending
             if r.state == DRAINING and not pending:
                 r.state, r.gone_s, r.engine = GONE, t1, None
         rep.spec_accepted = int(round(spec_accepted))
@@ -231,6 +275,10 @@ class ClusterBackend:
                 "starting_ready_in_s": sorted(round(r.ready_s - t1, 3) for r in self.replicas if r.state == STARTING),
             },
         }
+        if self.disruptions is not None:
+            cluster = rep.notes["cluster"]
+            assert isinstance(cluster, dict)
+            cluster["preempted"] = self.preempted
         return rep
 
     def fork(self) -> ClusterBackend:
