@@ -188,7 +188,7 @@ class DayPlanPolicy:
         p, task = self.p, self.task
         k = obs.step_index  # the window this action serves
         rates = self.forecast(obs)
-        load = sum(self.weight[t] * rates[t] for t in self.tenants)
+        load = np.sum([self.weight[t] * rates[t] for t in self.tenants], axis=0)
         need = np.ceil(load / p.rps_per_replica - p.slack - 1e-9).astype(int)
         ahead = need[k:min(task.horizon, k + max(1, self.cold + p.lead + 1))]
         self.needs.append(int(ahead.max()) if ahead.size else int(need[-1]))

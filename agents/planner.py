@@ -178,6 +178,7 @@ class PlannerPolicy:
         self._expected: ServeObservation | None = None  # what the mirror saw after the last action
         self.bases: list[Policy] = []
         self.incumbent: Branch | None = None
+        self._true_ref: tuple[int, References] | None = None  # clairvoyant: (seed, the true references)
 
     # ------------------------------------------------------------------------------- episode
 
@@ -332,10 +333,9 @@ class PlannerPolicy:
         ep = self.shadow
         assert ep is not None
         if self.mode == "clairvoyant":
-            if not hasattr(self, "_true_ref") or self._true_ref_seed != ep.seed:
-                self._true_ref = compute_references(self.task, ep.seed, arrivals=self._true_arrivals)
-                self._true_ref_seed = ep.seed
-            return [(None, self._true_ref)]
+            if self._true_ref is None or self._true_ref[0] != ep.seed:
+                self._true_ref = (ep.seed, compute_references(self.task, ep.seed, arrivals=self._true_arrivals))
+            return [(None, self._true_ref[1])]
         k = ep.step_count
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)
