@@ -31,7 +31,10 @@ Information modes, named in every output (`name`):
   arrival counts over the last `match_windows` windows are nearest the counts observed; for a task drawn
   from a scenario family, a seed draws a day from the family, never the episode's own). A candidate's
   value is the best base policy's mean over the samples; the grader's references are those of the
-  observed past plus the sampled future. The planner sees the simulator's present state exactly (the
+  observed past plus the sampled future. A candidate no base policy proposed is committed only if it
+  beats the best base proposal by `margin` (0.01): with 2 samples, small gains are mostly their noise
+  (validation seed 500,000 of multitenant_autoscale: 0.720 with no margin, 0.789 with 0.01; deviations
+  from every base proposal on 42 % of decisions against 8 %). The planner sees the simulator's present state exactly (the
   mirror is of the simulator, not of a real engine).
 
 How it sees the episode: it mirrors the episode in its own simulator (a "shadow": the reset observation
@@ -144,7 +147,8 @@ class PlannerPolicy:
     """Rollout over base policies on forks of the episode (module docstring)."""
 
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
-                 pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, seed: int = 0):
+                 pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
+                 seed: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -166,6 +170,7 @@ class PlannerPolicy:
         self.match_windows = match_windows
         self.keep = keep
         self.bridging = bridging
+        self.margin = margin
         self.name = "clairvoyant_bound" if mode == "clairvoyant" else "planner"
         self.cluster = self.task.is_cluster
         self.stats = PlannerStats()
@@ -237,7 +242,10 @@ class PlannerPolicy:
                 self.incumbent = branches[top]
             action = self.incumbent.action_at(k)
         else:
-            action = cands[best_i]
+            # a candidate no base policy proposed must beat the best own proposal by `margin`: with a
+            # few sampled futures, small gains are mostly the samples' noise
+            own_i = max({cands.index(a) for a in own}, key=lambda i: (q[i], -i))
+            action = cands[best_i] if q[best_i] > q[own_i] + self.margin else cands[own_i]
         self.last_decision, self.last_candidates = values, cands
         self.stats.decisions += 1
         self.stats.changed += action not in own

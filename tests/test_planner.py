@@ -134,3 +134,11 @@ def test_bad_arguments_name_the_argument() -> None:
         PlannerPolicy("bursty_workload", bases=("planner",))
     with pytest.raises(ValueError, match="bases"):
         PlannerPolicy("bursty_workload", bases=())
+
+
+def test_sampled_planner_leaves_the_base_proposals_only_by_its_margin() -> None:
+    """With a margin no lookahead can beat, the sampled planner commits a base policy's own proposal every window."""
+    env = InProcessEnv()
+    never = PlannerPolicy(SHORT_CLUSTER, "sampled", bases=SHORT_BASES, samples=1, pool=2, margin=2.0)
+    play_episode(env, never, SHORT_CLUSTER, 0)
+    assert never.stats.decisions == 6 and never.stats.changed == 0
