@@ -10,8 +10,8 @@
 | heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
 | llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
 | ppo           | the trained actor in weights/<task>.npz, numpy only                |
-| planner       | model-predictive planning on forks, sampled futures (agents/planner.py) |
-| clairvoyant   | the planner seeing the true future arrivals: an upper bound, not a policy |
+| planner       | the rollout planner over the rivals, on forks with sampled futures (agents/planner.py) |
+| clairvoyant   | the planner seeing the true future arrivals: >= every rival, a bound, not a policy |
 | hpa           | cluster tasks: Kubernetes HPA threshold autoscaling (agents/autoscale.py) |
 | dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
 | operator      | cluster tasks: the published day forecast, corrected by the observed level (agents/operator.py) |
