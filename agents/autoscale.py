@@ -161,6 +161,9 @@ class PerformanceModel:
 
         self.budget = load_profile(task.profile).token_budget
 
+    def __deepcopy__(self, memo: dict) -> PerformanceModel:
+        return self  # immutable: a copied controller (the rollout planner's) shares it
+
     def prefill_tps(self) -> float:
         b = self.budget
         return b / self.m.iteration_s(0, 0.0, 0, [(b, 0)], b, 1)

@@ -129,7 +129,9 @@ def tuned_params(task_id: str, path: Path = TUNED_PATH) -> HeuristicParams:
 
 
 def heuristic(task_id: str) -> HeuristicPolicy:
-    return HeuristicPolicy(get_task(task_id), tuned_params(task_id))
+    from llmserve_env.shared.workloads import resolve_task  # trace replays too (the planner's base policy)
+
+    return HeuristicPolicy(resolve_task(task_id), tuned_params(task_id))
 
 
 def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print,

@@ -10,10 +10,12 @@
 | heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
 | llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
 | ppo           | the trained actor in weights/<task>.npz, numpy only                |
-| planner       | model-predictive planning on forks, sampled futures (agents/planner.py) |
-| clairvoyant   | the planner seeing the true future arrivals: an upper bound, not a policy |
+| planner       | the rollout planner over the rivals, on forks with sampled futures (agents/planner.py) |
+| clairvoyant   | the planner seeing the true future arrivals: >= every rival, a bound, not a policy |
 | hpa           | cluster tasks: Kubernetes HPA threshold autoscaling (agents/autoscale.py) |
 | dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
+| operator      | cluster tasks: the published day forecast, corrected by the observed level (agents/operator.py) |
+| schedule      | cluster tasks: the published mean day, open loop (agents/operator.py)  |
 
 `tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
 are imported on first use (the planner needs statsmodels, the `autoscale` extra).
@@ -65,6 +67,8 @@ POLICIES: dict[str, PolicyFactory] = {
     "clairvoyant": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "clairvoyant", seed=seed, **kw),
     "hpa": lambda task_id, **_: _autoscale().hpa(task_id),
     "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
+    "operator": lambda task_id, **_: _operator().operator(task_id),
+    "schedule": lambda task_id, **_: _operator().schedule(task_id),
 }
 
 
@@ -72,6 +76,12 @@ def _autoscale():
     from llmserve_env.agents import autoscale
 
     return autoscale
+
+
+def _operator():
+    from llmserve_env.agents import operator
+
+    return operator
 
 
 def make_policy(name: str, task_id: str, **options: Any) -> Policy:

@@ -1,0 +1,331 @@
+"""The rule a capable operator writes from what the task publishes: forecast the day, scale ahead of it.
+
+Two rivals on the cluster tasks, one definition (`DayPlanPolicy`):
+
+- `operator`: a seasonal forecast corrected online. The forecast is the published mean day
+  (`shared.day_shape.expected_rates`: each tenant's daily cycle plus the batch jobs known in advance:
+  those announced in the observation's `metadata["cluster"]["announced_jobs"]` when the task announces
+  them, else every job the task publishes). The observed level corrects it: per tenant, the ratio of
+  the arrival rate just observed to the cycle's expectation for that window, smoothed (`alpha`), scales
+  the cycle for the rest of the day; a tenant with no cycle keeps its unexplained observed rate (a job
+  nobody announced) as a level. Replicas: the most the forecast needs over the next cold start
+  (`profile.cold_start_s()` in windows, plus `lead`), so a replica asked for now is ready when the
+  forecast needs it, and released as the forecast falls (after `release_hold` windows). A replica
+  carries `rps_per_replica` requests/s of the top-priority tenant's mix (shared/tasks.py: one replica
+  meets ~95 % of the diurnal chat mix's SLOs at 6 req/s); a lower-priority tenant's request counts
+  `low_priority_weight` of one. Emergency step: while the queue holds more than `emergency_queue`
+  requests per ready replica, one more replica (held `emergency_hold` windows after the queue clears).
+  The forecast's need is ceil(load / rps_per_replica - `slack`). Knobs by the README's trade-offs: FP16
+  (INT8 costs quality on every token), except while more than `int8_queue` requests per ready replica
+  wait: INT8 until the queue clears (a bridge while replicas start; measured with the tuned diurnal
+  parameters on training seeds 0-7: 0.905 with it, 0.622 without, goodput 0.985 against 0.658 at the
+  same 3.34 replicas: without it a noise burst at the peak leaves a queue that misses every TTFT for
+  hours); batch cap `batch_cap`, KV budget `kv`,
+  speculation `spec_depth` only when light (no queue and at most `spec_max_rps` forecast req/s per
+  ready replica: drafts use idle compute then and steal it under load), priority routing while a
+  lower-priority tenant is expected (its jobs), never the split.
+- `schedule`: the same plan open loop: the published mean day only (no level correction, no
+  announcements, no emergency step, no INT8 bridge; speculation by the plan's load per replica):
+  what memory of the day alone gets.
+
+Inputs: the task's published workload (`expected_rates`), its profile's cold start, and the
+observation (per-tenant arrivals, queue, replicas by state); never the episode's own draw.
+
+Tuning (`python -m agents.operator --task diurnal_autoscale --kind operator --seeds 8`): coordinate
+descent (agents/search.py) over `GRID` on training seeds (agents/seeds.py), from the defaults below;
+the result, its budget (configurations, CPU seconds) and the command go to agents/operator_tuned.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from llmserve_env.agents.base import Policy, make_action
+from llmserve_env.agents.parallel import EpisodeJob, Runner
+from llmserve_env.agents.rollout import EpisodeEnv, play_episode
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
+from llmserve_env.agents.seeds import train_seeds
+from llmserve_env.shared.day_shape import expected_rates, job_rates
+from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.tasks import CLUSTER_TASKS, TASKS, TaskSpec, get_task
+
+TUNED_PATH = Path(__file__).resolve().parent / "operator_tuned.json"
+KINDS = ("operator", "schedule")
+NEVER = 10**9
+# The observed/expected level is clipped to this range (a window's Poisson and log-normal noise on a
+# near-zero expectation would otherwise scale the rest of the day by anything).
+LEVEL_CLIP = (0.25, 4.0)
+
+
+@dataclass(frozen=True)
+class DayPlanParams:
+    rps_per_replica: float = 8.0
+    lead: int = 0                  # windows of lead beyond the cold start
+    release_hold: int = 0          # windows a replica stays after the forecast stops needing it
+    low_priority_weight: float = 1.5
+    alpha: float = 0.3             # smoothing of the observed level (operator)
+    emergency_queue: float = 32.0  # queued requests per ready replica that add a replica (operator)
+    emergency_hold: int = 3
+    batch_cap: int = 128
+    kv: float = 0.9
+    spec_depth: int = 2
+    spec_max_rps: float = 6.0
+    int8_queue: float = 4.0        # queued requests per ready replica that switch to INT8 until it clears
+    slack: float = 0.0             # a replica's worth of load left unserved before asking for one more
+    feedback: bool = True          # False: the open-loop `schedule`
+
+
+GRID: dict[str, tuple[Any, ...]] = {
+    "rps_per_replica": (6.5, 7.0, 7.5, 8.0, 8.5, 9.0),
+    "lead": (-2, 0, 2),
+    "release_hold": (0, 2),
+    "low_priority_weight": (0.5, 1.0, 1.5, 2.5),
+    "alpha": (0.1, 0.3, 0.6),
+    "emergency_queue": (8.0, 32.0, NEVER),
+    "emergency_hold": (1, 3),
+    "batch_cap": (128, 256),
+    "kv": (0.9, 1.0),
+    "spec_depth": (0, 2),
+    "spec_max_rps": (3.0, 6.0),
+    "int8_queue": (1.0, 4.0, 16.0, NEVER),
+    "slack": (0.0, 0.2),
+}
+# The open-loop rule has no feedback parameters to tune.
+SCHEDULE_AXES = ("rps_per_replica", "lead", "release_hold", "low_priority_weight", "batch_cap", "kv",
+                 "spec_depth", "spec_max_rps", "slack")
+
+
+def _cold_start_windows(task: TaskSpec) -> int:
+    from llmserve_env.sim.profiles import load_profile
+
+    return math.ceil(load_profile(task.profile).cold_start_s() / task.window_s - 1e-9)
+
+
+class DayPlanPolicy:
+    """`operator` (feedback on) or `schedule` (open loop): see the module docstring."""
+
+    def __init__(self, task: TaskSpec, params: DayPlanParams | None = None, name: str | None = None):
+        if not task.is_cluster:
+            raise ValueError(f"{task.task_id!r} is a single-server task: the day-plan rules scale cluster tasks")
+        self.task = task
+        self.p = params or DayPlanParams()
+        self.name = name or ("operator" if self.p.feedback else "schedule")
+        self.cycle = expected_rates(task, jobs=False)
+        self.published_jobs = expected_rates(task)
+        self.tenants = [t.name for t in task.tenants]
+        top = min(t.priority for t in task.tenants)
+        self.weight = {t.name: 1.0 if t.priority == top else self.p.low_priority_weight for t in task.tenants}
+        self.low = [t.name for t in task.tenants if t.priority != top]
+        self.cold = _cold_start_windows(task)
+        self.reset()
+
+    def reset(self) -> None:
+        self.level = dict.fromkeys(self.tenants, 1.0)
+        self.extra = dict.fromkeys(self.tenants, 0.0)
+        self.emergency = 0
+        self.emergency_left = 0
+        self.int8 = False
+        self.needs: list[int] = []
+
+    # --------------------------------------------------------------------------------- forecast
+
+    def _jobs(self, obs: ServeObservation) -> dict[str, np.ndarray]:
+        """Each tenant's known job rate per window: the announced jobs when the task announces them
+        (the key is present), else every job the task publishes; the open loop reads the published ones."""
+        announced = (obs.metadata.get("cluster") or {}).get("announced_jobs")
+        if announced is None or not self.p.feedback:
+            return {t: self.published_jobs[t] - self.cycle[t] for t in self.tenants}
+        out = {t: np.zeros(self.task.horizon) for t in self.tenants}
+        for j in announced:
+            out[j["tenant"]] = out[j["tenant"]] + job_rates(self.task, j)
+        return out
+
+    def _observed(self, obs: ServeObservation) -> dict[str, float] | None:
+        """Each tenant's arrival rate (req/s) in the window just served, or None at the reset."""
+        if obs.step_index == 0:
+            return None
+        by = (obs.metadata.get("cluster") or {}).get("arrival_rate_by_tenant")
+        if by is not None:
+            return {t: float(by.get(t, 0.0)) for t in self.tenants}
+        per = obs.metadata.get("per_tenant") or {}
+        return {t: float((per.get(t) or {}).get("arrived", 0.0)) / self.task.window_s for t in self.tenants}
+
+    def _update_level(self, obs: ServeObservation, jobs: dict[str, np.ndarray]) -> None:
+        seen = self._observed(obs)
+        if seen is None or not self.p.feedback:
+            return
+        k = obs.step_index - 1  # the window just served
+        a = self.p.alpha
+        for t in self.tenants:
+            unexplained = max(0.0, seen[t] - jobs[t][k])
+            base = self.cycle[t][k]
+            if base > 0.05:
+                ratio = min(LEVEL_CLIP[1], max(LEVEL_CLIP[0], unexplained / base))
+                self.level[t] += a * (ratio - self.level[t])
+            else:  # no cycle here: what nobody announced persists as a level
+                self.extra[t] += a * (unexplained - self.extra[t])
+
+    def forecast(self, obs: ServeObservation) -> dict[str, np.ndarray]:
+        """Each tenant's req/s expected in every window of the episode, after this observation."""
+        jobs = self._jobs(obs)
+        self._update_level(obs, jobs)
+        return {t: self.cycle[t] * self.level[t] + jobs[t] + self.extra[t] for t in self.tenants}
+
+    # ------------------------------------------------------------------------------------- act
+
+    def act(self, obs: ServeObservation) -> ServeAction:
+        p, task = self.p, self.task
+        k = obs.step_index  # the window this action serves
+        rates = self.forecast(obs)
+        load = np.sum([self.weight[t] * rates[t] for t in self.tenants], axis=0)
+        need = np.ceil(load / p.rps_per_replica - p.slack - 1e-9).astype(int)
+        ahead = need[k:min(task.horizon, k + max(1, self.cold + p.lead + 1))]
+        self.needs.append(int(ahead.max()) if ahead.size else int(need[-1]))
+        target = max(self.needs[-1 - p.release_hold:])
+        cluster = obs.metadata.get("cluster") or {}
+        ready = int(cluster.get("ready", task.initial_replicas)) or 1
+        if p.feedback:
+            if obs.queue_depth > p.emergency_queue * ready:
+                self.emergency = min(self.emergency + 1, task.replicas[1])
+                self.emergency_left = p.emergency_hold
+            elif self.emergency_left > 0:
+                self.emergency_left -= 1
+            else:
+                self.emergency = max(0, self.emergency - 1)
+            target += self.emergency
+            if obs.queue_depth > p.int8_queue * ready:
+                self.int8 = True
+            elif obs.queue_depth == 0:
+                self.int8 = False
+        lo, hi = task.replicas
+        target = min(hi, max(lo, target))
+        now = min(k, task.horizon - 1)
+        if p.feedback:
+            light = obs.queue_depth == 0 and float(load[now]) / ready <= p.spec_max_rps
+        else:  # open loop: light by the day's plan alone
+            light = float(load[now]) / target <= p.spec_max_rps
+        low_expected = any(rates[t][now] > 0.05 for t in self.low)
+        return make_action(p.batch_cap, p.kv, p.spec_depth if light else 0, "INT8" if self.int8 else "FP16", False,
+                           low_expected).model_copy(update={"replicas": int(target)})
+
+
+# ------------------------------------------------------------------------------------------ factories
+
+
+def tuned_params(kind: str, task_id: str, path: Path = TUNED_PATH) -> DayPlanParams:
+    """The task's tuned parameters for `kind` (operator or schedule), else the defaults."""
+    entry = load_tuned(path)["tasks"].get(task_id, {}).get(kind)
+    base = DayPlanParams(feedback=kind == "operator")
+    return replace(base, **entry["params"]) if entry else base
+
+
+def _cluster_task(task_id: str) -> TaskSpec:
+    from llmserve_env.agents.autoscale import NotClusterTaskError
+
+    task = get_task(task_id)
+    if not task.is_cluster:
+        raise NotClusterTaskError(task_id)
+    return task
+
+
+def operator(task_id: str) -> DayPlanPolicy:
+    return DayPlanPolicy(_cluster_task(task_id), tuned_params("operator", task_id))
+
+
+def schedule(task_id: str) -> DayPlanPolicy:
+    return DayPlanPolicy(_cluster_task(task_id), tuned_params("schedule", task_id))
+
+
+# --------------------------------------------------------------------------------------------- tuning
+
+
+def rival(kind: str, task_id: str, values: dict[str, Any]) -> Policy:
+    """A fresh `kind` rule with parameter `values` (module-level: a partial of it pickles for a runner)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    return DayPlanPolicy(get_task(task_id), DayPlanParams(**{**values, "feedback": kind == "operator"}))
+
+
+def _mean(env: EpisodeEnv, kind: str, task_id: str, values: dict[str, Any], seeds: Sequence[int],
+          runner: Runner | None) -> float:
+    make = functools.partial(rival, kind, task_id, values)
+    if runner is not None:
+        return float(np.mean([o.score for o in runner.map([EpisodeJob(make, task_id, s) for s in seeds])]))
+    return float(np.mean([play_episode(env, make(), task_id, s).score for s in seeds]))
+
+
+def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
+         runner: Runner | None = None) -> tuple[dict[str, Any], float, int]:
+    """Coordinate descent over `GRID` (the open-loop rule: its `SCHEDULE_AXES`) from the defaults."""
+    names = list(GRID) if kind == "operator" else list(SCHEDULE_AXES)
+    base = asdict(DayPlanParams())
+    base.pop("feedback")
+
+    def values_at(point: tuple[int, ...]) -> dict[str, Any]:
+        return {**base, **{n: GRID[n][i] for n, i in zip(names, point, strict=True)}}
+
+    start = tuple(GRID[n].index(base[n]) for n in names)
+    best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),
+                                                [len(GRID[n]) for n in names], [start],
+                                                log=lambda m: log(f"[{task_id} {kind}] {m}"))
+    return values_at(best), score, evaluated
+
+
+def main(argv: list[str] | None = None) -> None:
+    from llmserve_env import cli
+    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+
+    ap = argparse.ArgumentParser(prog="python -m agents.operator", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--task", type=cli.task_list, default="all",
+                    help=f"comma-separated cluster task ids ({', '.join(CLUSTER_TASKS)}), or 'all'")
+    ap.add_argument("--kind", type=cli.names_from(KINDS), default="all",
+                    help=f"comma-separated rules to tune ({', '.join(KINDS)}), or 'all'")
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=8, help="training seeds 0..N-1 per configuration")
+    add_runner_arguments(ap)
+    cli.add_output_options(ap)
+    args = ap.parse_args(argv)
+    single = [t for t in args.task if not get_task(t).is_cluster]
+    if args.task != list(TASKS) and single:  # 'all' means the cluster tasks; naming another is an error
+        ap.error(f"argument --task: {', '.join(single)} is a single-server task; the day-plan rules tune "
+                 f"cluster tasks ({', '.join(CLUSTER_TASKS)})")
+    cli.configure_logging(args)
+    runner = runner_from_args(ap, args)
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    tasks = [t for t in args.task if get_task(t).is_cluster]
+    command = "python -m agents.operator " + " ".join(sys.argv[1:] if argv is None else argv)
+    log = logging.getLogger(__name__).info
+    try:
+        for task_id in tasks:
+            for kind in args.kind:
+                t0, c0 = time.perf_counter(), time.process_time()
+                env = cli.EpisodeCounter(InProcessEnv(), f"tuning {kind} on {task_id}", quiet=args.quiet)
+                values, score, evaluated = tune(env, kind, task_id, train_seeds(args.seeds), log=log, runner=runner)
+                env.close()
+                stored = load_tuned(TUNED_PATH)
+                stored["tasks"].setdefault(task_id, {})[kind] = {
+                    "params": values, "train_score": round(score, 6), "train_seeds": train_seeds(args.seeds),
+                    "configs_evaluated": evaluated, "search_wall_s": round(time.perf_counter() - t0, 1),
+                    "search_cpu_s_this_process": round(time.process_time() - c0, 1),
+                    "command": command, "git_commit": git_commit()}
+                TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
+                print(f"{task_id} {kind}: {values} train score {score:.4f} ({evaluated} configurations, "
+                      f"{time.perf_counter() - t0:.0f} s)", flush=True)
+    finally:
+        runner.close()
+
+
+if __name__ == "__main__":
+    main()
