@@ -56,7 +56,7 @@ from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.agents.tuned_static import TUNED_PATH as STATIC_TUNED_PATH
@@ -296,7 +296,7 @@ STATIC_GRID: dict[str, tuple[Any, ...]] = {
 
 
 def _params(kind: str, task_id: str, path: Path = TUNED_PATH) -> dict[str, Any]:
-    entry = load_tuned(path)["tasks"].get(task_id, {}).get(kind)
+    entry = (tuned_entry(path, task_id) or {}).get(kind)
     return dict(entry["params"]) if entry else {}
 
 

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from llmserve_env.agents.base import make_action
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec, get_task
@@ -124,7 +124,7 @@ class HeuristicPolicy:
 
 def tuned_params(task_id: str, path: Path = TUNED_PATH) -> HeuristicParams:
     """The task's tuned thresholds, or the hand-set defaults when none are stored."""
-    entry = load_tuned(path)["tasks"].get(task_id)
+    entry = tuned_entry(path, task_id)
     return HeuristicParams(**entry["params"]) if entry else HeuristicParams()
 
 

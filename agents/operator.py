@@ -54,7 +54,7 @@ import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.shared.day_shape import expected_rates, job_rates
 from llmserve_env.shared.models import ServeAction, ServeObservation
@@ -225,7 +225,7 @@ class DayPlanPolicy:
 
 def tuned_params(kind: str, task_id: str, path: Path = TUNED_PATH) -> DayPlanParams:
     """The task's tuned parameters for `kind` (operator or schedule), else the defaults."""
-    entry = load_tuned(path)["tasks"].get(task_id, {}).get(kind)
+    entry = (tuned_entry(path, task_id) or {}).get(kind)
     base = DayPlanParams(feedback=kind == "operator")
     return replace(base, **entry["params"]) if entry else base
 

@@ -87,10 +87,10 @@ def default_bases(task: TaskSpec) -> tuple[str, ...]:
     tuned, e.g. a trace replay) and the heuristic."""
     if task.is_cluster and task.workload.get("kind") == "cycle":
         return RIVALS_TO_BEAT
-    from llmserve_env.agents.search import load_tuned
+    from llmserve_env.agents.search import tuned_entry
     from llmserve_env.agents.tuned_static import TUNED_PATH
 
-    if task.task_id in load_tuned(TUNED_PATH)["tasks"]:
+    if tuned_entry(TUNED_PATH, task.task_id) is not None:
         return SINGLE_SERVER_BASES
     return tuple("vllm_default" if b == "tuned_static" else b for b in SINGLE_SERVER_BASES)
 

@@ -11,6 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from llmserve_env.shared.splits import tuned_task
+
 Point = tuple[int, ...]  # one index into each axis of the grid
 
 
@@ -51,6 +53,12 @@ def coordinate_descent(score: Callable[[Point], float], axes: Sequence[int], sta
 def load_tuned(path: Path) -> dict[str, Any]:
     """A tuned-settings file (agents/*_tuned.json, agents/tuned_static.json), or an empty one."""
     return json.loads(path.read_text()) if path.exists() else {"tasks": {}}
+
+
+def tuned_entry(path: Path, task_id: str) -> Any:
+    """`task_id`'s entry in a tuned-settings file (None when there is none); a shifted test task
+    reads its training family's (shared.splits.tuned_task)."""
+    return load_tuned(path)["tasks"].get(tuned_task(task_id))
 
 
 def git_commit() -> str:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned
+from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction
@@ -43,7 +43,7 @@ class NotTunedError(KeyError):
 
 
 def tuned_action(task_id: str, path: Path = TUNED_PATH) -> ServeAction:
-    entry = load_tuned(path)["tasks"].get(task_id)
+    entry = tuned_entry(path, task_id)
     if entry is None:
         raise NotTunedError(f"no tuned static configuration for {task_id!r}; run python -m agents.tuned_static")
     return ServeAction.model_validate(entry["action"])

@@ -28,6 +28,13 @@ SHIFTED_TASKS: dict[str, str] = {
 SPLITS = ("test", "shifted")
 
 
+def tuned_task(task_id: str) -> str:
+    """The task whose tuned settings a policy playing `task_id` uses: a shifted test task is never
+    tuned on (it is test-only), so its rivals play with what was tuned on its training family, as
+    the score and headroom tables build them; any other task uses its own."""
+    return next((family for family, shifted in SHIFTED_TASKS.items() if shifted == task_id), task_id)
+
+
 def train_seeds(n: int, offset: int = 0) -> list[int]:
     if n < 0 or offset < 0 or offset + n > TRAIN_SEED_LIMIT:
         raise ValueError(f"training seeds are 0..{TRAIN_SEED_LIMIT - 1}; asked for {n} from {offset}")

@@ -212,3 +212,18 @@ def test_the_current_planner_is_kept_off_the_shifted_split_with_the_reason():
     assert plays_split("planner", "test") and not plays_split("planner", "shifted") and plays_split("hpa", "shifted")
     with pytest.raises(ValueError, match="built for"):
         split_job("clairvoyant", "diurnal_family", "shifted", 1_000_000)
+
+
+def test_a_shifted_task_is_played_with_its_training_familys_tuning():
+    """Shifted tasks are test-only (never tuned): every rival plays one with what its training family tuned."""
+    from llmserve_env.agents.autoscale import _params
+    from llmserve_env.agents.operator import tuned_params
+    from llmserve_env.agents.tuned_static import tuned_action
+    from llmserve_env.shared.splits import SHIFTED_TASKS, tuned_task
+
+    for family, shifted in SHIFTED_TASKS.items():
+        assert tuned_task(shifted) == family and tuned_task(family) == family
+        assert tuned_action(shifted) == tuned_action(family)
+        assert tuned_params("operator", shifted) == tuned_params("operator", family)
+        assert _params("hpa", shifted) == _params("hpa", family) != {}
+    assert tuned_task("static_workload") == "static_workload"
