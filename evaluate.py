@@ -36,7 +36,7 @@ from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 
 AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
 

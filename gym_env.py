@@ -27,7 +27,7 @@ Box of 32) and the action becomes "follow or nudge the proposal" per knob (`Mult
 4, 4, 3, 3])`, 0 = follow); see agents/advice.py. Single-server tasks only (the heuristic proposes
 no replica count): `advice=True` on a cluster task raises `AdviceOnClusterError` (a ValueError).
 
-Reward: the environment's own step reward (`shared.reward`), unchanged: the grade's decomposition,
+Reward: the environment's own step reward (`core.reward`), unchanged: the grade's decomposition,
 so an episode's rewards sum to its grade.
 
 Start: each `reset` starts an episode of the task on a fresh episode seed drawn from the
@@ -37,7 +37,7 @@ training seeds (0 .. 99,999) by the env's `np_random`, so `reset(seed=s)` is rep
 Forking (model-based RL, planning): `env.unwrapped.runtime` is the `InProcessEnv` behind the
 wrapper; `runtime.fork()` returns an independent environment continuing from the current state
 (bit-identical to the original under the same actions), `runtime.save()` / `runtime.restore(saved)`
-snapshot and roll back the episode (runtime/inprocess.py).
+snapshot and roll back the episode (core/inprocess.py).
 
 Episode end: after the task's horizon of windows. This is `terminated`, not `truncated`: arrivals
 stop at the horizon and the last reward holds the engine's drain under the last action (every
@@ -56,9 +56,9 @@ from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
-from llmserve_env.runtime.episode import ObservedWindow
-from llmserve_env.runtime.errors import EnvError
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.episode import ObservedWindow
+from llmserve_env.core.errors import EnvError
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 
@@ -87,7 +87,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def last_observation(self) -> ServeObservation | None:
         """The raw observation behind the last features (built when read, on the fast path)."""
         try:
-            return self.runtime.episode.last_observation
+            return self.core.episode.last_observation
         except EnvError:  # before the first reset
             return None
 
@@ -104,7 +104,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         act = self.view.decode(action)
         if self.fast:
-            out = self.runtime.episode.advance(act)
+            out = self.core.episode.advance(act)
             # the encoder reads only the fields ObservedWindow holds (tests/test_gym_env.py checks both
             # paths give the same features, rewards and grades)
             features = self.view.features(cast(ServeObservation, ObservedWindow(out, self.task)))

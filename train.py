@@ -64,8 +64,8 @@ from llmserve_env.agents.search import git_commit
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT, train_seeds, validation_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.train_config import Args, parse_args

@@ -33,8 +33,8 @@ from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import git_commit
 from llmserve_env.agents.seeds import validation_seeds
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.tasks import get_task
 
 ROOT = Path(__file__).resolve().parent

@@ -404,7 +404,7 @@ def main(argv: list[str] | None = None) -> None:
                  f"tasks ({', '.join(CLUSTER_TASKS)}): python -m agents.tuned_static tunes the others")
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     tasks = [t for t in args.task if get_task(t).is_cluster]
     command = "python -m agents.autoscale " + " ".join(sys.argv[1:] if argv is None else argv)

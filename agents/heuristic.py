@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     command = "python -m agents.heuristic " + " ".join(sys.argv[1:] if argv is None else argv)
     stored = load_tuned(args.output)

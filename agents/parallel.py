@@ -82,7 +82,7 @@ def play_job(job: EpisodeJob) -> EpisodeOutcome:
     """Play one job in this process (what every runner calls, wherever it runs)."""
     global _ENV
     if _ENV is None:
-        from llmserve_env.runtime.inprocess import InProcessEnv
+        from llmserve_env.core.inprocess import InProcessEnv
 
         _ENV = InProcessEnv()
     t0, c0 = time.perf_counter(), time.process_time()

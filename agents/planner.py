@@ -5,7 +5,7 @@
 
 Each window, for each candidate first action, the planner forks the episode, serves this window with the
 candidate and plays each base policy from there to the episode's end, scores the finished branch with the
-grader's own formula (`shared.grader.objective`), and commits the candidate whose best continuation scores
+grader's own formula (`core.grader.objective`), and commits the candidate whose best continuation scores
 highest (Bertsekas, "Rollout, Policy Iteration, and Distributed Reinforcement Learning", 2020, ch. 2: the
 rollout policy of a set of base policies is at least as good as each of them).
 
@@ -56,10 +56,10 @@ from dataclasses import dataclass, field
 import numpy as np
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.errors import EnvError
+from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
-from llmserve_env.shared.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows

@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
     # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     # The cluster tasks' fixed configurations include a replica count: `python -m agents.autoscale` tunes them.
     tasks = [t for t in args.task if not TASKS[t].is_cluster]

@@ -25,7 +25,7 @@ from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 
 
 def _weights(text: str) -> Path:

@@ -37,8 +37,8 @@ from llmserve_env.agents.search import coordinate_descent
 from llmserve_env.agents.seeds import eval_seeds, train_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import tuned_action
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.evaluate import evaluate_agent
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import high_load_regime

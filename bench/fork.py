@@ -23,8 +23,8 @@ import time
 
 from llmserve_env import cli
 from llmserve_env.agents.registry import make_policy
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.inprocess import InProcessEnv
 
 TARGET_TASK = "adversarial_multitenant"
 

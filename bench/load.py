@@ -40,7 +40,7 @@ from typing import Any
 import httpx
 import numpy as np
 from llmserve_env import cli
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 from local_server import own_server

@@ -32,7 +32,7 @@ from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.seeds import validation_seeds
 from llmserve_env.agents.static import StaticPolicy
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.tasks import TASKS, get_task
 
 FIXED = {

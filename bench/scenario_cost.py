@@ -32,7 +32,7 @@ from functools import partial
 
 from llmserve_env import cli
 from llmserve_env.agents.registry import make_policy
-from llmserve_env.runtime.episode import Episode
+from llmserve_env.core.episode import Episode
 from llmserve_env.shared import scenarios
 from llmserve_env.shared.splits import test_seeds
 from llmserve_env.shared.tasks import FAMILY_TASKS, TASKS, TaskSpec

@@ -81,7 +81,7 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
     """(seconds, requests) of one whole in-process episode of `rival` on a cluster task."""
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.agents.rollout import play_episode
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     env, policy = InProcessEnv(), make_policy(rival, task_id)
     t0 = time.process_time()
@@ -93,7 +93,7 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
 def planner_decision_s(seed: int, decisions: int) -> float:
     """CPU seconds per decision of the planner at its defaults: the first `decisions` of seed's episode."""
     from llmserve_env.agents.registry import make_policy
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     env, policy = InProcessEnv(), make_policy("planner", PLANNER_TASK, seed=seed)
     policy.reset()

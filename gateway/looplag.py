@@ -16,7 +16,7 @@ import bisect
 import contextlib
 from collections import deque
 
-from llmserve_env.shared.metrics import percentiles
+from llmserve_env.core.metrics import percentiles
 
 
 class LoopLagMonitor:

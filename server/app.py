@@ -19,7 +19,8 @@ from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from llmserve_env.runtime.errors import EnvError, EpisodeRequiredError
+from llmserve_env.core.errors import EnvError, EpisodeRequiredError
+from llmserve_env.core.grader import GradeError
 from llmserve_env.server import docs, openapi
 from llmserve_env.server.bodies import StrictBodies, printable
 from llmserve_env.server.budget import CallBudget
@@ -33,7 +34,6 @@ from llmserve_env.server.logbounds import bound_logs
 from llmserve_env.server.methods import KnownMethods, routes_under
 from llmserve_env.server.routes import build_router
 from llmserve_env.server.wire import WireAction, WireObservation, WireState
-from llmserve_env.shared.grader import GradeError
 from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.traces import TraceError, parse_in_worker_process
 from openenv.core.env_server.http_server import create_app

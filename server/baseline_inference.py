@@ -29,7 +29,7 @@ from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy, LLMPolicySt
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.client import LLMServeEnv
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS
 

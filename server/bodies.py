@@ -27,7 +27,7 @@ import math
 import re
 from typing import Annotated, Any, TypeVar
 
-from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
+from llmserve_env.core.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.server.environment import DEFAULT_TASK, SEED_LIMIT
 from llmserve_env.shared.models import ServeAction
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from llmserve_env.runtime.errors import TraceForbiddenError
+from llmserve_env.core.errors import TraceForbiddenError
 from llmserve_env.shared.workloads import TRACE_PREFIX
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict

@@ -30,7 +30,7 @@ import gradio as gr
 from llmserve_env.agents.base import make_action
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.registry import POLICIES
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.server.dashboard_data import MANUAL, DashboardRun, action_table, episode_csv, new_run
 from llmserve_env.server.dashboard_playground import build_playground
 from llmserve_env.server.dashboard_text import (
@@ -119,7 +119,7 @@ def knob_values(action: ServeAction) -> tuple[Any, ...]:
 
 def downloads(run: DashboardRun | None) -> tuple[Any, Any]:
     """The finished episode's log (an EpisodeLog: what POST /grader takes as `episode_log`, and
-    `python -m llmserve_env.runtime.verify FILE` replays) and its windows
+    `python -m llmserve_env.core.verify FILE` replays) and its windows
     (CSV), written once per episode to a folder of their own under the temporary folder."""
     if run is None or not run.done:
         return gr.update(value=None, visible=False), gr.update(value=None, visible=False)

@@ -15,9 +15,9 @@ from typing import Any
 import pandas as pd
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.registry import make_policy
+from llmserve_env.core.episode_log import EpisodeLog
+from llmserve_env.core.grader import GradeResult
 from llmserve_env.server.environment import LLMServeEnvironment
-from llmserve_env.shared.episode import EpisodeLog
-from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec, get_task
 

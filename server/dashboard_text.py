@@ -7,8 +7,8 @@ import html
 import math
 import os
 
+from llmserve_env.core.grader import GradeResult
 from llmserve_env.server.dashboard_data import DashboardRun, tenant_totals
-from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, get_task
 from pydantic import ValidationError

@@ -1,7 +1,7 @@
 """LLMServeEnvironment: the OpenEnv `Environment` an agent plays.
 
 Action space: `ServeAction` (shared/models.py). Observation space: `ServeObservation`.
-Reward: `shared.reward.GradeReward`, per window: the grade's decomposition (an episode's rewards
+Reward: `core.reward.GradeReward`, per window: the grade's decomposition (an episode's rewards
 sum to its grade). Start: `reset(task_id, seed)` fixes
 the task's whole arrival stream from (task, seed) and an empty server. Episode end: `done` after
 the task's horizon of windows; arrivals stop there and the engine drains under the last action
@@ -21,8 +21,8 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from llmserve_env.runtime.episode import Episode, check_episode_id
-from llmserve_env.runtime.errors import (
+from llmserve_env.core.episode import Episode, check_episode_id
+from llmserve_env.core.errors import (
     EnvError,
     EpisodeNotDoneError,
     EpisodeRequiredError,
@@ -30,10 +30,10 @@ from llmserve_env.runtime.errors import (
     UnknownProfileRequestError,
     UnknownSplitError,
 )
-from llmserve_env.runtime.verify import grade_own
+from llmserve_env.core.grader import GradeResult
+from llmserve_env.core.verify import grade_own
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.episodes import EpisodeStore
-from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import TASKS, TaskSpec
 from llmserve_env.shared.workloads import resolve_task

@@ -21,8 +21,8 @@ import threading
 import time
 from collections import OrderedDict
 
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError, EpisodeExistsError, EpisodeNotFoundError
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.errors import EnvError, EpisodeExistsError, EpisodeNotFoundError
 
 # Tombstones held at most, per episode the store keeps (a tombstone is one id string and a time).
 TOMBSTONES_PER_EPISODE = 16

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import FastAPI
-from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
+from llmserve_env.core.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.server.bodies import BODIES, OPTIONAL_BODIES
 from pydantic import BaseModel
 

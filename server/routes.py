@@ -10,14 +10,14 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from llmserve_env.runtime.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
-from llmserve_env.runtime.verify import grade_log
+from llmserve_env.core.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
+from llmserve_env.core.episode_log import EpisodeLog
+from llmserve_env.core.grader import GradeResult
+from llmserve_env.core.verify import grade_log
 from llmserve_env.server.bodies import ServeStepRequest, validate_body, validation_errors
 from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
-from llmserve_env.shared.episode import EpisodeLog
-from llmserve_env.shared.grader import GradeResult
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import TASKS, get_task
 from openenv.core.env_server.types import StepResponse

@@ -127,7 +127,7 @@ class ServeObservation(ObservationBase):
     | `task_id`               | -         | task ids   | the task being played                                         |
     | `episode_id`            | -         | -          | pass it back to `/step`, `/state`, `/grader` over HTTP        |
 
-    `reward` is the step reward (bounded, see `shared.reward`), `done` is true once the horizon is
+    `reward` is the step reward (bounded, see `core.reward`), `done` is true once the horizon is
     reached, and `metadata` carries the per-tenant attainment, goodput, the reward's terms, which
     knobs the backend could apply, and the backend's own notes.
     """

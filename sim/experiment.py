@@ -1,6 +1,6 @@
 """Play a policy on a task in the simulator and summarise the episode (tests, benches, notebooks).
 
-Arrivals come from `shared.workloads`, SLO accounting from `shared.metrics`, so a summary measures
+Arrivals come from `shared.workloads`, SLO accounting from `core.metrics`, so a summary measures
 exactly what the environment scores; this module only adds episode-level aggregates.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from llmserve_env.shared.metrics import MetricsTracker, TenantStats
+from llmserve_env.core.metrics import MetricsTracker, TenantStats
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows

@@ -23,7 +23,7 @@ SEEDS = (0, 1, 2, 3)
 
 def episode_digest(task_id: str, policy_name: str, seed: int) -> str:
     from llmserve_env.agents.registry import make_policy
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     env = InProcessEnv()
     policy = make_policy(policy_name, task_id, seed=seed)
@@ -37,7 +37,7 @@ def episode_digest(task_id: str, policy_name: str, seed: int) -> str:
         obs = env.step(policy.act(obs))
     grade = env.grade()
     grade.pop("episode_id", None)
-    grade.pop("verified", None)  # provenance of the grade (runtime/verify.py), not part of it
+    grade.pop("verified", None)  # provenance of the grade (core/verify.py), not part of it
     h.update(json.dumps(grade, sort_keys=True).encode())
     return h.hexdigest()
 

@@ -13,8 +13,8 @@ from llmserve_env.agents.encoding import OBS_DIM
 from llmserve_env.agents.heuristic import heuristic
 from llmserve_env.agents.ppo_policy import PPOPolicy
 from llmserve_env.agents.rollout import play_episode
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import KNOBS, ServeAction
 
 PROPOSAL = ServeAction(batch_cap=96, kv_budget_fraction=0.9, speculation_depth=2, quantization_tier="INT8",

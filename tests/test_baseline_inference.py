@@ -9,7 +9,7 @@ import httpx
 import pytest
 import respx
 from llmserve_env.agents.llm_policy import LLMPolicy
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.server import baseline_inference
 from llmserve_env.server.baseline_inference import main, run_baseline_suite, run_suite
 from llmserve_env.shared.tasks import TASKS

@@ -9,10 +9,10 @@ import math
 import pytest
 from conftest import STEADY_ACTION
 from llmserve_env.agents.static import VLLM_DEFAULT
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import ReplicasOutOfRangeError
-from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.grader import compute_references
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.errors import ReplicasOutOfRangeError
+from llmserve_env.core.grader import compute_references
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS, TASKS
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task
@@ -180,6 +180,6 @@ def test_trace_replay_can_be_a_cluster_task(tmp_path):
     for n in (2, 3, 3, 1, 1, 1):
         obs = ep.step(with_replicas(n))
     assert obs.done and "cluster" in obs.metadata
-    from llmserve_env.shared.grader import grade_episode
+    from llmserve_env.core.grader import grade_episode
 
     assert 0.0 <= grade_episode(ep.episode_log()).score <= 1.0

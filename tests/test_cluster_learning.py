@@ -22,8 +22,8 @@ from llmserve_env.agents.encoding import (
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR, ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.static import VLLM_DEFAULT
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS
 from llmserve_env.train_config import parse_args
 

@@ -13,8 +13,8 @@ from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, paired_diff_ci
-from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS
+from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
-from llmserve_env.runtime.episode import Episode
+from llmserve_env.core.episode import Episode
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.episodes import EpisodeIdRetiredError, EpisodeStore, NamedIdsFullError

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from llmserve_env.agents.base import make_action
 from llmserve_env.agents.registry import make_policy
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.errors import ForkUnsupportedError
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import ForkUnsupportedError
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.sim.fork import fork_engine

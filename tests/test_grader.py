@@ -8,10 +8,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from llmserve_env.core.episode_log import EpisodeLog, StepRecord
+from llmserve_env.core.grader import GradeError, compute_references, grade_episode, main
+from llmserve_env.core.metrics import MetricsTracker
 from llmserve_env.shared.backend import RequestRecord, WindowReport
-from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.grader import GradeError, compute_references, grade_episode, main
-from llmserve_env.shared.metrics import MetricsTracker
 from llmserve_env.shared.tasks import MAX_HORIZON, TASKS, UnknownTaskError
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from pydantic import ValidationError

@@ -10,13 +10,13 @@ import time
 import httpx
 import pytest
 from conftest import STEADY_ACTION
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EpisodeExistsError
-from llmserve_env.runtime.inprocess import InProcessEnv
-from llmserve_env.runtime.verify import grade_log
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.episode_log import EpisodeLog, StepRecord
+from llmserve_env.core.errors import EpisodeExistsError
+from llmserve_env.core.grader import GradeError, main
+from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.core.verify import grade_log
 from llmserve_env.server.episodes import EpisodeStore
-from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.grader import GradeError, main
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TASKS, get_task
 from llmserve_env.shared.workloads import generate_arrivals, windows

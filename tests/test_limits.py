@@ -20,8 +20,8 @@ import httpx
 import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
+from llmserve_env.core.episode import Episode
 from llmserve_env.launch import ThreadServer
-from llmserve_env.runtime.episode import Episode
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ConfigError, ServerSettings
 from llmserve_env.server.episodes import EpisodeStore

@@ -8,8 +8,8 @@ import time
 
 import numpy as np
 import pytest
+from llmserve_env.core.metrics import MetricsTracker, WindowMetrics, percentiles, weighted_percentiles
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
-from llmserve_env.shared.metrics import MetricsTracker, WindowMetrics, percentiles, weighted_percentiles
 from llmserve_env.shared.tasks import TASKS, TaskSpec, TenantSpec
 
 TASK = TaskSpec(

@@ -8,7 +8,7 @@ from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.operator import DayPlanParams, DayPlanPolicy, main, tuned_params
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.registry import make_policy
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.day_shape import NotCycleTaskError, expected_rates
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.tasks import get_task

@@ -165,7 +165,7 @@ def test_autoscale_tuning_jobs_give_the_same_scores_on_a_pool() -> None:
     from dataclasses import asdict
 
     from llmserve_env.agents.autoscale import HPAParams, _mean
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     values = asdict(HPAParams(target_in_system=32.0, stabilization=3))
     seeds = [1_000_000, 1_000_001]

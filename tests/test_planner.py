@@ -13,7 +13,7 @@ from llmserve_env.agents.planner import (
 )
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TASKS, get_task
 from llmserve_env.shared.traces import packaged_trace_path

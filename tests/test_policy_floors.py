@@ -15,7 +15,7 @@ import statistics
 
 import pytest
 from llmserve_env.agents.random_policy import RandomPolicy
-from llmserve_env.runtime.verify import grade_log
+from llmserve_env.core.verify import grade_log
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.server.episodes import EpisodeStore
@@ -120,7 +120,7 @@ def test_grading_is_deterministic_for_the_same_episode(env):
     log = env.episode.episode_log()
     b = play(make_env(), "adversarial_multitenant", 3, static(VLLM_DEFAULT))
     assert a == b | {"episode_id": a["episode_id"]}
-    assert grade_log(log).model_dump() == a  # the log replayed (runtime/verify.py): the same grade
+    assert grade_log(log).model_dump() == a  # the log replayed (core/verify.py): the same grade
 
 
 def test_simulator_stays_under_the_graders_capacity_figures():

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import STEADY_ACTION
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
-from llmserve_env.runtime.inprocess import InProcessEnv
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec

@@ -7,9 +7,9 @@ import re
 from dataclasses import replace
 
 import pytest
-from llmserve_env.shared import reward as reward_mod
-from llmserve_env.shared.metrics import TenantStats, WindowMetrics
-from llmserve_env.shared.reward import WEIGHTS, compute_reward
+from llmserve_env.core import reward as reward_mod
+from llmserve_env.core.metrics import TenantStats, WindowMetrics
+from llmserve_env.core.reward import WEIGHTS, compute_reward
 from llmserve_env.shared.tasks import TASKS
 
 TASK = TASKS["static_workload"]
@@ -101,7 +101,7 @@ def test_step_rewards_sum_to_the_grade(task_id):
     """The step reward decomposes the grade: any policy's summed reward is its score (issue 13 item 6)."""
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.agents.rollout import play_episode
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     for name in ("random", "heuristic"):
         result = play_episode(InProcessEnv(), make_policy(name, task_id, seed=1), task_id, 7)
@@ -109,7 +109,7 @@ def test_step_rewards_sum_to_the_grade(task_id):
 
 
 def test_reward_terms_report_the_window_score_and_the_grade_so_far():
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
 
     env = InProcessEnv()
     env.reset("bursty_workload", 2)
@@ -129,7 +129,7 @@ def test_reward_terms_report_the_window_score_and_the_grade_so_far():
 def test_references_so_far_follow_each_tenants_arrivals():
     """The grade so far is judged on the requests arrived so far: a tenant's references scale with its
     own arrivals, and a tenant that has not arrived yet is left out (not a worst tenant at 0)."""
-    from llmserve_env.shared.grader import References, Totals, objective, references_so_far
+    from llmserve_env.core.grader import References, Totals, objective, references_so_far
 
     task = TASKS["multitenant_autoscale"]
     names = [t.name for t in task.tenants]
@@ -153,7 +153,7 @@ def test_night_windows_of_a_cluster_task_reward_the_replica_count():
     (and its batch tenant, absent until 03:00) held the grade so far at 0, so every replica count earned
     exactly 0 there. Scaled by arrivals, the night windows price the replicas: fewer earn more while
     the SLOs hold, and the rewards still sum to the grade."""
-    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.core.inprocess import InProcessEnv
     from llmserve_env.shared.models import ServeAction
 
     knobs = {"batch_cap": 256, "kv_budget_fraction": 1.0, "speculation_depth": 2, "quantization_tier": "FP16",

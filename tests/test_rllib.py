@@ -23,8 +23,8 @@ def test_rllib_ppo_trains_and_its_export_serves(tmp_path) -> None:
     import torch
     from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
     from llmserve_env.agents.rollout import play_episode
+    from llmserve_env.core.inprocess import InProcessEnv
     from llmserve_env.gym_env import LLMServeGymEnv
-    from llmserve_env.runtime.inprocess import InProcessEnv
     from llmserve_env.train_rllib import build_config, export
 
     task = "static_workload"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from golden import GOLDEN, POLICIES, SEEDS, TASKS, episode_digest
-from llmserve_env.runtime.errors import EnvError, EpisodeDoneError, EpisodeNotDoneError
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.errors import EnvError, EpisodeDoneError, EpisodeNotDoneError
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_nothing_outside_server_imports_server_or_openenv() -> None:
     """server/ wires the runtime to HTTP; nothing else imports it (or OpenEnv's web stack)."""
     offenders = []
     library = [*ROOT.glob("shared/*.py"), *ROOT.glob("sim/**/*.py"), *ROOT.glob("gateway/*.py"),
-               *ROOT.glob("runtime/*.py"), *ROOT.glob("agents/*.py"), ROOT / "gym_env.py", ROOT / "train.py",
+               *ROOT.glob("core/*.py"), *ROOT.glob("agents/*.py"), ROOT / "gym_env.py", ROOT / "train.py",
                ROOT / "evaluate.py", ROOT / "client.py", ROOT / "__init__.py"]
     for path in [*library, *ROOT.glob("bench/*.py")]:
         # the benches may drive a server through OpenEnv's own client, but start ours as a process
@@ -56,7 +56,7 @@ def test_nothing_outside_server_imports_server_or_openenv() -> None:
 
 
 def test_simulator_imports_without_the_web_stack() -> None:
-    code = ("import sys, llmserve_env.sim.backend, llmserve_env.runtime.inprocess; "
+    code = ("import sys, llmserve_env.sim.backend, llmserve_env.core.inprocess; "
             "print(sorted(m for m in ('openenv', 'gradio', 'fastapi', 'mcp', 'httpx', 'torch') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -9,8 +9,8 @@ import json
 import numpy as np
 import pytest
 from conftest import STEADY_ACTION
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.verify import grade_log
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.verify import grade_log
 from llmserve_env.shared import splits
 from llmserve_env.shared import tasks as tasks_mod
 from llmserve_env.shared.models import ServeAction

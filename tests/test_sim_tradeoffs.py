@@ -1,7 +1,7 @@
 """Every knob is a real trade-off: each one helps on some workload and hurts on another.
 
 Workloads are small TaskSpecs served by `sim.experiment.play`, so SLO accounting is the project's
-own (`shared.metrics`). "Wins" compares `score = goodput (requests meeting every SLO per second) x
+own (`core.metrics`). "Wins" compares `score = goodput (requests meeting every SLO per second) x
 quality`, except for priority routing, which is judged by the worst tenant's SLO attainment (the
 multi-tenant grader's concern) and by each tenant separately.
 """

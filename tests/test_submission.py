@@ -13,7 +13,7 @@ from conftest import STEADY_ACTION
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
-from llmserve_env.runtime.inprocess import InProcessEnv
+from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS
 from openenv.validation.parsers.openenv_yaml import OpenEnvYamlParser
 

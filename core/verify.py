@@ -28,10 +28,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError
-from llmserve_env.shared.episode import EpisodeLog
-from llmserve_env.shared.grader import GradeError, GradeResult, grade_episode
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.episode_log import EpisodeLog
+from llmserve_env.core.errors import EnvError
+from llmserve_env.core.grader import GradeError, GradeResult, grade_episode
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.workloads import resolve_task
@@ -136,9 +136,9 @@ def first_difference(logged: dict[str, Any], replayed: dict[str, Any], prefix: s
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m llmserve_env.runtime.verify LOG` (also `python -m llmserve_env.shared.grader verify LOG`):
+    """`python -m llmserve_env.core.verify LOG` (also `python -m llmserve_env.core.grader verify LOG`):
     grade a log as the server's /grader does; exit 0 with the grade, 2 when it does not replay."""
-    parser = argparse.ArgumentParser(prog="python -m llmserve_env.runtime.verify",
+    parser = argparse.ArgumentParser(prog="python -m llmserve_env.core.verify",
                                      description="Replay a sim-mode episode log and grade it (verified).")
     parser.add_argument("log", help="an EpisodeLog JSON file (what POST /grader takes as episode_log)")
     parser.add_argument("--allow-real", action="store_true",

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from llmserve_env.runtime.episode import Episode
-from llmserve_env.runtime.errors import EnvError, EpisodeNotDoneError
-from llmserve_env.runtime.verify import grade_own
-from llmserve_env.shared.grader import GradeResult
+from llmserve_env.core.episode import Episode
+from llmserve_env.core.errors import EnvError, EpisodeNotDoneError
+from llmserve_env.core.grader import GradeResult
+from llmserve_env.core.verify import grade_own
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
 
@@ -41,7 +41,7 @@ class InProcessEnv:
 
     def reset(self, task_id: str, seed: int, *, profile: Any = None, caps: Any = None) -> ServeObservation:
         """`profile` (id, path or Profile) and `caps` (sim.caps.RequestCaps): sim mode only, to play a
-        task on a fitted profile under real mode's caps (see runtime.episode.make_backend)."""
+        task on a fitted profile under real mode's caps (see core.episode.make_backend)."""
         task = resolve_task(task_id)
         self.close()
         self._episode = Episode.start(task, seed, self.mode, profile=profile, caps=caps)

@@ -3,11 +3,11 @@
 The reward of window k is the increase of the grade's formula over the episode so far:
 
     reward_k = Phi_k - Phi_(k-1),   Phi_0 = 0
-    Phi_k    = shared.grader.objective(totals of windows 0..k, references of the arrivals of 0..k)
+    Phi_k    = core.grader.objective(totals of windows 0..k, references of the arrivals of 0..k)
 
 with the grader's own totals (requests met per tenant, output tokens, quality, cost) and its
 floor and ideal-server references cut to the requests arrived so far
-(shared.grader.references_so_far: each tenant's references scaled by the share of its arrivals
+(core.grader.references_so_far: each tenant's references scaled by the share of its arrivals
 seen; a tenant not arrived yet is left out of the worst-tenant term). Scaling by arrivals, not by
 windows elapsed, matters where load varies: with the share of windows a quiet night read as
 under-served, the grade so far sat clipped at 0 and every night window's reward was exactly 0
@@ -33,10 +33,10 @@ The window terms, reported beside the reward in `reward_terms` (and their weight
 
     window  = clip(goodput - 0.5 miss - 0.1 memory - 0.2 evict - 0.2 cost - 0.5 quality, -1, 1)
 
-met / missed are the requests settled in the window (`shared.metrics`): missed includes failed
+met / missed are the requests settled in the window (`core.metrics`): missed includes failed
 requests, requests still waiting past their TTFT SLO (charged once, in the window where that
 becomes certain); the episode's last window also holds what the engine's drain after the
-horizon settled, and costs (shared.metrics.with_drain), so the last arrivals are judged by their
+horizon settled, and costs (core.metrics.with_drain), so the last arrivals are judged by their
 real outcome and the drain's GPU time is charged. Normalising by D keeps the reward in [-1, 1] whatever
 the load, so a lull and a burst weigh alike. `cost` is 0 when no token was produced (nothing was
 served to price; in sim mode the GPU is priced per wall-clock second, so the term charges
@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import copy
 
-from llmserve_env.shared.grader import QUALITY_TOLERANCE, References, Totals, objective, references_so_far
-from llmserve_env.shared.metrics import WindowMetrics
+from llmserve_env.core.grader import QUALITY_TOLERANCE, References, Totals, objective, references_so_far
+from llmserve_env.core.metrics import WindowMetrics
 from llmserve_env.shared.tasks import TaskSpec
 
 MEMORY_PRESSURE_FROM = 0.9

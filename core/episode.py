@@ -12,7 +12,7 @@ step without validating it again (its values are this process's own). `last_obse
 built only when read. `step` (every transport) builds and validates both, as before.
 
 The server keeps HTTP episodes in its store (server/episodes.py); WebSocket sessions and
-in-process users (runtime/inprocess.py) hold theirs directly.
+in-process users (core/inprocess.py) hold theirs directly.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from llmserve_env.runtime.errors import (
+from llmserve_env.core.episode_log import EpisodeLog, StepRecord
+from llmserve_env.core.errors import (
     BackendFailure,
     EndpointUnavailableError,
     EnvError,
@@ -35,17 +36,16 @@ from llmserve_env.runtime.errors import (
     ForkUnsupportedError,
     ReplicasOutOfRangeError,
 )
+from llmserve_env.core.grader import References, compute_references
+from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
+from llmserve_env.core.reward import GradeReward
 from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
-from llmserve_env.shared.episode import EpisodeLog, StepRecord
-from llmserve_env.shared.grader import References, compute_references
-from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.reward import GradeReward
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 
-log = logging.getLogger("llmserve_env.runtime")
+log = logging.getLogger("llmserve_env.core")
 
 # Episode ids, on every transport (HTTP body and query, WebSocket, web UI): short, and only
 # characters that need no escaping in a URL, a log line or a file name. Minted ids are 128 random
@@ -380,7 +380,7 @@ class Episode:
     def _drain(self, action: ServeAction) -> list[WindowMetrics]:
         """After the last window: no more arrivals, the engine keeps serving under the last action
         until every request is settled (at most DRAIN_MAX_WINDOWS windows; what is left then is
-        missed). Each drained window costs what a served one does (shared/metrics.py says why)."""
+        missed). Each drained window costs what a served one does (core/metrics.py says why)."""
         dt = self.task.window_s
         t = self.task.horizon * dt
         out: list[WindowMetrics] = []

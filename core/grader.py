@@ -24,7 +24,7 @@ Reference points, computed on the episode's own arrivals (regenerated with
 
 Print them for any task and seed:
 
-    python -m llmserve_env.shared.grader references --task adversarial_multitenant --seed 0
+    python -m llmserve_env.core.grader references --task adversarial_multitenant --seed 0
 
 The capacity figures of a profile come from `shared.tasks.PROFILE_CAPACITY` (its `source`
 says where they come from); tests/test_policy_floors.py checks them against the simulator's own
@@ -46,7 +46,7 @@ Score:
                                             any tenant costly (a starved tenant drives it to 0)
 
 `met` is the episode's total of requests that met every SLO of their tenant; requests left
-unsettled at the end are misses (`shared.metrics`). The log must be finished (done, horizon
+unsettled at the end are misses (`core.metrics`). The log must be finished (done, horizon
 steps) and consistent with the regenerated arrivals, else GradeError.
 """
 
@@ -61,15 +61,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from llmserve_env.core.episode_log import EpisodeLog
+from llmserve_env.core.metrics import SLO_EPS_S
 from llmserve_env.shared.backend import Arrival
-from llmserve_env.shared.episode import EpisodeLog
-from llmserve_env.shared.metrics import SLO_EPS_S
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from pydantic import BaseModel, Field
 
 # A tier that loses this much quality against FP16 scores 0 on quality (the grade) and earns the
-# whole quality term (the reward's window terms, shared.reward).
+# whole quality term (the reward's window terms, core.reward).
 QUALITY_TOLERANCE = 0.05
 
 
@@ -87,7 +87,7 @@ class GradeResult(BaseModel):
     episode_id: str
     verified: bool = Field(False, description="true when the graded metrics were produced by this code: an "
                            "episode the server played, or a sim-mode log replayed window by window "
-                           "(llmserve_env.runtime.verify); false for a real-mode log, graded as submitted")
+                           "(llmserve_env.core.verify); false for a real-mode log, graded as submitted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +258,7 @@ def references_so_far(ref: References, arrived_by_tenant: Mapping[str, int]) -> 
     share of all arrivals (fractional counts), and only the tenants already arrived counted (a tenant
     with no arrival yet is left out of the worst-tenant term, as the grade leaves out one that never
     arrives). The references of the episode so far, for the grade-decomposing step reward
-    (shared.reward); scaling by arrivals rather than by elapsed windows keeps a quiet night from
+    (core.reward); scaling by arrivals rather than by elapsed windows keeps a quiet night from
     reading as under-served (issue 14: on the cluster tasks the time share held the grade so far at
     0 for the first six windows whatever the policy did)."""
     arrived = sum(arrived_by_tenant.values())
@@ -351,7 +351,7 @@ def grade_episode(log: EpisodeLog, played: tuple[list[Arrival], References] | No
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmserve_env.shared.grader",
+    parser = argparse.ArgumentParser(prog="python -m llmserve_env.core.grader",
                                      description="Grader reference points, or grade an episode log (JSON).")
     sub = parser.add_subparsers(dest="cmd", required=True)
     ref = sub.add_parser("references", help="print the floor and upper bound of a task and seed")
@@ -365,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cmd == "verify":
         # The replay needs the simulator, which lives above shared/: delegate to the runtime's CLI.
-        from llmserve_env.runtime.verify import verify_file
+        from llmserve_env.core.verify import verify_file
 
         return verify_file(args.log)
     if args.cmd == "references":
