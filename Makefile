@@ -3,7 +3,7 @@
 #   make test       -> the test suite
 # and, each installing what it needs first:
 #   make presubmit  -> the pre-submission checklist (dev extra: pytest, hadolint; no Docker build)
-#   make install-train -> the `train` extra with torch's CPU build (for train.py)
+#   make install-train -> the `train` extra with torch's CPU build (for tools/train.py)
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip

@@ -19,7 +19,7 @@ import runpy
 import sys
 from pathlib import Path
 
-from llmserve_env import cli
+from llmserve_env.tools import cli
 
 ROOT = Path(__file__).resolve().parent
 BENCH_DIR = ROOT / "bench"
@@ -76,11 +76,11 @@ def serve(argv: list[str]) -> int:
 
 
 def train(argv: list[str]) -> int:
-    from llmserve_env.train_config import parse_args
+    from llmserve_env.tools.train_config import parse_args
 
     parse_args(argv)  # --help and every argument error, without torch
     try:
-        from llmserve_env import train as train_module
+        from llmserve_env.tools import train as train_module
     except ModuleNotFoundError as exc:
         print(f"{typed_prog()} train: needs torch, from the `train` extra: make install-train ({exc})",
               file=sys.stderr)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.print_help()
         return 0 if argv else 2
     args = ap.parse_args(argv[:1])
-    # Each command's own parser names itself as typed (`llmserve-env evaluate`, not `python evaluate.py`).
+    # Each command's own parser names itself as typed (`llmserve-env evaluate`, not `python tools/evaluate.py`).
     with cli.invoked_as(f"{typed_prog()} {args.command}"):
         return dispatch(args.command, argv[1:])
 
@@ -136,7 +136,7 @@ def dispatch(command: str, rest: list[str]) -> int:
     if command == "bench":
         return bench(rest)
     if command == "evaluate":
-        from llmserve_env import evaluate
+        from llmserve_env.tools import evaluate
 
         return _call(evaluate.main, rest)
     if command == "calibrate":

@@ -1,6 +1,6 @@
 """Residual control over the tuned heuristic: a learned policy that follows or nudges it.
 
-A residual PPO agent (`python train.py --advice true --init follow`) does not start from nothing,
+A residual PPO agent (`python tools/train.py --advice true --init follow`) does not start from nothing,
 nor from a lossy imitation: every window the tuned heuristic (agents/heuristic.py) proposes an
 action, the agent sees that proposal beside the observation, and for each knob it either follows
 the proposal (choice 0) or nudges it. (The weights shipped in weights/ were trained without it;

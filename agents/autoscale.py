@@ -385,8 +385,8 @@ def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], lo
 
 
 def main(argv: list[str] | None = None) -> None:
-    from llmserve_env import cli
     from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+    from llmserve_env.tools import cli
 
     ap = argparse.ArgumentParser(prog="python -m agents.autoscale", description=__doc__,
                                  formatter_class=cli.HelpFormatter)

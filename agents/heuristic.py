@@ -165,8 +165,8 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print,
 
 
 def main(argv: list[str] | None = None) -> None:
-    from llmserve_env import cli
     from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+    from llmserve_env.tools import cli
 
     ap = argparse.ArgumentParser(prog="python -m agents.heuristic", description=__doc__,
                                  formatter_class=cli.HelpFormatter)

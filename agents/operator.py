@@ -283,8 +283,8 @@ def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=pri
 
 
 def main(argv: list[str] | None = None) -> None:
-    from llmserve_env import cli
     from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+    from llmserve_env.tools import cli
 
     ap = argparse.ArgumentParser(prog="python -m agents.operator", description=__doc__,
                                  formatter_class=cli.HelpFormatter)

@@ -1,7 +1,7 @@
 """The rollout planner: one step of policy improvement over every base policy (Bertsekas' rollout algorithm).
 
-    python evaluate.py --agent planner,operator --task diurnal_autoscale --episodes 5
-    python evaluate.py --agent clairvoyant --task diurnal_autoscale   # an upper bound, not a policy
+    python tools/evaluate.py --agent planner,operator --task diurnal_autoscale --episodes 5
+    python tools/evaluate.py --agent clairvoyant --task diurnal_autoscale   # an upper bound, not a policy
 
 Each window, for each candidate first action, the planner forks the episode, serves this window with the
 candidate and plays each base policy from there to the episode's end, scores the finished branch with the

@@ -103,8 +103,8 @@ def search(env: EpisodeEnv, task_id: str, seeds: Sequence[int], n_random: int, r
 
 
 def main(argv: list[str] | None = None) -> None:
-    from llmserve_env import cli
     from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
+    from llmserve_env.tools import cli
 
     ap = argparse.ArgumentParser(prog="python -m agents.tuned_static", description=__doc__,
                                  formatter_class=cli.HelpFormatter)

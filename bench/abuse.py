@@ -55,7 +55,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from llmserve_env.launch import ServerProcess
+from llmserve_env.tools.launch import ServerProcess
 from local_server import own_server
 
 ROOT = str(Path(__file__).resolve().parent.parent)  # the repository root (the package)

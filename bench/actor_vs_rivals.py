@@ -19,13 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-from llmserve_env import cli
 from llmserve_env.agents.ppo_policy import PPOPolicy
 from llmserve_env.agents.registry import POLICIES, make_policy
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.tools import cli
 
 
 def _weights(text: str) -> Path:

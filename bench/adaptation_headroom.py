@@ -30,7 +30,6 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.agents.encoding import ACTION_NVEC, decode_action, encode_action
 from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.search import coordinate_descent
@@ -38,10 +37,11 @@ from llmserve_env.agents.seeds import eval_seeds, train_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import tuned_action
 from llmserve_env.core.inprocess import InProcessEnv
-from llmserve_env.evaluate import evaluate_agent
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import high_load_regime
+from llmserve_env.tools import cli
+from llmserve_env.tools.evaluate import evaluate_agent
 
 TASKS = ("bursty_workload", "adversarial_multitenant")
 

@@ -21,10 +21,10 @@ import json
 import statistics
 import time
 
-from llmserve_env import cli
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.core.episode import Episode
 from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.tools import cli
 
 TARGET_TASK = "adversarial_multitenant"
 

@@ -38,15 +38,15 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import CLIENT_KINDS, GatewayConfig, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
-from llmserve_env.launch import ServerProcess
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.standin.app import DEFAULT_PROFILE
+from llmserve_env.tools import cli
+from llmserve_env.tools.launch import ServerProcess
 
 WINDOW_S = 1.0
 BENCH_NICE = -10

@@ -39,7 +39,7 @@ import time
 import httpx
 import numpy as np
 from against import alternate, check_rev, compare
-from llmserve_env import cli
+from llmserve_env.tools import cli
 from local_server import own_server
 
 ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",

@@ -39,10 +39,10 @@ from typing import Any
 
 import httpx
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction, ServeObservation
 from llmserve_env.shared.workloads import resolve_task
+from llmserve_env.tools import cli
 from local_server import own_server
 from openenv.core.env_server.serialization import serialize_observation
 from openenv.core.env_server.types import StepResponse

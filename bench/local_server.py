@@ -1,6 +1,6 @@
 """A throwaway server for the benches: this project's server (`python -m llmserve_env.server.serving`,
 the settings `make serve` and the Docker image use) on a free loopback port, through
-llmserve_env.launch.ServerProcess, the helper tests and scripts use too."""
+llmserve_env.tools.launch.ServerProcess, the helper tests and scripts use too."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from llmserve_env.launch import ServerProcess
+from llmserve_env.tools.launch import ServerProcess
 
 
 @contextmanager

@@ -19,9 +19,9 @@ import json
 import sys
 import time
 
-from llmserve_env import cli
 from llmserve_env.agents.parallel import PoolRunner, SerialRunner, make_runner, ray_available, registry_job
 from llmserve_env.agents.seeds import eval_seeds
+from llmserve_env.tools import cli
 
 
 def _noop() -> None:

@@ -30,13 +30,13 @@ import time
 from collections.abc import Callable
 from functools import partial
 
-from llmserve_env import cli
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.core.episode import Episode
 from llmserve_env.shared import scenarios
 from llmserve_env.shared.splits import test_seeds
 from llmserve_env.shared.tasks import FAMILY_TASKS, TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals
+from llmserve_env.tools import cli
 
 FIXED_DAY = {"diurnal": "diurnal_autoscale", "multitenant": "multitenant_autoscale"}
 

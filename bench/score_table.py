@@ -36,7 +36,6 @@ import os
 import sys
 import time
 
-from llmserve_env import cli
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.family_table import families_in, plays_split, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
@@ -48,6 +47,7 @@ from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import TASKS
+from llmserve_env.tools import cli
 
 # Registry names that are another agent under a second name.
 ALIASES = {"static": "vllm_default"}

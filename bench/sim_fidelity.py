@@ -42,7 +42,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT, make_action
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
@@ -60,6 +59,7 @@ from llmserve_env.sim.experiment import play
 from llmserve_env.sim.profiles import list_profiles, load_profile
 from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
+from llmserve_env.tools import cli
 
 DATA = Path(__file__).resolve().parent.parent / "sim" / "data"
 SPLITWISE = DATA / "splitwise_llama2-70b_h100_tp4.csv"

@@ -40,13 +40,13 @@ import random
 import time
 
 from against import alternate, check_rev, compare
-from llmserve_env import cli
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
+from llmserve_env.tools import cli
 
 FIXED = VLLM_DEFAULT
 CLUSTER_RIVALS = ("tuned_static", "hpa", "dynamo_planner")

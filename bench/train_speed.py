@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # train.py lives at the repository root, outside the package's import path
 
 from against import alternate, check_rev, compare  # noqa: E402
-from llmserve_env import cli  # noqa: E402
 from llmserve_env.gym_env import LLMServeGymEnv  # noqa: E402
-from llmserve_env.train_config import Args  # noqa: E402  (train.py's defaults, without torch)
+from llmserve_env.tools import cli  # noqa: E402
+from llmserve_env.tools.train_config import Args  # noqa: E402  (train.py's defaults, without torch)
 
 TARGET = 2000.0
 

@@ -10,7 +10,7 @@ a whole episode over HTTP and over OpenEnv's WebSocket client, the deterministic
 process, over HTTP and from the command line, the shipped weights, openenv.yaml's reward floor,
 OpenEnv's runtime graders over /ws; `--all-tests` runs the whole suite, `--skip-tests` none).
 This script adds what tests cannot: `openenv validate` on the directory and on a live server
-(started with llmserve_env.launch.ServerProcess, the helper tests and benches use), that
+(started with llmserve_env.tools.launch.ServerProcess, the helper tests and benches use), that
 server's peak memory against openenv.yaml's memory_mb, hadolint on the Dockerfile, the Space
 front matter in README.md; without --skip-docker the image is built, run and validated by URL;
 --space-url validates a deployed Space; --run-openai-baseline runs the OpenAI baseline.
@@ -187,7 +187,7 @@ class DockerImage:
     """`docker build` the root Dockerfile and run it on a loopback port."""
 
     def __init__(self) -> None:
-        from llmserve_env.launch import free_port
+        from llmserve_env.tools.launch import free_port
 
         self.tag = "llmserve-env:pre-submission"
         self.url = f"http://127.0.0.1:{free_port()}"
@@ -202,7 +202,7 @@ class DockerImage:
         return self.tag
 
     def run(self) -> str:
-        from llmserve_env.launch import ServerStartError, wait_for_health
+        from llmserve_env.tools.launch import ServerStartError, wait_for_health
 
         port = self.url.rsplit(":", 1)[1]
         code, out = run_command(["docker", "run", "-d", "--rm", "-p", f"127.0.0.1:{port}:7860", self.tag],
@@ -235,7 +235,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from llmserve_env.launch import ServerProcess, ServerStartError
+    from llmserve_env.tools.launch import ServerProcess, ServerStartError
 
     args = parse_args(argv)
     checks = Checklist()

@@ -24,7 +24,6 @@ import sys
 import time
 from typing import Any
 
-from llmserve_env import cli
 from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy, LLMPolicyStats
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
@@ -32,6 +31,7 @@ from llmserve_env.client import LLMServeEnv
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TASKS
+from llmserve_env.tools import cli
 
 BASELINE_SEED = 42
 DETERMINISTIC_POLICY = "heuristic"

@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim import fitting
 from llmserve_env.sim.caps import RequestCaps
@@ -72,6 +71,7 @@ from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_table import KEY as TABLE_KEY
 from llmserve_env.sim.step_time import StepTimeModel
 from llmserve_env.sim.table_fit import Choice, choose, fit_table, read_probe
+from llmserve_env.tools import cli
 
 # Measured anchor: batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM is about 6.5 ms (InferenceBench's
 # measurement, as cited by issue 15; the earlier 7-8 ms of shared/data/README.md was a kernel sum, not a

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 import pytest
 from fastapi.testclient import TestClient
-from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
+from llmserve_env.tools.launch import ThreadServer
 
 STEADY_ACTION = {
     "batch_cap": 64,

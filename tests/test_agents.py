@@ -199,7 +199,7 @@ def test_ppo_inference_never_imports_torch(tmp_path):
 def test_trainer_export_matches_torch_forward(tmp_path):
     """The numpy actor computes the same logits as the torch actor it was exported from."""
     torch = train_extra("torch")
-    import llmserve_env.train as train
+    import llmserve_env.tools.train as train
 
     agent = train.Agent(OBS_DIM, ACTION_NVEC, hidden=16)
     rms = train.RunningMeanStd((OBS_DIM,))
@@ -215,7 +215,7 @@ def test_trainer_export_matches_torch_forward(tmp_path):
 
 
 def test_evaluate_plays_the_same_held_out_seeds_for_every_agent(capsys):
-    import llmserve_env.evaluate as evaluate
+    import llmserve_env.tools.evaluate as evaluate
 
     assert evaluate.main(["--agent", "static,random", "--task", "static_workload", "--episodes", "3"]) == 0
     out = capsys.readouterr().out.strip().splitlines()
@@ -227,7 +227,7 @@ def test_evaluate_plays_the_same_held_out_seeds_for_every_agent(capsys):
 
 
 def test_evaluate_refuses_an_unknown_task_before_playing(capsys):
-    import llmserve_env.evaluate as evaluate
+    import llmserve_env.tools.evaluate as evaluate
 
     with pytest.raises(SystemExit) as exc:
         evaluate.main(["--agent", "static", "--task", "static_workload,nope", "--episodes", "1"])

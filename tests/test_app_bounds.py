@@ -12,10 +12,10 @@ import time
 
 import httpx
 import pytest
-from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
 from llmserve_env.server.logbounds import AccessLogBudget, RateLimitFilter
+from llmserve_env.tools.launch import ThreadServer
 
 
 def test_a_body_that_does_not_arrive_in_time_is_408_and_the_connection_closed(monkeypatch):

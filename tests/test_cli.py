@@ -13,11 +13,11 @@ import tomllib
 from pathlib import Path
 
 import pytest
-from llmserve_env import cli
 from llmserve_env.__main__ import bench_names
 from llmserve_env.__main__ import main as llmserve_main
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
-from llmserve_env.train_config import HELP, Args, build_parser, parse_args
+from llmserve_env.tools import cli
+from llmserve_env.tools.train_config import HELP, Args, build_parser, parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,7 +60,7 @@ def test_train_replaces_the_shipped_weights_only_when_told(capsys):
 ])
 def test_train_refuses_bad_arguments_before_any_work(argv, named, allowed, tmp_path, capsys):
     line = refused(parse_args, [*argv, "--run-dir", str(tmp_path / "runs")], capsys)
-    assert line.startswith(f"python train.py: error: argument {named}"), line
+    assert line.startswith(f"python tools/train.py: error: argument {named}"), line
     assert allowed in line, line
     assert not (tmp_path / "runs").exists(), "nothing may be written for refused arguments"
 
@@ -88,16 +88,16 @@ def test_python_m_llmserve_env_train_refuses_without_torch_or_workers(tmp_path, 
     (["--task", "static_workload,nope"], "--task"),
 ])
 def test_evaluate_refuses_bad_arguments(argv, named, capsys):
-    from llmserve_env.evaluate import main
+    from llmserve_env.tools.evaluate import main
 
     line = refused(main, argv, capsys)
-    assert line.startswith(f"python evaluate.py: error: argument {named}"), line
+    assert line.startswith(f"python tools/evaluate.py: error: argument {named}"), line
 
 
 def test_evaluate_one_episode_prints_no_infinite_interval(tmp_path, capsys):
     import json
 
-    from llmserve_env.evaluate import main
+    from llmserve_env.tools.evaluate import main
 
     out = tmp_path / "scores.json"
     assert main(["--agent", "heuristic", "--task", "static_workload", "--episodes", "1", "--output", str(out),
@@ -174,7 +174,7 @@ def test_unknown_command_is_refused(capsys):
 
 def test_a_refusal_is_one_line_named_as_the_command_was_typed(monkeypatch, capsys):
     """argparse printed its usage block first (6 lines above the one that says what is wrong), and
-    named `llmserve-env evaluate` as `python evaluate.py`."""
+    named `llmserve-env evaluate` as `python tools/evaluate.py`."""
     monkeypatch.setattr(sys, "argv", ["/venv/bin/llmserve-env"])
     with pytest.raises(SystemExit) as exc:
         llmserve_main(["evaluate", "--episodes", "0"])
@@ -184,7 +184,7 @@ def test_a_refusal_is_one_line_named_as_the_command_was_typed(monkeypatch, capsy
     assert err[0].startswith("llmserve-env evaluate: error: argument --episodes: expected an integer >= 1"), err
     assert err[0].endswith("(llmserve-env evaluate --help lists the options)"), err
     # outside the dispatcher the tool keeps its own name
-    assert refused(parse_args, ["--task", "nope"], capsys).startswith("python train.py: error:")
+    assert refused(parse_args, ["--task", "nope"], capsys).startswith("python tools/train.py: error:")
 
 
 @pytest.mark.parametrize("port", ["99999", "0", "x"])
@@ -207,14 +207,14 @@ def test_serve_with_an_unreachable_real_endpoint_says_so_in_one_line(monkeypatch
 
 @pytest.mark.skipif(importlib.util.find_spec("torch") is not None, reason="torch is installed here")
 def test_train_py_help_needs_no_torch():
-    """`python train.py --help` exited 1 ("needs torch") though the README says --help starts nothing."""
-    shown = subprocess.run([sys.executable, str(ROOT / "train.py"), "--help"], capture_output=True, text=True,
+    """`python tools/train.py --help` exited 1 ("needs torch") though the README says --help starts nothing."""
+    shown = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), "--help"], capture_output=True, text=True,
                            cwd=ROOT, timeout=120)
     assert shown.returncode == 0 and "--total-steps" in shown.stdout, shown.stderr
-    bad = subprocess.run([sys.executable, str(ROOT / "train.py"), "--task", "nope"], capture_output=True,
+    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py"), "--task", "nope"], capture_output=True,
                          text=True, cwd=ROOT, timeout=120)
     assert bad.returncode == 2 and "argument --task" in bad.stderr
-    work = subprocess.run([sys.executable, str(ROOT / "train.py")], capture_output=True, text=True, cwd=ROOT,
+    work = subprocess.run([sys.executable, str(ROOT / "tools" / "train.py")], capture_output=True, text=True, cwd=ROOT,
                           timeout=120)
     assert work.returncode == 1 and "make install-train" in work.stderr
 

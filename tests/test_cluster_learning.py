@@ -25,7 +25,7 @@ from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.tasks import CLUSTER_TASKS, SINGLE_SERVER_TASKS
-from llmserve_env.train_config import parse_args
+from llmserve_env.tools.train_config import parse_args
 
 KEEP, UP, DOWN = REPLICA_STEPS.index(0), REPLICA_STEPS.index(1), REPLICA_STEPS.index(-1)
 
@@ -96,7 +96,7 @@ def test_train_refuses_teacher_and_advice_mismatches(argv, named, allowed, tmp_p
         parse_args([*argv, "--run-dir", str(tmp_path / "runs")])
     assert exc.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert line.startswith(f"python train.py: error: argument {named}") and allowed in line, line
+    assert line.startswith(f"python tools/train.py: error: argument {named}") and allowed in line, line
 
 
 def test_init_heuristic_is_behaviour_cloning_of_the_heuristic():
@@ -163,7 +163,7 @@ def test_teacher_demos_replay_the_teacher_on_the_grid():
     """Behaviour cloning's demonstrations on a cluster task: the tuned static rival's replica count is
     reached step by step and its knobs are on the grid, so the demo episode scores like the rival."""
     train_extra("torch")
-    import llmserve_env.train as train
+    import llmserve_env.tools.train as train
 
     task, seed = "multitenant_autoscale", 4
     [(x, acts, rets, score)] = train._teacher_demos(task, [seed], 0.99, "tuned_static")

@@ -113,9 +113,9 @@ def test_connect_from_python_replays_the_episodes_own_actions(live_url):
 
 @pytest.fixture(scope="module")
 def live_url():
-    from llmserve_env.launch import ThreadServer
     from llmserve_env.server.app import build_app
     from llmserve_env.server.config import ServerSettings
+    from llmserve_env.tools.launch import ThreadServer
 
     with ThreadServer(build_app(ServerSettings(mode="sim"))) as server:
         yield server.url

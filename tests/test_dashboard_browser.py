@@ -119,9 +119,9 @@ def live_server() -> Iterator[Any]:
     (the `client` fixture), whose lifespan shutdown stops the Gradio queue mounted at /web: a
     dashboard event after that shows "Error" (seen once test_cluster.py ran between the live
     server's start and these tests)."""
-    from llmserve_env.launch import ThreadServer
     from llmserve_env.server.app import build_app
     from llmserve_env.server.config import ServerSettings
+    from llmserve_env.tools.launch import ThreadServer
 
     app = build_app(ServerSettings(mode="sim", max_episodes=64, idle_timeout_s=600.0, max_sessions=32,
                                    max_body_bytes=256 * 1024))

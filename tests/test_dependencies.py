@@ -31,9 +31,9 @@ def _names(requirements: list[str]) -> set[str]:
 
 # Files that may import an extra's distributions (imported lazily, or only by an opt-in command).
 EXTRAS_OF = {
-    "train.py": ("train",),
-    "train_rllib.py": ("rllib", "train"),
-    "tune_ppo.py": ("rllib", "train"),
+    "tools/train.py": ("train",),
+    "tools/train_rllib.py": ("rllib", "train"),
+    "tools/tune_ppo.py": ("rllib", "train"),
     "agents/parallel.py": ("ray",),
     "agents/autoscale.py": ("autoscale",),
 }

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import STEADY_ACTION
-from llmserve_env.launch import ServerProcess
+from llmserve_env.tools.launch import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"

@@ -14,11 +14,11 @@ from llmserve_env.gateway.backend import GatewayBackend, GatewayStepTimeout
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, Secret
 from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
-from llmserve_env.launch import ServerProcess
 from llmserve_env.shared.backend import TERMINAL_STATUSES, Arrival, Backend, RequestRecord, WindowReport
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.standin.app import StandinConfig
 from llmserve_env.sim.standin.harness import BackgroundStandin
+from llmserve_env.tools.launch import ServerProcess
 
 PROFILE = "h100-llama3.1-8b"
 CANARY = "sk-canary-backend-9d8c7b6a5f4e3d2c1b0a"

@@ -69,7 +69,7 @@ def test_stable_baselines3_ppo_trains_a_few_hundred_steps():
 
 def test_train_py_runs_end_to_end_and_its_weights_load_without_torch(tmp_path):
     train_extra("torch")
-    import llmserve_env.train as train
+    import llmserve_env.tools.train as train
     from llmserve_env.agents.ppo_policy import PPOPolicy
 
     args = train.Args(task="static_workload", total_steps=256, num_envs=2, num_workers=1, rollout_steps=64,
@@ -85,7 +85,7 @@ def test_train_py_runs_end_to_end_and_its_weights_load_without_torch(tmp_path):
 def test_train_py_is_reproducible_with_workers_served_out_of_order(tmp_path):
     """Two workers are stepped as each finishes (no lockstep); the same seed still gives the same run."""
     train_extra("torch")
-    import llmserve_env.train as train
+    import llmserve_env.tools.train as train
 
     def run(name: str) -> tuple[dict, list[list[str]]]:
         args = train.Args(task="bursty_workload", total_steps=256, num_envs=4, num_workers=2, rollout_steps=32,

@@ -21,11 +21,11 @@ import pytest
 from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
 from llmserve_env.core.episode import Episode
-from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ConfigError, ServerSettings
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.workloads import resolve_task
+from llmserve_env.tools.launch import ThreadServer
 from openenv.core.generic_client import GenericEnvClient
 
 SMALL = ServerSettings(mode="sim", max_episodes=3, idle_timeout_s=600.0, max_sessions=2, max_body_bytes=4096)

@@ -25,7 +25,7 @@ def test_rllib_ppo_trains_and_its_export_serves(tmp_path) -> None:
     from llmserve_env.agents.rollout import play_episode
     from llmserve_env.core.inprocess import InProcessEnv
     from llmserve_env.gym_env import LLMServeGymEnv
-    from llmserve_env.train_rllib import build_config, export
+    from llmserve_env.tools.train_rllib import build_config, export
 
     task = "static_workload"
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)

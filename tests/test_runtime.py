@@ -44,8 +44,8 @@ def test_nothing_outside_server_imports_server_or_openenv() -> None:
     """server/ wires the runtime to HTTP; nothing else imports it (or OpenEnv's web stack)."""
     offenders = []
     library = [*ROOT.glob("shared/*.py"), *ROOT.glob("sim/**/*.py"), *ROOT.glob("gateway/*.py"),
-               *ROOT.glob("core/*.py"), *ROOT.glob("agents/*.py"), ROOT / "gym_env.py", ROOT / "train.py",
-               ROOT / "evaluate.py", ROOT / "client.py", ROOT / "__init__.py"]
+               *ROOT.glob("core/*.py"), *ROOT.glob("agents/*.py"), ROOT / "gym_env.py", *ROOT.glob("tools/*.py"),
+               ROOT / "client.py", ROOT / "__init__.py"]
     for path in [*library, *ROOT.glob("bench/*.py")]:
         # the benches may drive a server through OpenEnv's own client, but start ours as a process
         banned = ("llmserve_env.server", "openenv", "gradio", "fastapi") if path in library else ("llmserve_env.server",)

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 import uvicorn
-from llmserve_env.launch import free_port
 from llmserve_env.server.logbounds import RateLimitFilter
 from llmserve_env.server.serving import uvicorn_settings
+from llmserve_env.tools.launch import free_port
 
 
 @pytest.fixture()

@@ -12,9 +12,9 @@ from conftest import STEADY_ACTION
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from llmserve_env.launch import ThreadServer
 from llmserve_env.server.app import build_app
 from llmserve_env.server.config import ServerSettings
+from llmserve_env.tools.launch import ThreadServer
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from llmserve_env.launch import ThreadServer
 from llmserve_env.sim.standin.app import StandinConfig, build_app
 from llmserve_env.sim.standin.faults import cut_on_drop
+from llmserve_env.tools.launch import ThreadServer
 
 
 class BackgroundStandin:

@@ -1,6 +1,6 @@
 """PPO for LLMServeEnv, in one file (after CleanRL's ppo.py).
 
-    python train.py --task adversarial_multitenant --total-steps 120000 --seed 0
+    python tools/train.py --task adversarial_multitenant --total-steps 120000 --seed 0
 
 Environments: `Args.num_envs` copies of the Gymnasium wrapper (gym_env.py, the simulator in
 process), spread over `Args.num_workers` worker processes so both cores step the simulator.
@@ -20,7 +20,7 @@ Outputs, all in the run folder runs/<task>__s<seed>/:
     <task>.json  observation normalisation, the command, commit, hyperparameters, scores
 With --replace-shipped-weights the actor replaces weights/<task>.npz/.json instead: the one the
 `ppo` policy, the server and evaluate.py load (`PPOPolicy(task, "runs/<task>__s<seed>/<task>.npz")`
-loads a run's own). `python train.py --help` lists every option with its default
+loads a run's own). `python tools/train.py --help` lists every option with its default
 (train_config.py, which needs no torch).
 
 The exported actor is the one with the best greedy score on validation seeds (never the
@@ -48,12 +48,11 @@ try:
 except ModuleNotFoundError as exc:  # the `train` extra is not installed
     if __name__ == "__main__":
         # --help and argument errors need no torch (train_config.py): they answer first
-        from llmserve_env.train_config import parse_args as _parse_args
+        from llmserve_env.tools.train_config import parse_args as _parse_args
 
         _parse_args(sys.argv[1:])
         sys.exit(f"train.py needs torch, from the `train` extra: make install-train ({exc})")
     raise
-from llmserve_env import cli
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import encode_action, feature_names
@@ -68,10 +67,11 @@ from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.workloads import resolve_task
-from llmserve_env.train_config import Args, parse_args
+from llmserve_env.tools import cli
+from llmserve_env.tools.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
 
-log = logging.getLogger("llmserve_env.train")
+log = logging.getLogger("llmserve_env.tools.train")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Score policies on held-out episodes: mean grader score with a 95 % CI per task.
 
-    python evaluate.py --agent ppo --task all --episodes 20
-    python evaluate.py --agent random,static,tuned_static,heuristic,ppo --task bursty_workload --episodes 30
+    python tools/evaluate.py --agent ppo --task all --episodes 20
+    python tools/evaluate.py --agent random,static,tuned_static,heuristic,ppo --task bursty_workload --episodes 30
 
 Every agent plays the same evaluation seeds (1,000,000 + i, never used by training or the
 tuned-static search), so scores pair up episode by episode; with several agents the table also
@@ -22,7 +22,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from llmserve_env import cli
 from llmserve_env.agents.parallel import (
     Runner,
     SerialRunner,
@@ -37,6 +36,7 @@ from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.tools import cli
 
 AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
 
@@ -85,7 +85,7 @@ def _skip_reason(agent: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = cli.ArgumentParser(prog="python evaluate.py", description=__doc__, formatter_class=cli.HelpFormatter)
+    ap = cli.ArgumentParser(prog="python tools/evaluate.py", description=__doc__, formatter_class=cli.HelpFormatter)
     ap.add_argument("--agent", type=cli.names_from(POLICIES, AGENTS), default="ppo",
                     help=f"comma-separated from {', '.join(POLICIES)}, or 'all' ({', '.join(AGENTS)})")
     ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")

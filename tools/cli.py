@@ -6,7 +6,7 @@
   `writable_dir`.
 - `ArgumentParser`: argparse's parser whose refusal is one line (the usage block it printed first
   buried the line that says what is wrong), named for the command as it was typed (`llmserve-env
-  evaluate`, not `python evaluate.py`, when the console script ran it: `invoked_as`).
+  evaluate`, not `python tools/evaluate.py`, when the console script ran it: `invoked_as`).
 - `HelpFormatter`: the module docstring as written, and every option's default in `--help`.
 - `add_output_options` / `configure_logging`: `--quiet` and `--log-level` on every CLI, and
   logging on stderr (so the gateway's retry warnings and the like are seen).

@@ -13,13 +13,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from llmserve_env import cli
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.shared.tasks import CLUSTER_TASKS
 from llmserve_env.shared.workloads import resolve_task
+from llmserve_env.tools import cli
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (runs/ lives there)
 INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform")
 # Whom `--init bc` imitates: the tuned heuristic, a rival (the autoscalers on cluster tasks only), or
 # the sampled planner (agents/planner.py: ~0.1-0.2 s a decision, so its demonstrations are the slow part).
@@ -220,7 +220,7 @@ def _type_of(name: str, default: object):
 
 def build_parser() -> argparse.ArgumentParser:
     ap = cli.ArgumentParser(
-        prog="python train.py", formatter_class=cli.HelpFormatter,
+        prog="python tools/train.py", formatter_class=cli.HelpFormatter,
         description="PPO for LLMServeEnv (needs the `train` extra: make install-train).\n\n" + __doc__.split("\n\n", 1)[1],
     )
     for f in dataclasses.fields(Args):
@@ -256,7 +256,7 @@ def parse_args(argv: list[str]) -> Args:
         ap.error(f"argument --advice: the heuristic's advice is for single-server tasks; {values['task']!r} "
                  "is a cluster task")
     try:  # Args checks what holds for every caller (--init heuristic with another teacher)
-        args = Args(**values, quiet=ns.quiet, command="python train.py " + " ".join(argv))
+        args = Args(**values, quiet=ns.quiet, command="python tools/train.py " + " ".join(argv))
     except ValueError as exc:
         ap.error(f"argument --teacher: {exc}")
     shipped = WEIGHTS_DIR.resolve()

@@ -1,8 +1,8 @@
 """RLlib's PPO on LLMServe-v0, exported to the numpy actor format that `agents/ppo_policy.py` serves.
 
     pip install -e '.[rllib]'        # ray[rllib] 2.60.0 + torch 2.13.0 (CPU wheel)
-    python train_rllib.py --task bursty_workload --iterations 40 --env-runners 2
-    python train_rllib.py --task static_workload --iterations 2 --ray-address auto   # on a Ray cluster
+    python tools/train_rllib.py --task bursty_workload --iterations 40 --env-runners 2
+    python tools/train_rllib.py --task static_workload --iterations 2 --ray-address auto   # on a Ray cluster
 
 The Gymnasium environment (`gym_env.LLMServeGymEnv`, registered as `LLMServe-v0`) is registered
 with RLlib; env runners are Ray actors, each stepping its own simulator. The RL module is RLlib's
@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from llmserve_env import cli
 from llmserve_env.agents.advice import view_shape
 from llmserve_env.agents.parallel import init_ray
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
@@ -36,8 +35,9 @@ from llmserve_env.agents.seeds import validation_seeds
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import ENV_ID, LLMServeGymEnv
 from llmserve_env.shared.tasks import get_task
+from llmserve_env.tools import cli
 
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository root (runs/ lives there)
 
 
 def make_env(env_config: dict[str, Any]) -> LLMServeGymEnv:
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"iteration {i + 1}/{args.iterations}: episode return {ret:.3f}", file=sys.stderr)
     module = algo.get_module()
     wall = time.perf_counter() - t0
-    command = "python train_rllib.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python tools/train_rllib.py " + " ".join(sys.argv[1:] if argv is None else argv)
     npz = export(module, args.task, out_dir, {"command": command, "git_commit": git_commit(),
                                              "iterations": args.iterations, "wall_s": round(wall, 1),
                                              "episode_return_mean": returns})

@@ -1,8 +1,8 @@
 """A Ray Tune sweep of train.py's PPO hyperparameters (its `Args` dataclass is the search space).
 
     pip install -e '.[rllib]'          # Ray Tune comes with ray; train.py needs torch
-    python tune_ppo.py --task bursty_workload --samples 8 --steps 60000
-    python tune_ppo.py --task bursty_workload --samples 64 --steps 120000 --ray-address auto   # a cluster
+    python tools/tune_ppo.py --task bursty_workload --samples 8 --steps 60000
+    python tools/tune_ppo.py --task bursty_workload --samples 64 --steps 120000 --ray-address auto   # a cluster
 
 Each trial runs `train.train(train_config.Args(...))` with one environment worker process and the trial's
 hyperparameters, writing its weights and logs into the trial's own folder (never weights/), and
@@ -21,8 +21,8 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from llmserve_env import cli
 from llmserve_env.agents.parallel import init_ray
+from llmserve_env.tools import cli
 
 # Fields of train.Args searched, and how (Ray Tune sample spaces are built lazily in `space()`).
 SEARCHED = {
@@ -47,8 +47,8 @@ def space() -> dict[str, Any]:
 
 def trial(config: dict[str, Any]) -> dict[str, float]:
     """One training run with the trial's hyperparameters; returns what Tune records."""
-    from llmserve_env.train import train
-    from llmserve_env.train_config import Args
+    from llmserve_env.tools.train import train
+    from llmserve_env.tools.train_config import Args
 
     known = {f.name for f in fields(Args)}
     unknown = set(config) - known
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     best = results.get_best_result()
     chosen = {k: best.config[k] for k in SEARCHED}
     print(f"best of {args.samples} trials on {args.task}: validation score {best.metrics['val_score']:.4f} with {chosen}")
-    print("train it: python train.py --task " + args.task + " " +
+    print("train it: python tools/train.py --task " + args.task + " " +
           " ".join(f"--{k.replace('_', '-')} {v}" for k, v in chosen.items()))
     print(json.dumps({"task": args.task, "trials": args.samples, "best_val_score": best.metrics["val_score"],
                       "best_config": chosen}))
