@@ -24,7 +24,7 @@ Reference points, computed on the episode's own arrivals (regenerated with
 
 Print them for any task and seed:
 
-    python -m llmserve_env.core.grader references --task adversarial_multitenant --seed 0
+    python -m llmserve_env.tools.grade references --task adversarial_multitenant --seed 0
 
 The capacity figures of a profile come from `shared.tasks.PROFILE_CAPACITY` (its `source`
 says where they come from); tests/test_policy_floors.py checks them against the simulator's own
@@ -52,12 +52,9 @@ steps) and consistent with the regenerated arrivals, else GradeError.
 
 from __future__ import annotations
 
-import argparse
 import heapq
-import json
 import math
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -348,37 +345,3 @@ def grade_episode(log: EpisodeLog, played: tuple[list[Arrival], References] | No
     }
     return GradeResult(score=score, terms=terms, reference=reference,
                        task_id=task.task_id, episode_id=log.episode_id)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m llmserve_env.core.grader",
-                                     description="Grader reference points, or grade an episode log (JSON).")
-    sub = parser.add_subparsers(dest="cmd", required=True)
-    ref = sub.add_parser("references", help="print the floor and upper bound of a task and seed")
-    ref.add_argument("--task", required=True)
-    ref.add_argument("--seed", type=int, default=0)
-    grade = sub.add_parser("grade", help="grade an EpisodeLog JSON file as written (unverified)")
-    grade.add_argument("log")
-    verify = sub.add_parser("verify", help="replay a sim-mode EpisodeLog JSON file and grade the replay "
-                                           "(what POST /grader does); exit 2 when it does not replay")
-    verify.add_argument("log")
-    args = parser.parse_args(argv)
-    if args.cmd == "verify":
-        # The replay needs the simulator, which lives above shared/: delegate to the runtime's CLI.
-        from llmserve_env.core.verify import verify_file
-
-        return verify_file(args.log)
-    if args.cmd == "references":
-        task = resolve_task(args.task)
-        refs = compute_references(task, args.seed)
-        print(json.dumps({"task_id": task.task_id, "seed": args.seed, **asdict(refs),
-                          "capacity": task.capacity().describe()}, indent=2))
-    else:
-        with open(args.log, encoding="utf-8") as f:
-            result = grade_episode(EpisodeLog.model_validate_json(f.read()))
-        print(result.model_dump_json(indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

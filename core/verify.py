@@ -12,7 +12,7 @@ compared to 1e-9 relative, which only absorbs a JSON writer that prints fewer di
 
 A real-mode log cannot be replayed (its latencies were measured against an endpoint): it is
 refused unless the caller allows it (`allow_real`: a real-mode server, or a sim-mode one with
-LLMSERVE_GRADE_REAL_LOGS=1, or `--allow-real` here), and then graded as submitted with
+LLMSERVE_GRADE_REAL_LOGS=1, or `--allow-real` on `python -m llmserve_env.tools.grade verify`), and then graded as submitted with
 `verified: false`, meaning the score is only as good as the client that wrote the metrics. Episodes this process played itself (`grade_own`) are graded with
 `verified: true`: their metrics never left the server.
 
@@ -22,18 +22,13 @@ event loop run it in a worker thread.
 
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from collections.abc import Sequence
 from typing import Any
 
 from llmserve_env.core.episode import Episode
 from llmserve_env.core.episode_log import EpisodeLog
-from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import GradeError, GradeResult, grade_episode
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.workloads import resolve_task
 from pydantic import ValidationError
 
@@ -133,41 +128,3 @@ def first_difference(logged: dict[str, Any], replayed: dict[str, Any], prefix: s
         elif not _close(theirs, mine):
             return f"metric {prefix}{key!r}: logged {theirs!r}, replayed {mine!r}"
     return None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m llmserve_env.core.verify LOG` (also `python -m llmserve_env.core.grader verify LOG`):
-    grade a log as the server's /grader does; exit 0 with the grade, 2 when it does not replay."""
-    parser = argparse.ArgumentParser(prog="python -m llmserve_env.core.verify",
-                                     description="Replay a sim-mode episode log and grade it (verified).")
-    parser.add_argument("log", help="an EpisodeLog JSON file (what POST /grader takes as episode_log)")
-    parser.add_argument("--allow-real", action="store_true",
-                        help="grade a mode: real log as submitted (verified: false) instead of refusing it")
-    args = parser.parse_args(argv)
-    return verify_file(args.log, allow_real=args.allow_real)
-
-
-def verify_file(path: str, allow_real: bool = False) -> int:
-    try:
-        with open(path, encoding="utf-8") as f:
-            log = EpisodeLog.model_validate_json(f.read())
-        result = grade_log(log, allow_real=allow_real)
-    except OSError as exc:
-        print(f"error: cannot read {path!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:
-        print(f"error: {path!r} is not an EpisodeLog: {exc.error_count()} error(s), first: "
-              f"{exc.errors(include_url=False)[0]['msg']}", file=sys.stderr)
-        return 2
-    except UnknownTaskError as exc:
-        print(f"error: refused: {exc.args[0] if exc.args else exc}", file=sys.stderr)
-        return 2
-    except (ValueError, EnvError) as exc:  # GradeError, TraceError; a backend failing on the actions
-        print(f"error: refused: {exc}", file=sys.stderr)
-        return 2
-    print(result.model_dump_json(indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

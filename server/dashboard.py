@@ -119,7 +119,7 @@ def knob_values(action: ServeAction) -> tuple[Any, ...]:
 
 def downloads(run: DashboardRun | None) -> tuple[Any, Any]:
     """The finished episode's log (an EpisodeLog: what POST /grader takes as `episode_log`, and
-    `python -m llmserve_env.core.verify FILE` replays) and its windows
+    `python -m llmserve_env.tools.grade verify FILE` replays) and its windows
     (CSV), written once per episode to a folder of their own under the temporary folder."""
     if run is None or not run.done:
         return gr.update(value=None, visible=False), gr.update(value=None, visible=False)

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 from llmserve_env.core.episode_log import EpisodeLog, StepRecord
-from llmserve_env.core.grader import GradeError, compute_references, grade_episode, main
+from llmserve_env.core.grader import GradeError, compute_references, grade_episode
 from llmserve_env.core.metrics import MetricsTracker
 from llmserve_env.shared.backend import RequestRecord, WindowReport
 from llmserve_env.shared.tasks import MAX_HORIZON, TASKS, UnknownTaskError
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
+from llmserve_env.tools.grade import main
 from pydantic import ValidationError
 
 ACTION = {"batch_cap": 64, "kv_budget_fraction": 0.9, "speculation_depth": 0, "quantization_tier": "FP16",

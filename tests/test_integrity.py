@@ -13,13 +13,14 @@ from conftest import STEADY_ACTION
 from llmserve_env.core.episode import Episode
 from llmserve_env.core.episode_log import EpisodeLog, StepRecord
 from llmserve_env.core.errors import EpisodeExistsError
-from llmserve_env.core.grader import GradeError, main
+from llmserve_env.core.grader import GradeError
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.core.verify import grade_log
 from llmserve_env.server.episodes import EpisodeStore
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TASKS, get_task
 from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.tools.grade import main
 from test_grader import synthetic_log
 
 STARVE = {**STEADY_ACTION, "batch_cap": 1}
