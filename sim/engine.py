@@ -38,10 +38,11 @@ import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim.kv_cache import KVCache
+from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
-from llmserve_env.sim.step_time import IterationModel, StepTimeModel, lane_shares
+from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2

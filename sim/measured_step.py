@@ -21,11 +21,13 @@ runs its iterations 1/s times slower; KV transfers use the base profile's link.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.step_table import TableStepModel, table_models
-from llmserve_env.sim.step_time import lane_shares
+
+if TYPE_CHECKING:  # annotations only: profiles.py imports this module to check a profile at load
+    from llmserve_env.sim.profiles import Profile
 
 KEY = "measured_step"
 LANES = ("unified", "prefill", "decode")

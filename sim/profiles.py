@@ -278,7 +278,7 @@ def _load_file(path: str, mtime_ns: int) -> Profile:
     try:
         d = json.loads(Path(path).read_text())
         prof = profile_from_dict(d)
-        from llmserve_env.sim.measured_step import measured_models  # it imports this module
+        from llmserve_env.sim.measured_step import measured_models  # lazily: it loads the step-time models
 
         measured_models(prof)  # a measured step model (table or coefficients) is checked at load, named
         return prof

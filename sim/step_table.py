@@ -28,11 +28,13 @@ s runs 1/s slower; KV transfers use the base profile's link).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from llmserve_env.sim.profiles import Profile
-from llmserve_env.sim.step_time import lane_shares
+from llmserve_env.sim.lanes import lane_shares
+
+if TYPE_CHECKING:  # annotations only: profiles.py imports this module to check a profile at load
+    from llmserve_env.sim.profiles import Profile
 
 KEY = "measured_table"
 LANES = ("unified", "prefill", "decode")

@@ -34,6 +34,7 @@ from llmserve_env.sim.forms import (
     gemm_work,
     ratio_gemm_us,
 )
+from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.profiles import ModelShape, Profile, load_profile
 
 MAX_BATCH = 512
@@ -197,15 +198,6 @@ class IterationModel(Protocol):
     def decode_slope(self, depth: int) -> float: ...
 
     def transfer_s(self, tokens: int) -> float: ...
-
-
-def lane_shares(p: Profile, lane: str) -> tuple[float, float]:
-    """(compute share, bandwidth share) of a lane: "unified", "prefill" or "decode"."""
-    if lane == "unified":
-        return 1.0, 1.0
-    if lane == "prefill":
-        return p.split_prefill_compute_share, p.split_prefill_bandwidth_share
-    return 1.0 - p.split_prefill_compute_share, 1.0 - p.split_prefill_bandwidth_share
 
 
 @lru_cache(maxsize=64)
