@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -204,16 +203,3 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
 
 
 app = build_app()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m server.app [--host H] [--port P] [--mode sim|real]`: the same as
-    `python -m llmserve_env serve` (and the `llmserve-env serve` console script); `--help` lists
-    the options and starts nothing."""
-    from llmserve_env.__main__ import serve
-
-    return serve(sys.argv[1:] if argv is None else argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 
     python -m llmserve_env.server.serving --host 127.0.0.1 --port 7860
 
-`make serve`, the Docker image, `python -m server.app` and the benches all start the server
+`make serve`, `llmserve-env serve`, the Docker image and the benches all start the server
 through `run` here, so they share these settings:
 
 | bound                      | value          | why                                                        |
