@@ -4,7 +4,7 @@ An episode is a pure function of (policy, task, seed): the simulator is determin
 job builds a fresh policy, so the same jobs give the same results bit for bit whichever runner
 plays them (tests/test_parallel.py compares the pool with a local Ray cluster).
 
-    jobs = [registry_job("heuristic", "bursty_workload", s) for s in eval_seeds(50)]
+    jobs = [registry_job("heuristic", "bursty_workload", s) for s in eval_seeds(50)]   # agents.registry
     runner = make_runner("auto", workers=2)            # Ray if installed, else the process pool
     results = runner.map(jobs)                          # in the order of `jobs`
 
@@ -25,7 +25,6 @@ silently missing. Ray is imported only by the `ray` runner: it is never needed t
 from __future__ import annotations
 
 import argparse
-import functools
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -36,7 +35,6 @@ from multiprocessing import get_context
 from typing import Any, Protocol
 
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
 
 RUNNERS = ("auto", "serial", "pool", "ray")
@@ -46,7 +44,7 @@ RAY_MAX_RETRIES = 3
 @dataclass(frozen=True)
 class EpisodeJob:
     """One episode to play. `policy` builds a fresh policy and must pickle (a `functools.partial`
-    of a module-level callable, as `registry_job` makes), so it can travel to another process."""
+    of a module-level callable, as agents.registry.registry_job makes), so it can travel to another process."""
 
     policy: Callable[[], Policy]
     task_id: str
@@ -67,12 +65,6 @@ class EpisodeOutcome:
 
 class EpisodeLostError(RuntimeError):
     """An episode could not be played (its worker died past the retries, or it raised)."""
-
-
-def registry_job(agent: str, task_id: str, seed: int, **options: Any) -> EpisodeJob:
-    """An episode of the registry's `agent` (agents/registry.py). The random agent's own action
-    stream is seeded by the episode seed, so each job is a pure function of (agent, task, seed)."""
-    return EpisodeJob(functools.partial(make_policy, agent, task_id, **{**options, "seed": seed}), task_id, seed)
 
 
 _ENV: Any = None  # one in-process environment per worker process, reused across its jobs

@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
@@ -160,9 +161,8 @@ class PlannerPolicy:
         self.base_names = tuple(bases) if bases is not None else default_bases(self.task)
         if not self.base_names:
             raise ValueError("bases must name at least one base policy")
-        from llmserve_env.agents.registry import POLICIES  # the registry imports this module
-
-        unknown = [b for b in self.base_names if b not in POLICIES or b in ("planner", "clairvoyant")]
+        # every registered policy but the planner itself and its clairvoyant bound (agents/singles.py)
+        unknown = [b for b in self.base_names if b not in SINGLES]
         if unknown:
             raise ValueError(f"bases must be registered policies other than the planner, got {unknown}")
         self.mode = mode
@@ -188,11 +188,9 @@ class PlannerPolicy:
     # ------------------------------------------------------------------------------- episode
 
     def reset(self) -> None:
-        from llmserve_env.agents.registry import make_policy
-
         self.shadow = None
         self.incumbent = None
-        self.bases = [make_policy(n, self.task_id) for n in self.base_names]
+        self.bases = [make_single(n, self.task_id) for n in self.base_names]
         for b in self.bases:
             b.reset()
 

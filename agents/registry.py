@@ -23,16 +23,13 @@ are imported on first use (the planner needs statsmodels, the `autoscale` extra)
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
 from typing import Any
 
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.heuristic import heuristic
+from llmserve_env.agents.parallel import EpisodeJob
 from llmserve_env.agents.planner import PlannerPolicy
-from llmserve_env.agents.ppo_policy import PPOPolicy
-from llmserve_env.agents.random_policy import RandomPolicy
-from llmserve_env.agents.static import starve, vllm_default
-from llmserve_env.agents.tuned_static import tuned_static
+from llmserve_env.agents.singles import SINGLES, PolicyFactory
 
 
 class UnknownPolicyError(KeyError):
@@ -44,44 +41,14 @@ class UnknownPolicyError(KeyError):
         return f"unknown policy {self.name!r}; choose one of: {', '.join(POLICIES)}"
 
 
-PolicyFactory = Callable[..., Policy]
-
-
-def _llm_policy(task_id: str, model: str | None, **kw: Any) -> Policy:
-    # Imported here: the OpenAI SDK costs ~0.7 s of import that no other policy (nor a training
-    # worker, nor evaluate.py without `llm`) needs.
-    from llmserve_env.agents.llm_policy import DEFAULT_MODEL, LLMPolicy
-
-    return LLMPolicy(task_id, model=model or DEFAULT_MODEL, **{k: v for k, v in kw.items() if k != "seed"})
-
-POLICIES: dict[str, PolicyFactory] = {
-    "random": lambda task_id, seed=0, **_: RandomPolicy(seed),
-    "starve": lambda task_id, **_: starve(),
-    "vllm_default": lambda task_id, **_: vllm_default(),
-    "static": lambda task_id, **_: vllm_default(),
-    "tuned_static": lambda task_id, **_: tuned_static(task_id),
-    "heuristic": lambda task_id, **_: heuristic(task_id),
-    "llm": lambda task_id, model=None, **kw: _llm_policy(task_id, model, **kw),
-    "ppo": lambda task_id, **_: PPOPolicy(task_id),
+_COMPOSITE: dict[str, PolicyFactory] = {
     "planner": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "sampled", seed=seed, **kw),
     "clairvoyant": lambda task_id, seed=0, **kw: PlannerPolicy(task_id, "clairvoyant", seed=seed, **kw),
-    "hpa": lambda task_id, **_: _autoscale().hpa(task_id),
-    "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
-    "operator": lambda task_id, **_: _operator().operator(task_id),
-    "schedule": lambda task_id, **_: _operator().schedule(task_id),
 }
-
-
-def _autoscale():
-    from llmserve_env.agents import autoscale
-
-    return autoscale
-
-
-def _operator():
-    from llmserve_env.agents import operator
-
-    return operator
+# The order of the table above (choices and error messages list them so).
+_ORDER = ("random", "starve", "vllm_default", "static", "tuned_static", "heuristic", "llm", "ppo", "planner",
+          "clairvoyant", "hpa", "dynamo_planner", "operator", "schedule")
+POLICIES: dict[str, PolicyFactory] = {name: {**SINGLES, **_COMPOSITE}[name] for name in _ORDER}
 
 
 def make_policy(name: str, task_id: str, **options: Any) -> Policy:
@@ -91,3 +58,9 @@ def make_policy(name: str, task_id: str, **options: Any) -> Policy:
     except KeyError:
         raise UnknownPolicyError(name) from None
     return factory(task_id, **options)
+
+
+def registry_job(agent: str, task_id: str, seed: int, **options: Any) -> EpisodeJob:
+    """An episode of the registry's `agent` (agents/registry.py). The random agent's own action
+    stream is seeded by the episode seed, so each job is a pure function of (agent, task, seed)."""
+    return EpisodeJob(functools.partial(make_policy, agent, task_id, **{**options, "seed": seed}), task_id, seed)

@@ -47,10 +47,10 @@ from llmserve_env.agents.family_table import (
     split_job,
     split_summary,
 )
-from llmserve_env.agents.parallel import add_runner_arguments, registry_job, runner_from_args
+from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
-from llmserve_env.agents.registry import make_policy
+from llmserve_env.agents.registry import make_policy, registry_job
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError

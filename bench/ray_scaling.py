@@ -19,7 +19,8 @@ import json
 import sys
 import time
 
-from llmserve_env.agents.parallel import PoolRunner, SerialRunner, make_runner, ray_available, registry_job
+from llmserve_env.agents.parallel import PoolRunner, SerialRunner, make_runner, ray_available
+from llmserve_env.agents.registry import registry_job
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.tools import cli
 

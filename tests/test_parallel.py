@@ -15,8 +15,8 @@ from llmserve_env.agents.parallel import (
     SerialRunner,
     make_runner,
     ray_available,
-    registry_job,
 )
+from llmserve_env.agents.registry import registry_job
 from llmserve_env.agents.static import StaticPolicy, vllm_default
 
 JOBS = [registry_job(agent, task, seed) for agent in ("random", "heuristic")
@@ -144,7 +144,7 @@ def _main(name: str):
     return importlib.import_module(f"llmserve_env.{name}").main
 
 
-@pytest.mark.parametrize("command", ["evaluate", "bench/score_table", "bench/headroom", "agents.tuned_static",
+@pytest.mark.parametrize("command", ["tools.evaluate", "bench/score_table", "bench/headroom", "agents.tuned_static",
                                      "agents.heuristic", "agents.autoscale"])
 def test_every_episode_heavy_command_takes_the_runner_options(command, capsys) -> None:
     main = _main(command)

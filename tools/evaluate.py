@@ -26,11 +26,10 @@ from llmserve_env.agents.parallel import (
     Runner,
     SerialRunner,
     add_runner_arguments,
-    registry_job,
     runner_from_args,
 )
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
-from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
