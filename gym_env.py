@@ -87,7 +87,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def last_observation(self) -> ServeObservation | None:
         """The raw observation behind the last features (built when read, on the fast path)."""
         try:
-            return self.core.episode.last_observation
+            return self.runtime.episode.last_observation
         except EnvError:  # before the first reset
             return None
 
@@ -104,7 +104,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
     def step(self, action: np.ndarray) -> tuple[np.ndarray, float, bool, bool, dict]:
         act = self.view.decode(action)
         if self.fast:
-            out = self.core.episode.advance(act)
+            out = self.runtime.episode.advance(act)
             # the encoder reads only the fields ObservedWindow holds (tests/test_gym_env.py checks both
             # paths give the same features, rewards and grades)
             features = self.view.features(cast(ServeObservation, ObservedWindow(out, self.task)))

@@ -122,7 +122,7 @@ def test_fast_path_matches_the_full_observation_path(task_id: str) -> None:
         x_full, r_full, done_full, _, info_full = full.step(a)
         assert np.array_equal(x_fast, x_full) and r_fast == r_full and done == done_full
     assert info_fast["score"] == info_full["score"]
-    assert fast.core.episode.episode_log().model_dump(exclude={"episode_id"}) == \
-        full.core.episode.episode_log().model_dump(exclude={"episode_id"})
+    assert fast.runtime.episode.episode_log().model_dump(exclude={"episode_id"}) == \
+        full.runtime.episode.episode_log().model_dump(exclude={"episode_id"})
     assert fast.last_observation.model_dump(exclude={"episode_id"}) == \
         full.last_observation.model_dump(exclude={"episode_id"})
