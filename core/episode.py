@@ -367,7 +367,10 @@ class Episode:
         self.cumulative_reward += reward
         knobs, metrics = action.knobs(), m.to_dict()
         if validate:
-            record = StepRecord(step_index=k, action=knobs, metrics=metrics, reward=reward, reward_terms=terms)
+            # The action's knobs come from a ServeAction validated on its way in: added unvalidated
+            # (model_copy's update does not validate), the metrics and reward are checked here.
+            record = StepRecord(step_index=k, metrics=metrics, reward=reward,
+                                reward_terms=terms).model_copy(update={"action": knobs})
         else:  # the fast path: the values are this process's own, checked when they were made
             record = StepRecord.model_construct(step_index=k, action=knobs, metrics=metrics, reward=reward,
                                                 reward_terms=terms)

@@ -12,12 +12,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from llmserve_env.core.episode import EPISODE_ID_MAX_LEN, EPISODE_ID_PATTERN
 from llmserve_env.core.episode_log import EpisodeLog
+from llmserve_env.core.errors import EpisodeRequiredError
 from llmserve_env.core.grader import GradeResult
 from llmserve_env.core.verify import grade_log
 from llmserve_env.server.bodies import ServeStepRequest, validate_body, validation_errors
 from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
-from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
+from llmserve_env.server.environment import LLMServeEnvironment
 from llmserve_env.shared.models import ServeAction, ServeObservation, ServeState
 from llmserve_env.shared.tasks import TASKS, get_task
 from openenv.core.env_server.types import StepResponse
@@ -133,14 +134,16 @@ def build_router(env_factory: Any) -> APIRouter:
             body, _ = validate_body(ServeStepRequest, await request.body())
         except ValidationError as exc:
             return JSONResponse(status_code=422, content={"detail": validation_errors(exc)})
-        env: LLMServeEnvironment = env_factory()
-        try:
-            if isinstance(env, InlineStepEnvironment):  # sim mode: on the loop (see its docstring)
-                obs = env.step(body.action, body.timeout_s, body.episode_id)
-            else:  # real mode: a window of wall clock, in the thread pool as OpenEnv did
-                obs = await run_in_threadpool(env.step, body.action, body.timeout_s, body.episode_id)
-        finally:
-            env.close()
+        # Straight to the episode store: over HTTP every call is stateless, so the per-call
+        # Environment that OpenEnv's routes build would only look the episode up and be closed.
+        # timeout_s is accepted, not used (as LLMServeEnvironment.step: a simulated window takes ms).
+        if not body.episode_id:
+            raise EpisodeRequiredError("POST /step")
+        episode = request.app.state.episode_store.get(body.episode_id)
+        if request.app.state.config.mode == "sim":  # on the loop (see InlineStepEnvironment's docstring)
+            obs = episode.step(body.action)
+        else:  # real mode: a window of wall clock, in the thread pool as OpenEnv did
+            obs = await run_in_threadpool(episode.step, body.action)
         return Response(step_response_json(obs), media_type="application/json")
 
     @router.post("/fork", response_model=ServeState, tags=["State Management"],
