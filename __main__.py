@@ -63,7 +63,7 @@ def serve(argv: list[str]) -> int:
     from llmserve_env.server.serving import quiet_repeated_errors, uvicorn_settings
 
     try:
-        # server.app builds its module-level app on import: the real-mode checks run there already
+        # built here, before uvicorn starts: a real-mode check that fails is one line, not a traceback
         from llmserve_env.server.app import build_app
 
         app = build_app()

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -20,23 +22,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from llmserve_env.core.errors import EnvError, EpisodeRequiredError
 from llmserve_env.core.grader import GradeError
-from llmserve_env.server import docs, openapi
-from llmserve_env.server.bodies import StrictBodies, printable
-from llmserve_env.server.budget import CallBudget
 from llmserve_env.server.config import ServerSettings
-from llmserve_env.server.dashboard import build_dashboard
-from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
-from llmserve_env.server.episodes import EpisodeStore
-from llmserve_env.server.frames import WebSocketFrames
-from llmserve_env.server.limits import BodySizeLimit, raise_open_file_limit
-from llmserve_env.server.logbounds import bound_logs
-from llmserve_env.server.methods import KnownMethods, routes_under
-from llmserve_env.server.routes import build_router
-from llmserve_env.server.wire import WireAction, WireObservation, WireState
 from llmserve_env.shared.tasks import UnknownTaskError
-from llmserve_env.shared.traces import TraceError, parse_in_worker_process
-from openenv.core.env_server.http_server import create_app
-from starlette.routing import Mount
+from llmserve_env.shared.traces import TraceError
 
 log = logging.getLogger("llmserve_env.app")
 
@@ -68,6 +56,8 @@ def _drop_route(app: FastAPI, path: str, method: str) -> None:
 def _calm_gradio_queue(app: FastAPI) -> None:
     """Slow the polling of the Gradio app mounted at /web (see GRADIO_POLL_S); best effort, since
     the queue is Gradio's private attribute: if a Gradio release renames it, nothing breaks."""
+    from starlette.routing import Mount
+
     for route in app.router.routes:
         if isinstance(route, Mount) and route.path == "/web" and hasattr(route.app, "get_blocks"):
             queue = getattr(route.app.get_blocks(), "_queue", None)
@@ -106,6 +96,23 @@ async def _warn_if_unbounded() -> None:
 
 
 def build_app(config: ServerSettings | None = None) -> FastAPI:
+    # Imported here, not at the top: OpenEnv's package imports Gradio and MCP whole (~3 s), which
+    # `import llmserve_env.server.app` (a test collecting, a tool naming build_app) need not pay.
+    from llmserve_env.server import docs, openapi
+    from llmserve_env.server.bodies import StrictBodies, printable
+    from llmserve_env.server.budget import CallBudget
+    from llmserve_env.server.dashboard import build_dashboard
+    from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
+    from llmserve_env.server.episodes import EpisodeStore
+    from llmserve_env.server.frames import WebSocketFrames
+    from llmserve_env.server.limits import BodySizeLimit, raise_open_file_limit
+    from llmserve_env.server.logbounds import bound_logs
+    from llmserve_env.server.methods import KnownMethods, routes_under
+    from llmserve_env.server.routes import build_router
+    from llmserve_env.server.wire import WireAction, WireObservation, WireState
+    from llmserve_env.shared.traces import parse_in_worker_process
+    from openenv.core.env_server.http_server import create_app
+
     config = config or ServerSettings.from_env()
     if config.mode == "real":
         # Fail at start-up, not at the first step: every variable, the tier table, the step timeout
@@ -202,4 +209,29 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     return app
 
 
-app = build_app()
+class LazyApp:
+    """The module's ASGI app (`uvicorn llmserve_env.server.app:app`), built by `build_app()` on first
+    use: the first ASGI call (uvicorn's lifespan start-up, before it serves anything, so a real-mode
+    check still stops the start) or the first attribute read (app.state, app.routes)."""
+
+    def __init__(self) -> None:
+        self._app: FastAPI | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> FastAPI:
+        if self._app is None:
+            with self._lock:
+                if self._app is None:
+                    self._app = build_app()
+        return self._app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await self.get()(scope, receive, send)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):  # probes (hasattr(app, "__await__")) must not build the app
+            raise AttributeError(name)
+        return getattr(self.get(), name)
+
+
+app = LazyApp()
