@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from llmserve_env.core.errors import EnvError, EpisodeRequiredError
 from llmserve_env.core.grader import GradeError
 from llmserve_env.server.config import ServerSettings
+from llmserve_env.server.limits import raise_open_file_limit
 from llmserve_env.shared.tasks import UnknownTaskError
 from llmserve_env.shared.traces import TraceError
 
@@ -105,7 +106,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     from llmserve_env.server.environment import InlineStepEnvironment, LLMServeEnvironment
     from llmserve_env.server.episodes import EpisodeStore
     from llmserve_env.server.frames import WebSocketFrames
-    from llmserve_env.server.limits import BodySizeLimit, raise_open_file_limit
+    from llmserve_env.server.limits import BodySizeLimit
     from llmserve_env.server.logbounds import bound_logs
     from llmserve_env.server.methods import KnownMethods, routes_under
     from llmserve_env.server.routes import build_router
@@ -207,6 +208,11 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     openapi.install(app)
     docs.install(app)  # /docs from the packaged Swagger UI: it renders offline
     return app
+
+
+# At import, as when the app was built at import: a runner's listening socket and first
+# connections already count against the limit before the lazy app is built (build_app raises it too).
+raise_open_file_limit()
 
 
 class LazyApp:
