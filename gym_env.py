@@ -4,7 +4,7 @@
     import llmserve_env.gym_env  # registers LLMServe-v0
     env = gymnasium.make("LLMServe-v0", task="bursty_workload")
 
-It steps the simulator in process through `server.environment.LLMServeEnvironment` (the same
+It steps the simulator in process through `core.inprocess.InProcessEnv` (the same episode,
 workload, metrics, reward and grader as the HTTP server, without the HTTP).
 
 Action space: `MultiDiscrete([10, 7, 7, 3, 2, 2])`, one index per knob: batch cap on a log

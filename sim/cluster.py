@@ -8,7 +8,7 @@ Each replica is the single-server simulator's `sim.engine.Engine`, driven exactl
 drives it (configure / start_window / run / close_window); the six per-replica knobs apply to every
 replica. What is added is the cluster around them:
 
-Replica life cycle (DESIGN.md, "Clusters"):
+Replica life cycle:
 
     requested -> starting -> ready -> draining -> gone
 
