@@ -43,7 +43,7 @@ every observation is checked against the shadow's, and a mismatch is an error, n
 Deterministic for a seed: the sample pool is drawn from `seed`, nothing else is random.
 
 Cost: (bases + variants + keep x (bases - 1)) rollouts to the episode's end per decision (measured in
-the README's Headroom section); `PlannerStats.cpu_s` keeps the CPU seconds spent deciding.
+docs/benchmarks.md, Headroom); `PlannerStats.cpu_s` keeps the CPU seconds spent deciding.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Every variable is validated before the app is built (`ServerSettings.from_env`, 
 `server.app` calls at import): a number that is not finite or out of range, a mode that is not
 `sim`/`real`, a variable that is set but empty (`LLMSERVE_TRACE_DIR=""` would silently turn trace
 confinement off), a trace folder that does not exist, each stop the server with a message naming
-the variable (ConfigError). The variables, their defaults and meanings are listed in the README's
+the variable (ConfigError). The variables, their defaults and meanings are listed in docs/configuration.md's
 configuration table, which `python scripts/env_table.py --write` generates from the `Field`
 descriptions here and in gateway/config.py (tests/test_env_table.py keeps them in step).
 

@@ -200,6 +200,8 @@ def test_build_context_keeps_what_the_image_needs_and_drops_the_rest():
         "server/app.py",
         "sim",
         "shared",
+        "core",
+        "tools",
     ):
         assert not ignored(needed, rules), needed
     for dropped in (".git", ".venv", "tests/test_x.py", "server/__pycache__/app.cpython-311.pyc", ".env"):

@@ -1,4 +1,4 @@
-"""The README's variable table is the one generated from the settings, and lists every variable."""
+"""The variable table (docs/configuration.md) is the one generated from the settings, and lists every variable."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ NOT_SETTINGS = {"LLMSERVE_REQUIRE_BROWSER", "LLMSERVE_REQUIRE_TORCH", "LLMSERVE_
 
 
 def test_readme_table_is_the_generated_one():
-    assert env_table.readme_table((ROOT / "README.md").read_text()) == env_table.table(), \
+    assert env_table.readme_table(env_table.README.read_text()) == env_table.table(), \
         "run `python scripts/env_table.py --write`"
 
 
