@@ -9,8 +9,9 @@ this package (the folder `llmserve_env` is imported from): FastAPI, Starlette, p
 frames are not counted, but a call of ours that they make is. The backend's window is one hop: the
 calls below `run_window` (the simulator's own work, the same on any route) are not counted, nor are
 those below the metrics tracker, the reward and the metrics' `to_dict` (the step's work, not its
-plumbing), nor comprehensions; so the figure counts the layers a request passes through. Last line: one JSON object, `step_hops`
-(every call counted), `step_hop_functions` (distinct functions).
+plumbing), nor comprehensions; so the figure counts the layers a request passes through. Last line:
+one JSON object, `step_hops` (every call counted), `step_hop_functions` (distinct functions) and
+`step_hops_from_route` (from the route handler down, without the ASGI guards' receive/send wrappers).
 """
 
 from __future__ import annotations
@@ -105,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.child:
         for i, (depth, name) in enumerate(hops, 1):
             print(f"{i:3d} {'  ' * depth}{name}")
-    print(json.dumps({"step_hops": len(hops), "step_hop_functions": len({n for _, n in hops})}))
+    # From the route handler down: the hops a step takes once the server's ASGI guards (methods,
+    # WebSocket frames, body size and time, strict bodies) and their receive/send wrappers have passed it.
+    route = next((i for i, (_, n) in enumerate(hops) if n.endswith(".step") and n.startswith("server/routes")), 0)
+    in_route = [n for _, n in hops[route:] if "limited_receive" not in n and "guarded_send" not in n]
+    print(json.dumps({"step_hops": len(hops), "step_hop_functions": len({n for _, n in hops}),
+                      "step_hops_from_route": len(in_route)}))
     return 0
 
 

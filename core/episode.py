@@ -325,7 +325,7 @@ class Episode:
         with self.lock:
             out = self._serve(action, validate=True)
             obs = _observation(out, self.task, self.episode_id)
-            self.last_observation = obs
+            self.observation, self.outcome = obs, None  # the last_observation setter's work, one call fewer
             return obs
 
     def advance(self, action: ServeAction) -> StepOutcome:
@@ -341,7 +341,8 @@ class Episode:
         self.last_used = time.monotonic()
         if self.done:
             raise EpisodeDoneError(self.episode_id, self.task.horizon)
-        check_replicas(action, self.task, getattr(self.backend, "max_replicas", None))
+        if action.replicas is not None:  # a single-server action has none: nothing to check
+            check_replicas(action, self.task, getattr(self.backend, "max_replicas", None))
         k = self.step_count
         arrivals = self.windows[k]
         dt = self.task.window_s
