@@ -29,7 +29,7 @@ tasks) or vLLM's fixed defaults, whichever tuning on training seeds picks.
   output tokens per arriving request (throughput / arrival rate) since the observation carries no
   per-request output count.
 
-Tuning (`python -m agents.autoscale --task all`): coordinate descent over each rival's grid on
+Tuning (`python -m llmserve_env.tools.tune_autoscale --task all`): coordinate descent over each rival's grid on
 training seeds only (agents/seeds.py); results and the command in agents/autoscale_tuned.json.
 `tuned_static` on the cluster tasks is a fixed replica count plus fixed knobs, tuned by the same
 command into agents/tuned_static.json (so `tuned_static(task_id)` serves it unchanged).
@@ -37,13 +37,8 @@ command into agents/tuned_static.json (so `tuned_static(task_id)` serves it unch
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import logging
 import math
-import sys
-import time
 import warnings
 from collections import deque
 from collections.abc import Sequence
@@ -56,12 +51,10 @@ from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
-from llmserve_env.agents.seeds import train_seeds
+from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
-from llmserve_env.agents.tuned_static import TUNED_PATH as STATIC_TUNED_PATH
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import CLUSTER_TASKS, TASKS, TaskSpec, get_task
+from llmserve_env.shared.tasks import TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "autoscale_tuned.json"
 
@@ -382,58 +375,3 @@ def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], lo
                                                 [len(grid[n]) for n in names], [start],
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))
     return values_at(best), score, evaluated
-
-
-def main(argv: list[str] | None = None) -> None:
-    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-    from llmserve_env.tools import cli
-
-    ap = argparse.ArgumentParser(prog="python -m agents.autoscale", description=__doc__,
-                                 formatter_class=cli.HelpFormatter)
-    ap.add_argument("--task", type=cli.task_list, default="all",
-                    help=f"comma-separated cluster task ids ({', '.join(CLUSTER_TASKS)}), or 'all'")
-    ap.add_argument("--kind", type=cli.names_from(KINDS), default="all",
-                    help=f"comma-separated rivals to tune ({', '.join(KINDS)}), or 'all'")
-    ap.add_argument("--seeds", type=cli.int_at_least(1), default=4, help="training seeds per configuration")
-    add_runner_arguments(ap)
-    cli.add_output_options(ap)
-    args = ap.parse_args(argv)
-    single = [t for t in args.task if not get_task(t).is_cluster]
-    if args.task != list(TASKS) and single:  # 'all' means the cluster tasks; naming another is an error
-        ap.error(f"argument --task: {', '.join(single)} is a single-server task; autoscalers tune the cluster "
-                 f"tasks ({', '.join(CLUSTER_TASKS)}): python -m agents.tuned_static tunes the others")
-    cli.configure_logging(args)
-    runner = runner_from_args(ap, args)
-    from llmserve_env.core.inprocess import InProcessEnv
-
-    tasks = [t for t in args.task if get_task(t).is_cluster]
-    command = "python -m agents.autoscale " + " ".join(sys.argv[1:] if argv is None else argv)
-    commit = git_commit()
-    log = logging.getLogger(__name__).info
-    try:
-        for task_id in tasks:
-            for kind in args.kind:
-                t0 = time.perf_counter()
-                env = cli.EpisodeCounter(InProcessEnv(), f"tuning {kind} on {task_id}", quiet=args.quiet)
-                values, score, evaluated = tune_kind(env, kind, task_id, train_seeds(args.seeds), log=log,
-                                                     runner=runner)
-                env.close()
-                record = {"train_score": round(score, 6), "train_seeds": train_seeds(args.seeds),
-                          "configs_evaluated": evaluated, "search_wall_s": round(time.perf_counter() - t0, 1),
-                          "command": command, "git_commit": commit}
-                if kind == "tuned_static":
-                    stored = load_tuned(STATIC_TUNED_PATH)
-                    stored["tasks"][task_id] = {"action": _static_action(values).knobs(), **record}
-                    STATIC_TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
-                else:
-                    stored = load_tuned(TUNED_PATH)
-                    stored["tasks"].setdefault(task_id, {})[kind] = {"params": values, **record}
-                    TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
-                print(f"{task_id} {kind}: {values} train score {score:.4f} ({evaluated} evals, "
-                      f"{time.perf_counter() - t0:.0f} s)", flush=True)
-    finally:
-        runner.close()
-
-
-if __name__ == "__main__":
-    main()

@@ -18,19 +18,13 @@ Rules, applied every window to the observation of the window just served:
 - prefill/decode split: on while the queue is at least `split_queue` (off by default).
 
 `HeuristicParams()` are hand-set defaults; `heuristic_tuned.json` holds per-task thresholds
-chosen by coordinate descent on training seeds (`python -m agents.heuristic --task all`),
+chosen by coordinate descent on training seeds (`python -m llmserve_env.tools.tune_heuristic --task all`),
 which `heuristic(task_id)` uses when present, so the rival PPO faces is the best of its kind.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import functools
-import json
-import logging
-import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from llmserve_env.agents.base import make_action
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
-from llmserve_env.agents.seeds import train_seeds
+from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec, get_task
 
@@ -162,41 +155,3 @@ def tune(env: EpisodeEnv, task_id: str, seeds: list[int], log=print,
     best, best_score, evaluated = coordinate_descent(score, [len(TUNING_GRID[n]) for n in names], starts,
                                                      log=lambda m: log(f"[{task_id}] {m}"))
     return params_at(best), best_score, evaluated
-
-
-def main(argv: list[str] | None = None) -> None:
-    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-    from llmserve_env.tools import cli
-
-    ap = argparse.ArgumentParser(prog="python -m agents.heuristic", description=__doc__,
-                                 formatter_class=cli.HelpFormatter)
-    ap.add_argument("--task", type=cli.task_list, default="all", help="comma-separated task ids, or 'all'")
-    ap.add_argument("--seeds", type=cli.int_at_least(1), default=8, help="training seeds per candidate")
-    ap.add_argument("--output", type=cli.writable_file, default=TUNED_PATH, help="tuned thresholds file (JSON)")
-    add_runner_arguments(ap)
-    cli.add_output_options(ap)
-    args = ap.parse_args(argv)
-    cli.configure_logging(args)
-    runner = runner_from_args(ap, args)
-    # The CLI plays episodes in process; the policy itself needs nothing from the server.
-    from llmserve_env.core.inprocess import InProcessEnv
-
-    command = "python -m agents.heuristic " + " ".join(sys.argv[1:] if argv is None else argv)
-    stored = load_tuned(args.output)
-    for task_id in args.task:
-        t0 = time.perf_counter()
-        env = cli.EpisodeCounter(InProcessEnv(), f"tuning {task_id}", quiet=args.quiet)
-        params, score, evaluated = tune(env, task_id, train_seeds(args.seeds), log=logging.getLogger(__name__).info,
-                                        runner=runner)
-        env.close()
-        stored["tasks"][task_id] = {"params": dataclasses.asdict(params), "train_score": round(score, 6),
-                                    "train_seeds": train_seeds(args.seeds), "candidates_evaluated": evaluated,
-                                    "search_wall_s": round(time.perf_counter() - t0, 1), "command": command,
-                                    "git_commit": git_commit()}
-        print(f"{task_id}: {dataclasses.asdict(params)} train score {score:.4f} ({evaluated} candidates)")
-        args.output.write_text(json.dumps(stored, indent=2) + "\n")
-    runner.close()
-
-
-if __name__ == "__main__":
-    main()

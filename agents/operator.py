@@ -31,20 +31,15 @@ Two rivals on the cluster tasks, one definition (`DayPlanPolicy`):
 Inputs: the task's published workload (`expected_rates`), its profile's cold start, and the
 observation (per-tenant arrivals, queue, replicas by state); never the episode's own draw.
 
-Tuning (`python -m agents.operator --task diurnal_autoscale --kind operator --seeds 8`): coordinate
+Tuning (`python -m llmserve_env.tools.tune_operator --task diurnal_autoscale --kind operator --seeds 8`): coordinate
 descent (agents/search.py) over `GRID` on training seeds (agents/seeds.py), from the defaults below;
 the result, its budget (configurations, CPU seconds) and the command go to agents/operator_tuned.json.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
-import json
-import logging
 import math
-import sys
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -54,11 +49,10 @@ import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
-from llmserve_env.agents.search import coordinate_descent, git_commit, load_tuned, tuned_entry
-from llmserve_env.agents.seeds import train_seeds
+from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.shared.day_shape import expected_rates, job_rates
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import CLUSTER_TASKS, TASKS, TaskSpec, get_task
+from llmserve_env.shared.tasks import TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "operator_tuned.json"
 KINDS = ("operator", "schedule")
@@ -280,52 +274,3 @@ def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=pri
                                                 [len(GRID[n]) for n in names], [start],
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))
     return values_at(best), score, evaluated
-
-
-def main(argv: list[str] | None = None) -> None:
-    from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-    from llmserve_env.tools import cli
-
-    ap = argparse.ArgumentParser(prog="python -m agents.operator", description=__doc__,
-                                 formatter_class=cli.HelpFormatter)
-    ap.add_argument("--task", type=cli.task_list, default="all",
-                    help=f"comma-separated cluster task ids ({', '.join(CLUSTER_TASKS)}), or 'all'")
-    ap.add_argument("--kind", type=cli.names_from(KINDS), default="all",
-                    help=f"comma-separated rules to tune ({', '.join(KINDS)}), or 'all'")
-    ap.add_argument("--seeds", type=cli.int_at_least(1), default=8, help="training seeds 0..N-1 per configuration")
-    add_runner_arguments(ap)
-    cli.add_output_options(ap)
-    args = ap.parse_args(argv)
-    single = [t for t in args.task if not get_task(t).is_cluster]
-    if args.task != list(TASKS) and single:  # 'all' means the cluster tasks; naming another is an error
-        ap.error(f"argument --task: {', '.join(single)} is a single-server task; the day-plan rules tune "
-                 f"cluster tasks ({', '.join(CLUSTER_TASKS)})")
-    cli.configure_logging(args)
-    runner = runner_from_args(ap, args)
-    from llmserve_env.core.inprocess import InProcessEnv
-
-    tasks = [t for t in args.task if get_task(t).is_cluster]
-    command = "python -m agents.operator " + " ".join(sys.argv[1:] if argv is None else argv)
-    log = logging.getLogger(__name__).info
-    try:
-        for task_id in tasks:
-            for kind in args.kind:
-                t0, c0 = time.perf_counter(), time.process_time()
-                env = cli.EpisodeCounter(InProcessEnv(), f"tuning {kind} on {task_id}", quiet=args.quiet)
-                values, score, evaluated = tune(env, kind, task_id, train_seeds(args.seeds), log=log, runner=runner)
-                env.close()
-                stored = load_tuned(TUNED_PATH)
-                stored["tasks"].setdefault(task_id, {})[kind] = {
-                    "params": values, "train_score": round(score, 6), "train_seeds": train_seeds(args.seeds),
-                    "configs_evaluated": evaluated, "search_wall_s": round(time.perf_counter() - t0, 1),
-                    "search_cpu_s_this_process": round(time.process_time() - c0, 1),
-                    "command": command, "git_commit": git_commit()}
-                TUNED_PATH.write_text(json.dumps(stored, indent=2) + "\n")
-                print(f"{task_id} {kind}: {values} train score {score:.4f} ({evaluated} configurations, "
-                      f"{time.perf_counter() - t0:.0f} s)", flush=True)
-    finally:
-        runner.close()
-
-
-if __name__ == "__main__":
-    main()

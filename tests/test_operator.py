@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llmserve_env.agents.autoscale import NotClusterTaskError
-from llmserve_env.agents.operator import DayPlanParams, DayPlanPolicy, main, tuned_params
+from llmserve_env.agents.operator import DayPlanParams, DayPlanPolicy, tuned_params
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.core.inprocess import InProcessEnv
@@ -13,6 +13,7 @@ from llmserve_env.shared.day_shape import NotCycleTaskError, expected_rates
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.tools.tune_operator import main
 
 DIURNAL, MULTI = get_task("diurnal_autoscale"), get_task("multitenant_autoscale")
 

@@ -144,8 +144,8 @@ def _main(name: str):
     return importlib.import_module(f"llmserve_env.{name}").main
 
 
-@pytest.mark.parametrize("command", ["tools.evaluate", "bench/score_table", "bench/headroom", "agents.tuned_static",
-                                     "agents.heuristic", "agents.autoscale"])
+@pytest.mark.parametrize("command", ["tools.evaluate", "bench/score_table", "bench/headroom", "tools.tune_static",
+                                     "tools.tune_heuristic", "tools.tune_autoscale"])
 def test_every_episode_heavy_command_takes_the_runner_options(command, capsys) -> None:
     main = _main(command)
     with pytest.raises(SystemExit) as exc:
@@ -180,7 +180,7 @@ def test_autoscale_tuning_jobs_give_the_same_scores_on_a_pool() -> None:
 
 
 def test_autoscale_refuses_a_single_server_task(capsys) -> None:
-    from llmserve_env.agents.autoscale import main
+    from llmserve_env.tools.tune_autoscale import main
 
     with pytest.raises(SystemExit) as exc:
         main(["--task", "static_workload"])
