@@ -6,7 +6,7 @@ commands:
   serve       the HTTP API and web UI (uvicorn; sim mode unless --mode real)
   evaluate    score policies on held-out episodes (evaluate.py)
   train       PPO on one task (train.py; needs the `train` extra: make install-train)
-  calibrate   fit simulator profiles (python -m llmserve_env.sim.calibrate)
+  calibrate   fit simulator profiles (python -m llmserve_env.tools.calibrate)
   bench       a benchmark script from bench/ (source checkout only): bench NAME [options]
   baseline    the baseline suite (python -m llmserve_env.server.baseline_inference)
 """
@@ -140,7 +140,7 @@ def dispatch(command: str, rest: list[str]) -> int:
 
         return _call(evaluate.main, rest)
     if command == "calibrate":
-        from llmserve_env.sim import calibrate
+        from llmserve_env.tools import calibrate
 
         return _call(calibrate.main, rest)
     from llmserve_env.server import baseline_inference

@@ -57,14 +57,19 @@ from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import generate_arrivals, windows
-from llmserve_env.sim.calibrate import FitRefusedError, run_records
-from llmserve_env.sim.calibrate_engine_log import EngineTiming, engine_speed, match, read_engine_log
+from llmserve_env.sim.calibration.calibrate import FitRefusedError, run_records
+from llmserve_env.sim.calibration.calibrate_engine_log import (
+    EngineTiming,
+    engine_speed,
+    match,
+    read_engine_log,
+)
+from llmserve_env.sim.calibration.record_fit import load_runs
+from llmserve_env.sim.calibration.replay import by_concurrency, concurrency_table, pooled, replay
+from llmserve_env.sim.calibration.table_fit import write_probe
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
-from llmserve_env.sim.record_fit import load_runs
-from llmserve_env.sim.replay import by_concurrency, concurrency_table, pooled, replay
-from llmserve_env.sim.table_fit import write_probe
 
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"

@@ -3,7 +3,7 @@
     python bench/sim_fidelity.py [--trace-seconds 600] [--sweep-seconds 60]
 
 1. Kernels held out of the fit (about a quarter of the shapes, chosen by CRC32 of the shape key;
-   see sim/kernel_data.py), per profile and kernel class.
+   see sim/calibration/kernel_data.py), per profile and kernel class.
 2. Published end-to-end figures (shared/data/README.md): Llama-3.1-8B on one H100 under vLLM at
    moderate load, mean ITL 8-9 ms and mean TTFT 33-40 ms, checked by replaying the first
    `--trace-seconds` of the Azure 2023 conversation trace (about 4.8 req/s, ~1.1k-token prompts)
@@ -16,7 +16,7 @@
    PyTorch, random weights, CUDA graphs; sim/data/*_torch_steps.csv): decode and prefill of
    Llama-3.1-8B and of one Llama-3.1-70B TP4 shard (no all-reduce), against the shipped profiles.
    Stock PyTorch runs unfused norms, rotary and SiLU, so the vLLM-calibrated profiles are
-   expected to be somewhat faster; `python -m llmserve_env.sim.calibrate steps` re-fits to them.
+   expected to be somewhat faster; `python -m llmserve_env.tools.calibrate steps` re-fits to them.
 5. Static batches per profile and quantization tier: prefill of one 256/1024/2048-token prompt and
    TPOT at batch 1/32/128 (1k context), and the held-out error of the FP8 GEMM pricing per m range.
 6. Load sweeps per profile (1k-token prompts, 256-token outputs, Poisson): one request population
@@ -45,9 +45,9 @@ import numpy as np
 from llmserve_env.agents.static import VLLM_DEFAULT, make_action
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
-from llmserve_env.sim import fitting
 from llmserve_env.sim.backend import SimBackend
-from llmserve_env.sim.calibrate import (
+from llmserve_env.sim.calibration import fitting
+from llmserve_env.sim.calibration.calibrate import (
     ANCHOR_CONTEXT,
     ANCHOR_DECODE_S,
     batch1_decode_s,
@@ -55,9 +55,9 @@ from llmserve_env.sim.calibrate import (
     gemm_prediction,
     heldout_errors_by_kernel,
 )
-from llmserve_env.sim.experiment import play
+from llmserve_env.sim.calibration.experiment import play
+from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
 from llmserve_env.sim.profiles import list_profiles, load_profile
-from llmserve_env.sim.step_fit import fit_steps, read_steps
 from llmserve_env.sim.step_time import StepTimeModel
 from llmserve_env.tools import cli
 

@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         "attention": "torch.nn.functional.scaled_dot_product_attention (enable_gqa)",
         "decode": "CUDA graph replay", "prefill": "CUDA graph replay; prefill_eager rows: eager",
         "date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
-        # a tensor-parallel shard on one GPU runs no all-reduce (sim.step_fit leaves them out too)
+        # a tensor-parallel shard on one GPU runs no all-reduce (sim.calibration.step_fit leaves them out too)
         "includes_allreduce": not args.model.endswith(tuple(f"-tp{n}" for n in (2, 4, 8))),
     }
     args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")

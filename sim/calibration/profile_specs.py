@@ -1,6 +1,6 @@
 """The hand-set half of each built-in profile: hardware, model shapes, engine settings, tiers.
 
-`sim.calibrate` joins these with the coefficients it fits to the kernel tables and writes
+`sim.calibration.calibrate` joins these with the coefficients it fits to the kernel tables and writes
 sim/profiles/<id>.json. Every number here is either a published specification (model shapes from
 the models' config.json, vLLM defaults), a cited figure, or listed under `assumptions`.
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # sim/data
 
 FILES: dict[str, str] = {
     "h100": "h100_sxm_vllm-0.24.0_{kind}.csv.gz",

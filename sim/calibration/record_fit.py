@@ -6,7 +6,7 @@ token and its end came. The engine behind it may be nothing like the profile's (
 CPU against a vLLM-on-H100 profile), so the fit does not rescale the kernel model: it fits the
 affine iteration time of sim/measured_step.py (fixed per iteration, per decoding sequence, per
 token through the model, per token of decode context) by replaying the recorded episodes through
-the simulator itself (sim/replay.py: same arrivals, actions and caps) and minimising the log error
+the simulator itself (sim/calibration/replay.py: same arrivals, actions and caps) and minimising the log error
 of every request's TTFT and TPOT. The simulator's scheduler is part of the fit: queueing behind
 other requests' prefills is predicted, not absorbed into the coefficients.
 
@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.sim.calibration.replay import Comparison, RecordedRun, pooled, real_side, replay, sim_side
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import KEY, StepCoefficients
 from llmserve_env.sim.profiles import Profile, profile_from_dict
-from llmserve_env.sim.replay import Comparison, RecordedRun, pooled, real_side, replay, sim_side
 
 REQUIRED = ("request_id", "arrival_s", "status", "prompt_tokens", "target_output_tokens")
 REQUIRED_OK = ("dispatch_s", "first_token_s", "finish_s", "output_tokens")
@@ -208,7 +208,7 @@ def initial_guess(runs: list[RecordedRun]) -> StepCoefficients:
 
 def replay_objective(runs: list[RecordedRun], build: Callable[[np.ndarray], Profile]) -> Callable[[np.ndarray], float]:
     """Mean soft-L1 loss of log(sim / real) over every request's TTFT and TPOT, replaying `runs` on the
-    profile `build(x)` (the affine fit's and the table fit's (sim/table_fit.py) one objective)."""
+    profile `build(x)` (the affine fit's and the table fit's (sim/calibration/table_fit.py) one objective)."""
     reals = [real_side(r) for r in runs]
 
     def f(x: np.ndarray) -> float:

@@ -1,6 +1,6 @@
 """Replay a real-mode recording through the simulator and say how far apart they are.
 
-    python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile P [--actions A.jsonl]
+    python -m llmserve_env.tools.calibrate replay --records FILE.jsonl --profile P [--actions A.jsonl]
 
 A recording (gateway/recorder.py: one request a line) holds each request's arrival, the prompt
 the server counted (`usage_prompt_tokens`; the project tokenizer's count when the server sent no

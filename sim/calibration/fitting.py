@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from llmserve_env.sim import kernel_data as kd
+from llmserve_env.sim.calibration import kernel_data as kd
 from llmserve_env.sim.forms import (
     KV_ELEM_BYTES,
     AlphaBetaFit,

@@ -9,7 +9,7 @@ The same rows can re-fit the profile's two global coefficients,
 
     measured  ~  t_fixed + s * gpu(row)         gpu(row): the profile's GPU time at scale 1
 
-by least squares on relative error (`sim.record_fit.solve_fixed_and_scale`, the solve the request
+by least squares on relative error (`sim.calibration.record_fit.solve_fixed_and_scale`, the solve the request
 records use), which turns a profile fitted to one engine's kernels into one for the engine that
 was measured.
 
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from llmserve_env.sim.calibration.record_fit import solve_fixed_and_scale
 from llmserve_env.sim.profiles import Profile
-from llmserve_env.sim.record_fit import solve_fixed_and_scale
 from llmserve_env.sim.step_time import StepTimeModel
 
 PHASES = ("decode", "prefill")  # `prefill_eager` rows measure Python's launch overhead, not the GPU

@@ -3,7 +3,7 @@ model by their error on held-out records.
 
 The table's knots are read off the records: decode at 1, 2, 4, ... slots up to the largest batch the
 records saw (within the actions' batch_cap); prefill at two token counts (the median and the largest prompt the engine counted).
-Its values are fitted the way the affine coefficients are (sim/record_fit.py): replaying the recorded
+Its values are fitted the way the affine coefficients are (sim/calibration/record_fit.py): replaying the recorded
 episodes through the simulator and minimising the soft-L1 log error of every request's TTFT and TPOT,
 by Nelder-Mead on the logs of the values, started from the affine fit (so the table starts where the
 straight line ended and can only bend away from it where the records ask), or from a decode probe
@@ -24,17 +24,17 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.sim.measured_step import KEY as AFFINE_KEY
-from llmserve_env.sim.measured_step import StepCoefficients
-from llmserve_env.sim.profiles import Profile, profile_from_dict
-from llmserve_env.sim.record_fit import (
+from llmserve_env.sim.calibration.record_fit import (
     RecordFit,
     fit_records,
     nelder_mead,
     replay_objective,
     with_coefficients,
 )
-from llmserve_env.sim.replay import Comparison, RecordedRun, pooled, replay
+from llmserve_env.sim.calibration.replay import Comparison, RecordedRun, pooled, replay
+from llmserve_env.sim.measured_step import KEY as AFFINE_KEY
+from llmserve_env.sim.measured_step import StepCoefficients
+from llmserve_env.sim.profiles import Profile, profile_from_dict
 from llmserve_env.sim.step_table import KEY, StepTable
 
 

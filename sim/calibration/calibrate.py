@@ -3,16 +3,16 @@
 Profiles are written to the user folder (~/.local/share/llmserve_env/profiles, see
 sim.profiles.user_profile_dir) unless told where: never into the source tree by default.
 
-    python -m llmserve_env.sim.calibrate kernels [--profile ID|all] [--out-dir DIR]
+    python -m llmserve_env.tools.calibrate kernels [--profile ID|all] [--out-dir DIR]
         Fit each profile's kernel-time coefficients (GEMM per dtype, decode and prefill attention per
         KV-cache dtype, all-reduce, KV transfer) to the kernel tables in sim/data (held-out shapes
         excluded), fit t_fixed to the measured batch-1 decode step (scaled by layer count for the
         other profiles), write DIR/<id>.json and a fit report. The shipped profiles are
         `kernels --profile all --out-dir sim/profiles` (bit for bit).
 
-    python -m llmserve_env.sim.calibrate records --profile ID --records FILE.jsonl --action JSON|--actions FILE
+    python -m llmserve_env.tools.calibrate records --profile ID --records FILE.jsonl --action JSON|--actions FILE
                                                  [--out PATH.json|NEW_ID] [caps]
-        Fit the iteration time of the engine behind a real-mode recording (sim/record_fit.py: fixed
+        Fit the iteration time of the engine behind a real-mode recording (sim/calibration/record_fit.py: fixed
         per iteration, per decoding sequence, per token, per token of context) by replaying it through
         the simulator, starting from profile ID. Writes the fitted profile only if its replay beats ID's
         (exit 1 and why otherwise). --step-model auto (default): with two episodes or more, also fits
@@ -20,16 +20,16 @@ sim.profiles.user_profile_dir) unless told where: never into the source tree by 
         keeps it only when it replays the held-out episodes (--held-out, the last third) better; says
         which it kept.
 
-    python -m llmserve_env.sim.calibrate replay --records FILE.jsonl --profile ID|PATH --action JSON|--actions FILE
+    python -m llmserve_env.tools.calibrate replay --records FILE.jsonl --profile ID|PATH --action JSON|--actions FILE
         The recording's arrivals and actions through the simulator on the profile, under the same
-        caps: TTFT / TPOT / throughput error per window and overall (sim/replay.py).
+        caps: TTFT / TPOT / throughput error per window and overall (sim/calibration/replay.py).
 
-    python -m llmserve_env.sim.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID] [--out-dir DIR]
+    python -m llmserve_env.tools.calibrate steps --profile ID --steps FILE.csv [--out NEW_ID] [--out-dir DIR]
         Score a profile against whole iterations measured on a GPU (scripts/measure_gpu_steps.py
         writes FILE.csv), re-fit t_fixed and gpu_time_scale to them, write a fit report, and, with
         --out, the re-fitted profile.
 
-    python -m llmserve_env.sim.calibrate extract --src /path/to/data/kernels
+    python -m llmserve_env.tools.calibrate extract --src /path/to/data/kernels
         Rebuild the kernel-table subsets in sim/data from the full tables.
 
 Caps (records, replay): real mode's --max-requests-per-step, --max-prompt-tokens and
@@ -38,40 +38,34 @@ Caps (records, replay): real mode's --max-requests-per-step, --max-prompt-tokens
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.sim import fitting
-from llmserve_env.sim.caps import RequestCaps
-from llmserve_env.sim.forms import RooflineFit
-from llmserve_env.sim.measured_step import KEY as MEASURED_KEY
-from llmserve_env.sim.profile_specs import SPECS, base_profile
-from llmserve_env.sim.profiles import (
-    Profile,
-    UnknownProfileError,
-    load_profile,
-    profile_from_dict,
-    user_profile_dir,
-)
-from llmserve_env.sim.record_fit import (
+from llmserve_env.sim.calibration import fitting
+from llmserve_env.sim.calibration.profile_specs import SPECS, base_profile
+from llmserve_env.sim.calibration.record_fit import (
     PROMPT_KEY,
     RecordFit,
     fit_prompt_counting,
     fit_records,
     load_runs,
-    read_actions,
 )
-from llmserve_env.sim.replay import replay
-from llmserve_env.sim.step_fit import fit_steps, read_steps
+from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
+from llmserve_env.sim.calibration.table_fit import Choice, choose, fit_table
+from llmserve_env.sim.caps import RequestCaps
+from llmserve_env.sim.forms import RooflineFit
+from llmserve_env.sim.measured_step import KEY as MEASURED_KEY
+from llmserve_env.sim.profiles import (
+    Profile,
+    load_profile,
+    profile_from_dict,
+    user_profile_dir,
+)
 from llmserve_env.sim.step_table import KEY as TABLE_KEY
 from llmserve_env.sim.step_time import StepTimeModel
-from llmserve_env.sim.table_fit import Choice, choose, fit_table, read_probe
-from llmserve_env.tools import cli
 
 # Measured anchor: batch-1 TPOT of Llama-3.1-8B on one H100 under vLLM is about 6.5 ms (InferenceBench's
 # measurement, as cited by issue 15; the earlier 7-8 ms of shared/data/README.md was a kernel sum, not a
@@ -87,7 +81,7 @@ ANCHOR_SOURCE = ("t_fixed_s fitted so the batch-1 decode step of Llama-3.1-8B on
                  "for 80). Batched-decode check: mean ITL replaying the Azure conversation trace at 1x against "
                  "the published 8-9 ms (bench/sim_fidelity.py)")
 REPORT_NAME = "fit_report.md"
-RATIO_DTYPES = ("fp8",)  # GEMM dtypes priced as the bf16 fit x their measured latency ratio (sim.fitting)
+RATIO_DTYPES = ("fp8",)  # GEMM dtypes priced as the bf16 fit x their measured latency ratio (sim.calibration.fitting)
 
 
 def anchor_layers() -> int:
@@ -223,7 +217,7 @@ def calibrate_kernels(profile_id: str, t_fixed_s: float | None = None) -> dict[s
     prof["provenance"] = {
         "kernels": f"NVIDIA AIConfigurator kernel database (aiconfigurator-core 0.12.0, Apache-2.0), "
                    f"{hw['gpu']} tables; subsets in sim/data, see sim/data/PROVENANCE.md",
-        "fit": "python -m llmserve_env.sim.calibrate kernels: log-space least squares on the training shapes; "
+        "fit": "python -m llmserve_env.tools.calibrate kernels: log-space least squares on the training shapes; "
                "about a quarter of the shapes (CRC32 of the shape key % 4 == 0) are held out and scored",
         "t_fixed": ANCHOR_SOURCE,
         "price": hw.pop("price_source"),
@@ -285,7 +279,7 @@ def write_refit(base: Profile, out_id: str, t_fixed_s: float, gpu_time_scale: fl
     prof["engine"]["t_fixed_s"] = round(t_fixed_s, 7)
     prof["engine"]["gpu_time_scale"] = round(gpu_time_scale, 5)
     prof.setdefault("provenance", {})[f"{how}_fit"] = (
-        f"t_fixed_s and gpu_time_scale re-fitted to {source} by python -m llmserve_env.sim.calibrate {how}")
+        f"t_fixed_s and gpu_time_scale re-fitted to {source} by python -m llmserve_env.tools.calibrate {how}")
     prof.setdefault("fit_error", {})[how] = fit
     write_profile(prof, out_dir)
     return prof
@@ -364,7 +358,7 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     what = f"engine.{TABLE_KEY if table is not None else MEASURED_KEY}"
     prof.setdefault("provenance", {})["records_fit"] = (
         f"{what} fitted to {sum(len(r.rows) for r in runs)} request records "
-        f"({records_path.name}) by replaying them through the simulator: python -m llmserve_env.sim.calibrate "
+        f"({records_path.name}) by replaying them through the simulator: python -m llmserve_env.tools.calibrate "
         "records; model shapes, memory, tiers and prices are the base profile's")
     fit_error = result.to_dict()
     fit_error["step_model"] = chosen
@@ -405,154 +399,3 @@ def run_steps(profile_id: str, steps_path: Path, out_id: str | None, report_path
     prof = write_refit(base, out_id, result.t_fixed_s, result.gpu_time_scale, "steps",
                        f"{result.n} iterations measured on a GPU ({steps_path.name})", result.to_dict(), out_dir)
     return result.to_dict(), prof
-
-
-def _replay_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--records", type=Path, required=True, help="a real-mode recording (LLMSERVE_REAL_RECORD)")
-    acts = p.add_mutually_exclusive_group(required=True)
-    acts.add_argument("--action", help="the action played in every window, as ServeAction JSON")
-    acts.add_argument("--actions", type=Path, help="JSONL: one ServeAction per window")
-    p.add_argument("--window-s", type=float, default=1.0, help="window length of the recorded task (s)")
-    p.add_argument("--windows", type=int, default=None, help="windows played (default: one per action, "
-                   "or up to the last recorded event)")
-    p.add_argument("--episode", default=None, help="replay only this episode (episode_id, or EPISODE:SEED)")
-    p.add_argument("--max-requests-per-step", type=int, default=64, help="real mode's cap [64]")
-    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="real mode's cap [4096]")
-    p.add_argument("--max-completion-tokens", type=int, default=512, help="real mode's cap [512]")
-
-
-def _replay_inputs(ap: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[list[ServeAction], RequestCaps]:
-    try:
-        actions = read_actions(args.actions) if args.actions else [ServeAction.model_validate_json(args.action)]
-    except (OSError, ValueError) as e:
-        ap.error(f"--action/--actions: {e}")
-    if not args.window_s > 0:
-        ap.error(f"--window-s must be > 0, got {args.window_s}")
-    if args.windows is not None and args.windows < 1:
-        ap.error(f"--windows must be >= 1, got {args.windows}")
-    try:
-        caps = RequestCaps(args.max_requests_per_step, args.max_prompt_tokens, args.max_completion_tokens)
-    except ValueError as e:
-        ap.error(str(e))
-    return actions, caps
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = cli.ArgumentParser(prog="python -m llmserve_env.sim.calibrate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    user = user_profile_dir()
-    k = sub.add_parser("kernels", help="fit profiles from the kernel tables")
-    k.add_argument("--profile", default="all", help="profile id or 'all'")
-    k.add_argument("--out-dir", type=Path, default=user, help=f"where to write the profiles and report [{user}]")
-    r = sub.add_parser("records", help="fit a profile's iteration time to a real-mode recording (JSONL)")
-    r.add_argument("--profile", required=True, help="the profile to start from (id or path)")
-    r.add_argument("--out", default=None, help="where to write the fitted profile: a .json path, or an id "
-                   f"written to {user} [<profile>-records]")
-    r.add_argument("--step-model", choices=STEP_MODELS, default="auto",
-                   help="affine: one cost per decoding sequence; table: decode step by slots and prefill by "
-                   "tokens, interpolated; auto: the one that replays held-out episodes better [%(default)s]")
-    r.add_argument("--held-out", type=int, default=None,
-                   help="episodes (the last ones) held out to choose the step model [a third, at least 1]")
-    r.add_argument("--decode-probe", type=Path, default=None, metavar="CSV",
-                   help="the engine's decode step by slots (columns slots,step_ms,context_tokens, as "
-                   "bench/real_engine.py --probe writes it): starts the table's decode values")
-    _replay_args(r)
-    rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
-    rp.add_argument("--profile", required=True, help="profile id or path")
-    _replay_args(rp)
-    s = sub.add_parser("steps", help="score and re-fit a profile on iterations measured on a GPU (CSV)")
-    s.add_argument("--profile", required=True)
-    s.add_argument("--steps", type=Path, required=True)
-    s.add_argument("--out", default=None, help="also write the re-fitted profile under this id")
-    s.add_argument("--out-dir", type=Path, default=user, help=f"where to write the report (and profile) [{user}]")
-    e = sub.add_parser("extract", help="rebuild sim/data from the full kernel tables")
-    e.add_argument("--src", type=Path, required=True)
-    args = ap.parse_args(argv)
-    if args.cmd == "kernels":
-        ids = list(SPECS) if args.profile == "all" else [args.profile]
-        unknown = [i for i in ids if i not in SPECS]
-        if unknown:
-            ap.error(f"unknown profile {unknown[0]!r}; built-in: {', '.join(SPECS)}")
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        report = args.out_dir / REPORT_NAME
-        for prof in run_kernels(ids, report, args.out_dir):
-            fe = prof["fit_error"]
-            print(f"{prof['id']}: held-out kernel median {fe['kernels_heldout_median_abs_error_pct']:.2f} %, "
-                  f"p90 {fe['kernels_heldout_p90_abs_error_pct']:.2f} %, t_fixed "
-                  f"{prof['engine']['t_fixed_s'] * 1e3:.3f} ms, batch-1 decode "
-                  f"{fe['batch1_decode_ms_at_1k_context']:.2f} ms")
-        print(f"report: {report}")
-    elif args.cmd in ("records", "replay"):
-        actions, caps = _replay_inputs(ap, args)
-        try:
-            if args.cmd == "records":
-                base_id = load_profile(args.profile).id
-                out = out_path(args.out, f"{base_id}-records")
-                probe, probe_ctx = read_probe(args.decode_probe) if args.decode_probe else (None, None)
-                prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
-                                        windows=args.windows, caps=caps, episode=args.episode,
-                                        step_model=args.step_model, held_out=args.held_out, probe=probe,
-                                        probe_ctx=probe_ctx)
-            else:
-                profile = load_profile(args.profile)
-                runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,
-                                 episode=args.episode)
-        except (UnknownProfileError, OSError, ValueError) as exc:
-            msg = str(exc) if not isinstance(exc, UnknownProfileError) else f"--profile: {exc}"
-            print(f"error: {msg}", file=sys.stderr)
-            return 2
-        except FitRefusedError as exc:
-            print(f"refused: {exc}", file=sys.stderr)
-            return 1
-        if args.cmd == "records":
-            b, a = fit.before_summary, fit.after_summary
-            c = fit.coefficients
-            kept = "" if prof["fit_error"]["records"]["step_model"] == "affine" else " (affine fit, not kept)"
-            print(f"{prof['id']}{kept}: per iteration {c.step_s * 1e3:.2f} ms + {c.seq_s * 1e3:.3f} ms per decoding "
-                  f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; "
-                  f"replay TTFT median error {b['ttft_err_pct']:.1f} % -> {a['ttft_err_pct']:.1f} %, TPOT "
-                  f"{b['tpot_err_pct']:.1f} % -> {a['tpot_err_pct']:.1f} %")
-            records = prof["fit_error"]["records"]
-            if "choice" in records:
-                held = records["choice"]["held_out"]
-                print(f"step model: {records['step_model']} (held-out TTFT / TPOT median error: affine "
-                      f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
-                      f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
-            else:
-                print(f"step model: {records['step_model']} (one episode recorded: none held out to choose on)")
-            if "table_after" in records:
-                t = records["table_after"]
-                print(f"timed by the table: replay TTFT median error {t['ttft_err_pct']:.1f} %, TPOT "
-                      f"{t['tpot_err_pct']:.1f} %")
-            print(f"profile: {out}")
-            print(f"report: {out.with_name(out.stem + '.records_fit.md')}")
-        else:
-            results = []
-            for run in runs:
-                cmp = replay(run, profile)
-                results.append(cmp)
-                print(f"episode {run.key} on {profile.id}:")
-                print(cmp.table())
-            w = [c.n_ttft + c.n_tpot for c in results]
-            keys = ("ttft_err_pct", "tpot_err_pct", "throughput_err_pct")
-            print(json.dumps({k: round(float(np.average([c.summary()[k] for c in results], weights=w)), 2)
-                              for k in keys}))
-    elif args.cmd == "steps":
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        report = args.out_dir / f"{args.out or args.profile}.steps_fit.md"
-        steps_fit, _ = run_steps(args.profile, args.steps, args.out, report, args.out_dir)
-        print(f"{args.profile} on {args.steps.name}: median abs error "
-              f"{steps_fit['before_median_abs_error_pct']:.1f} % (p90 {steps_fit['before_p90_abs_error_pct']:.1f} %, "
-              f"model/measured {steps_fit['mean_ratio']:.3f}); re-fitted t_fixed {steps_fit['t_fixed_s'] * 1e3:.3f} ms, "
-              f"gpu_time_scale {steps_fit['gpu_time_scale']:.4f} -> {steps_fit['after_median_abs_error_pct']:.1f} %")
-        print(f"report: {report}")
-    else:
-        from llmserve_env.sim.kernel_data import extract_subsets
-        for name, n in extract_subsets(args.src).items():
-            print(f"{name}: {n} rows")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
