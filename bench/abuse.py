@@ -174,7 +174,7 @@ def attack_real(args: argparse.Namespace, res: dict) -> None:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         tiers = Path(tmp) / "tiers.json"
-        standin = subprocess.Popen([sys.executable, "-m", "llmserve_env.sim.standin", "--port", str(port),
+        standin = subprocess.Popen([sys.executable, "-m", "llmserve_env.tools.standin", "--port", str(port),
                                     "--write-tiers", str(tiers)], cwd=ROOT)
         try:
             deadline = time.monotonic() + 60

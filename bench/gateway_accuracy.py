@@ -63,7 +63,7 @@ def _raise_priority() -> None:
 
 
 def start_standin(ttft_ms: float, itl_ms: float) -> ServerProcess:
-    argv = [sys.executable, "-m", "llmserve_env.sim.standin", "--port", "{port}", "--fixed-ttft-ms", str(ttft_ms),
+    argv = [sys.executable, "-m", "llmserve_env.tools.standin", "--port", "{port}", "--fixed-ttft-ms", str(ttft_ms),
             "--fixed-itl-ms", str(itl_ms), "--log-level", "error"]
     return ServerProcess(argv, health_path="/v1/models", start_timeout_s=30).start()
 

@@ -31,7 +31,7 @@ all held-out windows). Without the binary it says so and exits 0 (last line: {"s
 `--gguf FILE --model-alias NAME --port P` choose the model file, the name it is served and requested
 under, and llama-server's port; the header names the model from the server's own GET /v1/models.
 `--base-url URL --model-alias M` plays against an OpenAI-compatible server already running instead
-(vLLM, or the stand-in `python -m llmserve_env.sim.standin`), and needs no binary.
+(vLLM, or the stand-in `python -m llmserve_env.tools.standin`), and needs no binary.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ clock runs 1:1 with the wall clock: scaling it would scale every measured latenc
 Run real mode against the offline stand-in (no key needed on loopback; the tier table it writes
 maps the quantization tiers to its FP16/INT8/INT4 models, priced at 0):
 
-    python -m llmserve_env.sim.standin --port 8000 --write-tiers /tmp/standin-tiers.json &
+    python -m llmserve_env.tools.standin --port 8000 --write-tiers /tmp/standin-tiers.json &
     LLMSERVE_MODE=real OPENAI_BASE_URL=http://127.0.0.1:8000/v1 LLMSERVE_REAL_TIERS=/tmp/standin-tiers.json \
         uvicorn server.app:app --port 7860
 """

@@ -363,7 +363,7 @@ class GatewaySettings(BaseSettings):
             raise GatewayConfigError(
                 "real mode needs an endpoint: set OPENAI_API_KEY to use https://api.openai.com/v1, or "
                 "OPENAI_BASE_URL to an OpenAI-compatible server (vLLM, SGLang, Ollama, or the offline "
-                "stand-in `python -m llmserve_env.sim.standin`)"
+                "stand-in `python -m llmserve_env.tools.standin`)"
             )
         base_url = base_url or OPENAI_DEFAULT_BASE_URL
         if not key:

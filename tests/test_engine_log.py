@@ -72,7 +72,7 @@ def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engi
 def test_the_real_engine_bench_names_the_model_the_server_says_it_serves():
     """Issue 29 item 4: the header's model comes from the server's GET /v1/models, not from the bench."""
     from llmserve_env.sim.standin.app import StandinConfig
-    from llmserve_env.sim.standin.harness import BackgroundStandin
+    from llmserve_env.tools.standin_harness import BackgroundStandin
     from test_cli import bench_main
 
     served_model = bench_main("real_engine").__globals__["served_model"]

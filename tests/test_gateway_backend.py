@@ -17,8 +17,8 @@ from llmserve_env.gateway.recorder import read_records
 from llmserve_env.shared.backend import TERMINAL_STATUSES, Arrival, Backend, RequestRecord, WindowReport
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.standin.app import StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
 from llmserve_env.tools.launch import ServerProcess
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 CANARY = "sk-canary-backend-9d8c7b6a5f4e3d2c1b0a"
@@ -43,7 +43,7 @@ class StandinProcess:
 def standin():
     """The stand-in as its own process, through its command line: in a thread of this process it
     would share the GIL with the gateway's loop, and the timings would show it."""
-    argv = [sys.executable, "-m", "llmserve_env.sim.standin", "--port", "{port}", "--profile", PROFILE,
+    argv = [sys.executable, "-m", "llmserve_env.tools.standin", "--port", "{port}", "--profile", PROFILE,
             "--log-level", "warning"]
     with ServerProcess(argv, health_path="/v1/models", start_timeout_s=60) as proc:
         yield StandinProcess(proc.url + "/v1")

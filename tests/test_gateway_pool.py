@@ -15,7 +15,7 @@ from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.sim.standin.app import StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 DT = 0.25

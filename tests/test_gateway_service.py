@@ -22,7 +22,7 @@ from llmserve_env.gateway.startup import check_real_mode
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.standin.app import StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 CANARY = "sk-canary-service-77aa66bb55cc"

@@ -23,7 +23,7 @@ from llmserve_env.shared.backend import Arrival, BackendUnavailableError
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.sim.calibration.record_fit import read_rows
 from llmserve_env.sim.standin.app import StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 TIERS = TierTable({t: TierPrice(f"{PROFILE}-{t.lower()}", 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "test")
@@ -103,7 +103,7 @@ class StandinProcess:
     def __init__(self, port: int):
         self.port = port
         self.base_url = f"http://127.0.0.1:{port}/v1"
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmserve_env.sim.standin", "--port", str(port),
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmserve_env.tools.standin", "--port", str(port),
                                       "--profile", PROFILE], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while True:

@@ -342,7 +342,7 @@ def test_the_api_key_appears_in_no_response_state_error_or_log(monkeypatch, tmp_
     that echoes (masked) what it got. The canary key must not reach any answer of the server, its
     state, its errors, its logs or the reprs of its objects."""
     from llmserve_env.sim.standin.app import StandinConfig
-    from llmserve_env.sim.standin.harness import BackgroundStandin
+    from llmserve_env.tools.standin_harness import BackgroundStandin
 
     caplog.set_level(logging.DEBUG)
     trace = tmp_path / "trace.csv"

@@ -11,9 +11,9 @@ import openai
 import pytest
 from llmserve_env.gateway.tokens import count_tokens
 from llmserve_env.sim.standin.app import StandinConfig, tier_table
-from llmserve_env.sim.standin.cli import config_from_args, parse_args
-from llmserve_env.sim.standin.harness import BackgroundStandin
 from llmserve_env.sim.step_time import step_model
+from llmserve_env.tools.standin import config_from_args, parse_args
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 

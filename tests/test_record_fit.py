@@ -30,8 +30,8 @@ from llmserve_env.sim.caps import CappedBackend, CapsError, RequestCaps
 from llmserve_env.sim.measured_step import StepCoefficients
 from llmserve_env.sim.profiles import InvalidProfileError, UnknownProfileError, load_profile
 from llmserve_env.sim.standin.app import DEFAULT_PROFILE, StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
 from llmserve_env.tools import calibrate
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 BASE = "h100-llama3.1-8b"
 ACTION = ServeAction(batch_cap=8, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",

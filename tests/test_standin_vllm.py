@@ -17,8 +17,8 @@ import httpx
 import openai
 import pytest
 from llmserve_env.sim.standin.app import StandinConfig
-from llmserve_env.sim.standin.harness import BackgroundStandin
 from llmserve_env.sim.step_time import step_model
+from llmserve_env.tools.standin_harness import BackgroundStandin
 
 PROFILE = "h100-llama3.1-8b"
 

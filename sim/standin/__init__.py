@@ -1,6 +1,6 @@
 """An offline OpenAI-compatible server whose token timings come from the simulator's step-time model.
 
-    python -m llmserve_env.sim.standin --host 127.0.0.1 --port 8000 [--profile h100-llama3.1-8b]
+    python -m llmserve_env.tools.standin --host 127.0.0.1 --port 8000 [--profile h100-llama3.1-8b]
 
 Serves what clients use of vLLM's OpenAI server, the way vLLM answers it: `GET /health` (200, empty),
 `GET /v1/models` (with `max_model_len`), `POST /v1/chat/completions` and `POST /v1/completions`
@@ -27,7 +27,7 @@ Models: `<profile id>` (the --tier, FP16 by default) and `<profile id>-fp16|-int
 name is refused (404), except with --served-model. `--write-tiers PATH` writes a gateway tier table (LLMSERVE_REAL_TIERS) naming them,
 so that real mode's quantization knob picks these models:
 
-    python -m llmserve_env.sim.standin --port 8000 --write-tiers /tmp/standin-tiers.json &
+    python -m llmserve_env.tools.standin --port 8000 --write-tiers /tmp/standin-tiers.json &
     LLMSERVE_MODE=real OPENAI_BASE_URL=http://127.0.0.1:8000/v1 LLMSERVE_REAL_TIERS=/tmp/standin-tiers.json \
         uvicorn server.app:app --port 7860
 
@@ -53,6 +53,6 @@ late wake-up).
 way a careless server might, so clients can prove they redact it.
 
 Modules: `faults` (fault injection), `batching` (the timing: continuous batching or fixed
-timings), `app` (the Starlette app and its state), `cli` (arguments, `main`), `harness` (the
-server in a background thread, for tests).
+timings), `app` (the Starlette app and its state). Its command line is tools/standin.py, and
+tools/standin_harness.py runs it in a background thread, for tests.
 """

@@ -1,4 +1,4 @@
-"""The stand-in's command line: `python -m llmserve_env.sim.standin --help`."""
+"""The stand-in's command line: `python -m llmserve_env.tools.standin --help`."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from llmserve_env.sim.standin.faults import Faults, cut_on_drop
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(prog="python -m llmserve_env.sim.standin",
+    ap = argparse.ArgumentParser(prog="python -m llmserve_env.tools.standin",
                                  description=(standin.__doc__ or "").split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
@@ -75,3 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     # backlog: the accuracy bench opens hundreds of connections at once.
     uvicorn.run(app, host=a.host, port=a.port, log_level=a.log_level,
                 access_log=False, backlog=4096)
+
+
+if __name__ == "__main__":
+    main()

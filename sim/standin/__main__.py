@@ -1,3 +1,0 @@
-from llmserve_env.sim.standin.cli import main
-
-main()
