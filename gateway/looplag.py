@@ -16,7 +16,7 @@ import bisect
 import contextlib
 from collections import deque
 
-from llmserve_env.core.metrics import percentiles
+from llmserve_env.shared.percentiles import percentiles
 
 
 class LoopLagMonitor:

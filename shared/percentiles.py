@@ -1,0 +1,71 @@
+"""Percentiles as numpy computes them ("linear"), fast for the small lists a window has: one
+definition for the metrics (core/metrics.py) and the gateway's event-loop lag (gateway/looplag.py),
+in the contract so that a backend needs nothing from the environment's core to use it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# Below this many samples a sorted Python list beats numpy's per-call overhead (same results).
+_NUMPY_MIN = 128
+
+
+def percentiles(values: list[float], *qs: float) -> list[float]:
+    """numpy's default ("linear") percentiles of `values` (one sort for all), 0.0 for an empty list."""
+    n = len(values)
+    if n == 0:
+        return [0.0] * len(qs)
+    if n >= _NUMPY_MIN:
+        return [float(x) for x in np.percentile(np.asarray(values, dtype=np.float64), qs)]
+    s = sorted(values)
+    out = []
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        out.append(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+    return out
+
+
+def weighted_percentiles(samples: list[tuple[float, int]], *qs: float) -> list[float]:
+    """Percentiles of `samples` expanded (value repeated count times), numpy's linear method."""
+    total = 0
+    for _, c in samples:
+        total += c
+    if total <= 0:
+        return [0.0] * len(qs)
+    if len(samples) >= _NUMPY_MIN:
+        arr = np.asarray(samples, dtype=np.float64)
+        order = np.argsort(arr[:, 0], kind="stable")
+        vals = arr[order, 0]
+        cum = np.cumsum(arr[order, 1])
+        out = []
+        for q in qs:
+            pos = (total - 1) * q / 100.0
+            lo = int(pos)
+            # the k-th expanded value (0-based) is the first whose cumulative count exceeds k
+            v_lo = vals[int(np.searchsorted(cum, lo + 1))]
+            v_hi = vals[int(np.searchsorted(cum, min(lo + 1, total - 1) + 1))]
+            out.append(float(v_lo + (v_hi - v_lo) * (pos - lo)))
+        return out
+    s = sorted(samples)
+    out = []
+    for q in qs:
+        pos = (total - 1) * q / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, total - 1)
+        v_lo = v_hi = s[-1][0]
+        seen = 0
+        found_lo = False
+        for v, c in s:
+            if c <= 0:
+                continue
+            seen += c
+            if not found_lo and seen > lo:
+                v_lo, found_lo = v, True
+            if seen > hi:
+                v_hi = v
+                break
+        out.append(v_lo + (v_hi - v_lo) * (pos - lo))
+    return out
