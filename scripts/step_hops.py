@@ -1,7 +1,7 @@
 """Our hops on one `POST /step`: the calls into this package's own functions that one HTTP step makes.
 
-    python bench/step_hops.py                   # the hops, in call order, then a JSON line
-    python bench/step_hops.py --against main    # the same on git revision REV's package, for before/after
+    python scripts/step_hops.py                   # the hops, in call order, then a JSON line
+    python scripts/step_hops.py --against main    # the same on git revision REV's package, for before/after
 
 The app is built in process (sim mode) and driven through httpx's ASGI transport on one thread, one
 `/reset`, then one `/step` traced with `sys.setprofile`. A hop is a Python call whose code lives in
@@ -12,6 +12,8 @@ those below the metrics tracker, the reward and the metrics' `to_dict` (the step
 plumbing), nor comprehensions; so the figure counts the layers a request passes through. Last line:
 one JSON object, `step_hops` (every call counted), `step_hop_functions` (distinct functions) and
 `step_hops_from_route` (from the route handler down, without the ASGI guards' receive/send wrappers).
+In scripts/, not bench/: it builds the app in process, and the benches start the server as a process
+(tests/test_runtime.py holds them to it).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import types
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/against.py, run from anywhere
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))  # bench/against.py, run from anywhere
 
 # Below these, calls are the step's work, not its plumbing: one hop each, their insides not counted.
 LEAVES = ("run_window", "MetricsTracker.observe", "GradeReward.step", "WindowMetrics.to_dict", "TenantStats.to_dict")
@@ -84,7 +86,7 @@ def traced_step() -> list[tuple[int, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python bench/step_hops.py", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python scripts/step_hops.py", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", metavar="REV", help="also count on git revision REV's package")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
