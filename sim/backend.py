@@ -50,12 +50,7 @@ class SimBackend:
 
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         eng = self._engine
-        eng.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
-                      action.quantization_tier, action.prefill_decode_split, action.priority_routing)
-        eng.start_window(arrivals, t0, dt)
-        eng.run(t0 + dt)
-        pending, used, mem = eng.close_window()
-        acc = eng.take_measurements()
+        pending, used, mem, acc = eng.serve_window(action, arrivals, t0, dt)
         p = self.profile
         return WindowReport(
             t0=t0, dt=dt, finished=acc.finished, pending=pending, first_tokens=acc.first_tokens,

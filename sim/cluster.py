@@ -5,7 +5,7 @@
     report = backend.run_window(action, arrivals, t0, dt)   # action.replicas scales the cluster
 
 Each replica is the single-server simulator's `sim.engine.Engine`, driven exactly as `SimBackend`
-drives it (configure / start_window / run / close_window); the six per-replica knobs apply to every
+drives it (Engine.serve_window: configure / start_window / run / close_window); the six per-replica knobs apply to every
 replica. What is added is the cluster around them:
 
 Replica life cycle:
@@ -230,12 +230,7 @@ class ClusterBackend:
                 continue
             eng = r.engine
             assert eng is not None  # a ready or draining replica has its engine
-            eng.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
-                          action.quantization_tier, action.prefill_decode_split, action.priority_routing)
-            eng.start_window(routed.get(r.index, []), t0, dt)
-            eng.run(t1)
-            pending, used, mem = eng.close_window()
-            acc = eng.take_measurements()
+            pending, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
             rep.finished += acc.finished
             rep.pending += pending
             rep.first_tokens += acc.first_tokens

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
@@ -43,6 +44,9 @@ from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
 from llmserve_env.sim.step_time import IterationModel, StepTimeModel
+
+if TYPE_CHECKING:
+    from llmserve_env.shared.models import ServeAction
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2
@@ -226,6 +230,18 @@ class Engine:
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         self.acc.busy = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+
+    def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
+                     dt: float) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+        """One window under `action`, start to close: the driver SimBackend.run_window and each of
+        ClusterBackend's replicas share. (pending records, KV blocks used, GPU memory used in GB,
+        the window's measurements)."""
+        self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
+                       action.quantization_tier, action.prefill_decode_split, action.priority_routing)
+        self.start_window(arrivals, t0, dt)
+        self.run(t0 + dt)
+        pending, used, mem = self.close_window()
+        return pending, used, mem, self.take_measurements()
 
     def run(self, t_end: float) -> None:
         if self.split:
