@@ -213,6 +213,9 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
 # At import, as when the app was built at import: a runner's listening socket and first
 # connections already count against the limit before the lazy app is built (build_app raises it too).
 raise_open_file_limit()
+# A bad setting still stops the import (and so `uvicorn ...server.app:app`) with its one-line reason,
+# as when the app was built here; reading the settings is cheap, the app is built on first use.
+ServerSettings.from_env()
 
 
 class LazyApp:
@@ -232,6 +235,16 @@ class LazyApp:
         return self._app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None and scope["type"] == "lifespan":
+            try:
+                self.get()
+            except Exception as exc:
+                # An exception here reads to uvicorn's default lifespan ("auto") as "lifespan not
+                # supported", and it would serve anyway: say the start failed, so it stops before it
+                # listens (a real-mode endpoint that does not answer, say).
+                await receive()  # lifespan.startup
+                await send({"type": "lifespan.startup.failed", "message": f"{type(exc).__name__}: {exc}"})
+                return
         await self.get()(scope, receive, send)
 
     def __getattr__(self, name: str) -> Any:
