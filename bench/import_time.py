@@ -65,8 +65,10 @@ def measure(repeats: int, top: int, quiet: bool) -> dict[str, float]:
         out[key] = round(wall, 3)
         if not quiet:
             print(f"{code}: {wall:.3f} s wall (best of {repeats}); slowest imports (cumulative s):")
-            # only the outermost of nested imports would double count; list the top-level ones
-            for cumulative, name in sorted((r for r in rows if not r[1].startswith("   ")), reverse=True)[:top]:
+            # the imports at depth 0 and 1 (what the statement imports, and what those import directly):
+            # deeper ones are inside these figures already
+            shallow = [(c, n) for c, n in rows if (len(n) - len(n.lstrip()) - 1) // 2 <= 1]
+            for cumulative, name in sorted(shallow, reverse=True)[:top]:
                 print(f"  {cumulative:8.3f}  {name.strip()}")
     return out
 
