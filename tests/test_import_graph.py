@@ -136,7 +136,10 @@ def _short(name: str) -> str:
 
 
 def describe(graph: dict[str, set[str]]) -> str:
-    room = {name: (_short(name).split(".")[0] if "." in _short(name) else "(root)") for name in graph}
+    # a room is a top-level folder; the modules at the repository root (the package's own) are "(root)"
+    files = module_files()
+    room = {name: (parts[0] if len(parts := files[name].relative_to(ROOT).parts) > 1 else "(root)")
+            for name in graph}
     arrows: dict[str, set[str]] = defaultdict(set)
     for name, targets in graph.items():
         for target in targets:
