@@ -33,7 +33,7 @@ def _simulator_target() -> str:
     """The in-process environment's module: core/ since issue 25, runtime/ before (for --against)."""
     probe = subprocess.run([sys.executable, "-c", "import llmserve_env.core.inprocess"], capture_output=True)
     return TARGETS["simulator_import_s"] if probe.returncode == 0 else \
-        "import llmserve_env.sim.backend, llmserve_env.runtime.inprocess"
+        "import llmserve_env.sim.backend, llmserve_env.runtime.inprocess"  # before issue 25 (for --against)
 
 
 def time_import(code: str, repeats: int) -> tuple[float, list[tuple[float, str]]]:

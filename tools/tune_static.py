@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
-    # The cluster tasks' fixed configurations include a replica count: `python -m agents.autoscale` tunes them.
+    # The cluster tasks' fixed configurations include a replica count: `python -m llmserve_env.tools.tune_autoscale` tunes them.
     tasks = [t for t in args.task if not TASKS[t].is_cluster]
     stored = load_tuned(args.output)
     command = "python -m llmserve_env.tools.tune_static " + " ".join(sys.argv[1:] if argv is None else argv)
