@@ -67,6 +67,8 @@ class SimBackend:
             applied=dict.fromkeys(KNOBS, True),  # the simulator honours every knob
             notes={"profile": p.id, "iterations": acc.iterations, "kv_blocks_total": eng.kv.total,
                    "kv_blocks_used": used, "rejected": acc.rejected},
+            prefix_query_tokens=acc.prefix_query, prefix_hit_tokens=acc.prefix_hit,
+            prefix_cached_blocks=eng.pcache.cached_blocks,
         )
 
     def fork(self) -> SimBackend:
