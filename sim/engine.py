@@ -351,14 +351,14 @@ class Engine:
     def _release_prefix(self, r: SimRequest) -> None:
         """Drop a request's references to cached units; units nobody references stay cached, evictable."""
         pc = self.pcache
-        self.kv.used_fixed -= pc.release(r.pkeys, r.phold) * pc.unit_blocks
+        self.kv.used_fixed -= pc.release(r.pkeys or (), r.phold) * pc.unit_blocks
         r.phold = r.pshared = 0
 
     def _cache_computed(self, r: SimRequest) -> None:
         """Units the request's prefill has now covered join the cache (or, already there, are shared):
         their blocks move from the request's own to the cache's in-use blocks."""
         pc = self.pcache
-        keys = r.pkeys
+        keys = r.pkeys or ()
         n = min(r.prefilled // pc.block_tokens, len(keys))
         if n <= r.phold:
             return
@@ -580,7 +580,7 @@ class Engine:
                     self.acc.prefix_hit += base
             if hit:
                 pc = self.pcache
-                kv.used_fixed += pc.acquire(keys, 0, hit) * pc.unit_blocks
+                kv.used_fixed += pc.acquire(keys or (), 0, hit) * pc.unit_blocks
                 r.phold, r.pshared = hit, hit * pc.unit_blocks
                 r.prefilled = base
             r.blocks = own
