@@ -31,7 +31,11 @@ Arrival processes (`task.workload["kind"]`):
   With `tokens_per_s` the seed picks the slice: the consecutive requests, from a start drawn
   uniformly over the trace, that hold tokens_per_s x episode seconds of prompt + output tokens,
   time-scaled to fill the episode (each seed replays a different part of the trace at the same
-  mean load, with the trace's own burstiness and lengths).
+  mean load, with the trace's own burstiness and lengths). With `prefix_block_tokens` the file is a
+  Mooncake-format JSONL (gzip allowed) whose `hash_ids` become each arrival's prefix ids
+  (shared/prefix.py), for prefix caching.
+- "multiturn": synthetic multi-turn chat with prefix ids (shared/prefix.py `multiturn_arrivals`,
+  parameters `spec`, a `MultiTurnSpec` as a dict), for the first tenant.
 
 Lengths (non-trace kinds): log-normal with the tenant's (median, sigma), rounded, clipped to the
 tenant's [min, max].
@@ -54,6 +58,13 @@ from urllib.parse import parse_qsl
 import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
+from llmserve_env.shared.prefix import (
+    MultiTurnSpec,
+    load_prefix_trace,
+    multiturn_arrivals,
+    slice_ids,
+    with_prefix,
+)
 from llmserve_env.shared.scenarios import draw_day, is_family
 from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
 from llmserve_env.shared.traces import TraceError, TraceSlice, load_trace, packaged_trace_path, replay_slice
@@ -209,7 +220,7 @@ def _family_day(rng: np.random.Generator, task: TaskSpec, seed: int) -> tuple[np
 def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     w = task.workload
     path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
-    trace = load_trace(path)
+    trace = load_prefix_trace(path, int(w["prefix_block_tokens"])).trace if "prefix_block_tokens" in w else load_trace(path)
     total_s = task.horizon * task.window_s
     if "tokens_per_s" not in w:
         return replay_slice(trace, total_s, speedup=float(w.get("speedup", 1.0)), start_s=w.get("start_s"))
@@ -239,11 +250,21 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     if kind == "trace":
         sl = _trace_slice(task, t_rng)
         tenant = task.tenants[0]
-        return [
+        out = [
             Arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
             for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
                                               sl.output_tokens.tolist(), strict=True))
         ]
+        if "prefix_block_tokens" in task.workload:
+            w = task.workload
+            block = int(w["prefix_block_tokens"])
+            pt = load_prefix_trace(packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"]), block)
+            out = with_prefix(out, slice_ids(pt, sl.start_s, len(sl)), block)
+        return out
+    if kind == "multiturn":
+        tenant = task.tenants[0]
+        return multiturn_arrivals(MultiTurnSpec(**task.workload.get("spec", {})), total_s, seed, tenant.name,
+                                  tenant.priority)
     if kind == "poisson":
         times = _poisson_times(t_rng, float(task.workload["rate_rps"]), 0.0, total_s)
         who = None

@@ -229,7 +229,7 @@ class Engine:
                 r = SimRequest(rec, acc)
                 if a.prefix_ids is not None:
                     self.pcache.bind(a.prefix_block_tokens)
-                    r.pkeys = chain_keys(a.prefix_ids, a.prefix_block_tokens, a.prompt_tokens)
+                    r.pkeys = chain_keys(a.prefix_ids, a.prefix_block_tokens, a.prompt_tokens + a.output_tokens)
                 reqs.append(r)
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
@@ -319,7 +319,7 @@ class Engine:
     # ----------------------------------------------------------------------------------- state changes
 
     def _preempt(self, r: SimRequest, t: float) -> None:
-        if r.phold:
+        if r.pkeys:
             self._trim_cache()  # evictions due by now, before this request's units join the evictable ones
         if r.state == DECODE:
             self.decode_shared -= r.pshared
@@ -337,8 +337,10 @@ class Engine:
             self.kv.used_fixed -= r.blocks
         else:
             return
-        if r.phold:
-            self._release_prefix(r)
+        if r.pkeys:
+            # KV computed so far: the prompt and every output token but the last sampled one (decoding),
+            # or the chunks prefilled
+            self._release_prefix(r, r.prompt + int(r.progress) - 1 if r.state == DECODE else r.prefilled)
         r.blocks = 0
         r.prefilled = 0
         r.prefill_target = r.prompt + int(r.progress)
@@ -348,10 +350,20 @@ class Engine:
         self.sched.push(r)
         self.pre_blocked = False
 
-    def _release_prefix(self, r: SimRequest) -> None:
-        """Drop a request's references to cached units; units nobody references stay cached, evictable."""
+    def _release_prefix(self, r: SimRequest, computed: int) -> None:
+        """Drop a request's references to cached units; units nobody references stay cached, evictable.
+
+        Units with ids past the prompt (a conversation's answer, which its next turn resends) whose
+        tokens were computed join the cache as they are freed, as V1 caches every full block, generated
+        tokens included: the request's own blocks become evictable cached ones (in-use + evictable
+        blocks do not change)."""
         pc = self.pcache
-        self.kv.used_fixed -= pc.release(r.pkeys or (), r.phold) * pc.unit_blocks
+        keys = r.pkeys or ()
+        n = min(computed // pc.block_tokens, len(keys))
+        if n > r.phold:
+            self.kv.used_fixed += pc.acquire(keys, r.phold, n) * pc.unit_blocks
+            r.phold = n
+        self.kv.used_fixed -= pc.release(keys, r.phold) * pc.unit_blocks
         r.phold = r.pshared = 0
 
     def _cache_computed(self, r: SimRequest) -> None:
@@ -402,8 +414,8 @@ class Engine:
             self.decode_tokens_per_iter -= r.e
             self.decode_shared -= r.pshared
             del self.decoding[r.rid]
-        if r.phold:
-            self._release_prefix(r)  # the callers trimmed the cache at this instant first
+        if r.pkeys:
+            self._release_prefix(r, r.prompt + r.target - 1)  # the callers trimmed the cache at this instant first
         r.state = DONE
         rec = r.rec
         rec.status = "ok"
@@ -449,7 +461,7 @@ class Engine:
             self.acc.itl.append((t - r.last_emit_s, 1))
         r.last_emit_s = t
         if r.progress >= r.target:
-            if r.phold:
+            if r.pkeys:
                 self._trim_cache()
             self._finish(r, t)
         elif split:

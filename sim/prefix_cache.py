@@ -12,8 +12,8 @@ kv_cache_utils.py, read to learn; none of its code is used):
   so that at least one prompt token is computed (V1 recomputes the last token to get its logits:
   the hit covers at most prompt - 1 tokens, in whole units). Hit tokens skip prefill; the request
   shares the units' blocks (a reference each).
-- Units a request computes join the cache as soon as its prefill has covered them (V1 caches a
-  block when it is full), so a concurrent request with the same prefix hits them.
+- Prompt units a request computes join the cache as soon as its prefill has covered them (V1 caches
+  a block when it is full), so a concurrent request with the same prefix hits them.
 - A unit whose last reference is released (the request finished or was preempted) stays cached and
   becomes evictable. Evictable blocks count as free memory, as in V1's free-block queue: admission
   and preemption see them as free, so they are evicted (least recently released first; a request's
@@ -23,8 +23,10 @@ kv_cache_utils.py, read to learn; none of its code is used):
 Simplifications, stated:
 - The cache works in units of `block_tokens` (512 tokens for Mooncake's `hash_ids`, 16 for the
   synthetic workloads): a unit is hit, shared and evicted whole. The trace carries nothing finer.
-- Only prompt units carry ids; blocks of generated tokens are not cached (V1 caches them when they
-  fill). A conversation's next turn hits the previous turn's prompt, not its answer.
+- Generated tokens' units are cached when the request releases its blocks (finished or preempted),
+  not as each fills (V1 caches a block the moment it is full): only a request arriving while another
+  still decodes could tell the difference. They are cached only when the workload gives them ids
+  (Mooncake's `hash_ids` cover the prompt only).
 - A unit computed by two requests at once is kept once: the second one's copy joins the first's
   (V1 keeps both copies until they are freed). Memory is counted once per unit either way.
 - Keys are Python's built-in hash of int tuples (deterministic across processes; a 64-bit collision
@@ -44,12 +46,12 @@ import heapq
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS
 
 
-def chain_keys(ids: tuple[int, ...], block_tokens: int, prompt_tokens: int) -> tuple[int, ...]:
-    """The prefix-chain keys of a prompt's full units (at most prompt_tokens // block_tokens of them).
+def chain_keys(ids: tuple[int, ...], block_tokens: int, tokens: int) -> tuple[int, ...]:
+    """The prefix-chain keys of the full units among `tokens` (prompt + output) tokens.
 
     Key j = hash((key j-1, id j)), the chain rooted at the unit size so that workloads of different
     granularity never share a key."""
-    n = min(len(ids), prompt_tokens // block_tokens)
+    n = min(len(ids), tokens // block_tokens)
     keys = []
     parent = block_tokens
     for i in range(n):
