@@ -40,6 +40,7 @@ from llmserve_env.shared.episode import EpisodeLog, StepRecord
 from llmserve_env.shared.grader import References, compute_references
 from llmserve_env.shared.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.prefix import caches_prefixes
 from llmserve_env.shared.reward import GradeReward
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
@@ -173,6 +174,8 @@ class StepOutcome:
     done: bool
     seed: int  # the episode's seed: a scenario family's day, for the announced jobs
     served: list[Arrival]  # the window's arrivals (each tenant's arrival rate, cluster tasks)
+    # prefix caching (sim): (prompt tokens first admitted, of them served from the cache, cached blocks)
+    prefix: tuple[int, int, int] = (0, 0, 0)
 
 
 class ObservedWindow:
@@ -224,8 +227,13 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         metadata["failure"] = out.notes.get("failure")
     if task.is_cluster:
         metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)
+    prefix: dict[str, Any] = {}
+    if caches_prefixes(task):  # only there: every other task's observation keeps the seed's keys
+        query, hit, cached = out.prefix
+        prefix = {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
     return ServeObservation(
         **observed_fields(m),
+        **prefix,
         step_index=out.step_index,
         task_id=task.task_id,
         episode_id=episode_id,
@@ -375,7 +383,7 @@ class Episode:
         if self.done:
             self.close()
         return StepOutcome(m, reward, terms, report.applied, report.notes, self.step_count, self.done, self.seed,
-                           arrivals)
+                           arrivals, (report.prefix_query_tokens, report.prefix_hit_tokens, report.prefix_cached_blocks))
 
     def _drain(self, action: ServeAction) -> list[WindowMetrics]:
         """After the last window: no more arrivals, the engine keeps serving under the last action

@@ -127,6 +127,12 @@ class ServeObservation(ObservationBase):
     | `task_id`               | -         | task ids   | the task being played                                         |
     | `episode_id`            | -         | -          | pass it back to `/step`, `/state`, `/grader` over HTTP        |
 
+    Optional, present only on workloads with prefix caching (arrivals carrying prefix ids; absent,
+    not null, elsewhere, so every other task's observation is the seed's, key for key):
+
+    | `prefix_hit_rate`       | fraction  | 0..1       | prompt tokens served from the prefix cache / prompt tokens, of the requests first admitted in the window |
+    | `prefix_cached_blocks`  | blocks    | 0..inf     | 16-token KV blocks holding cached prefix units at window end (all replicas), shared or evictable |
+
     `reward` is the step reward (bounded, see `shared.reward`), `done` is true once the horizon is
     reached, and `metadata` carries the per-tenant attainment, goodput, the reward's terms, which
     knobs the backend could apply, and the backend's own notes.
@@ -149,6 +155,12 @@ class ServeObservation(ObservationBase):
     step_index: int = Field(0, ge=0)
     task_id: str = ""
     episode_id: str = ""
+    prefix_hit_rate: float | None = Field(None, ge=0.0, le=1.0, exclude_if=lambda v: v is None,
+                                          description="Prefix-cache hit rate (tokens) of the window's first admissions; "
+                                                      "only on workloads with prefix caching")
+    prefix_cached_blocks: int | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                             description="KV blocks holding cached prefix units at window end; "
+                                                         "only on workloads with prefix caching")
 
 
 class ServeState(StateBase):

@@ -227,6 +227,12 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
 
 # ----------------------------------------------------------------------------------- tasks
 
+def caches_prefixes(task: TaskSpec) -> bool:
+    """Whether a task's arrivals carry prefix ids (its observations then show the cache's fields)."""
+    w = task.workload
+    return w.get("kind") == "multiturn" or "prefix_block_tokens" in w
+
+
 def mooncake_task(speedup: float = 1.0, horizon: int = 64, window_s: float = 1.0, start_s: float = 0.0,
                   replicas: tuple[int, int] = (1, 1), initial_replicas: int = 1) -> TaskSpec:
     """A replay of the packaged Mooncake conversation trace with its prefix ids (not a built-in task:

@@ -44,7 +44,9 @@ tenant's [min, max].
 string sets `speedup`, `start_s`, `horizon`, `window_s`, `ttft_ms`, `tpot_ms`
 (`trace:/data/t.csv?speedup=4&horizon=32`), and `replicas` (the most replicas an action may ask
 for: above 1 the replay is a cluster task, starting with `initial_replicas`, default 1):
-`trace:/data/week.csv?window_s=10&horizon=1008&replicas=8`. The horizon is cut to the replayed slice's length when
+`trace:/data/week.csv?window_s=10&horizon=1008&replicas=8`; `prefix_block_tokens=512` reads a
+Mooncake-format JSONL (gzip allowed) with its `hash_ids` as prefix ids, for prefix caching
+(`trace:/data/mooncake_conversation.jsonl.gz?prefix_block_tokens=512`). The horizon is cut to the replayed slice's length when
 the trace is shorter (at least one window).
 """
 
@@ -344,12 +346,13 @@ def resolve_task(task_id: str) -> TaskSpec:
 
 
 _TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms", "replicas",
-                  "initial_replicas"}
+                  "initial_replicas", "prefix_block_tokens"}
 # Each option's allowed range: what a replay can mean (a 1e-310 speedup or a 1e-320 s window
 # overflowed the horizon arithmetic). start_s is seconds into the trace (0 allowed).
 _OPTION_RANGES = {"speedup": (1e-3, 1e6), "start_s": (0.0, 1e12), "horizon": (1, MAX_HORIZON),
                   "window_s": (1e-3, 3600.0), "ttft_ms": (1e-3, 1e7), "tpot_ms": (1e-3, 1e7),
-                  "replicas": (1, MAX_REPLICAS), "initial_replicas": (1, MAX_REPLICAS)}
+                  "replicas": (1, MAX_REPLICAS), "initial_replicas": (1, MAX_REPLICAS),
+                  "prefix_block_tokens": (16, 1 << 16)}
 # Most requests one window of a replay may hold: the simulator serves a window's requests on the
 # calling thread, and a 2 M-request window took 22 s. The built-in tasks peak below 70 per window
 # (5 seeds each); this leaves room for a 50x denser trace and bounds one step to tens of ms.
@@ -402,7 +405,10 @@ def trace_task(task_id: str) -> TaskSpec:
         raise TraceError(f"{task_id!r}: option replicas must be an integer in 1..{MAX_REPLICAS}")
     if initial != int(initial) or not 1 <= initial <= max_replicas:
         raise TraceError(f"{task_id!r}: option initial_replicas must be an integer in 1..{int(max_replicas)}")
-    trace = load_trace(path)
+    block = _option(options, "prefix_block_tokens", 0, task_id) if "prefix_block_tokens" in options else 0
+    if block and (block != int(block) or int(block) % 16):
+        raise TraceError(f"{task_id!r}: option prefix_block_tokens must be a multiple of 16 in 16..65536")
+    trace = load_prefix_trace(path, int(block)).trace if block else load_trace(path)
     start = options.get("start_s")
     start_s = _option(options, "start_s", 0.0, task_id) if start is not None else None
     t_first = float(trace.arrival_s[0]) if start_s is None else start_s
@@ -425,6 +431,8 @@ def trace_task(task_id: str) -> TaskSpec:
     )
     workload = {"kind": "trace", "path": path, "format": trace.fmt, "speedup": speedup, "start_s": sl.start_s,
                 "requests": len(sl)}
+    if block:
+        workload["prefix_block_tokens"] = int(block)
     return TaskSpec(
         task_id=task_id,
         difficulty="custom",

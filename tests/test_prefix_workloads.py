@@ -114,3 +114,38 @@ def test_multiturn_task_runs_and_hits():
         hit += rep.prefix_hit_tokens
         query += rep.prefix_query_tokens
     assert query > 0 and 0.3 < hit / query <= ideal_hit_rate(arr) + 1e-9
+
+
+def _act() -> ServeAction:
+    return ServeAction(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
+                       prefill_decode_split=False, priority_routing=False)
+
+
+def test_observation_shows_the_cache_only_where_it_is_on():
+    from llmserve_env.runtime.inprocess import InProcessEnv
+
+    env = InProcessEnv()
+    env.reset(task_id=f"trace:{packaged_path(MOONCAKE_PACKAGED)}?prefix_block_tokens=512&horizon=4&window_s=5",
+              seed=0)
+    seen = []
+    for _ in range(4):
+        obs = env.step(_act())
+        dumped = obs.model_dump()
+        assert "prefix_hit_rate" in dumped and "prefix_cached_blocks" in dumped
+        seen.append((obs.prefix_hit_rate, obs.prefix_cached_blocks))
+    assert all(0.0 <= h <= 1.0 for h, _ in seen) and any(h > 0 for h, _ in seen)
+    assert all(c > 0 for _, c in seen)
+    plain = InProcessEnv()
+    obs = plain.reset(task_id="static_workload", seed=0)
+    obs = plain.step(_act())
+    # absent, not null: the seed's observation key for key (the golden digests hash model_dump)
+    assert "prefix_hit_rate" not in obs.model_dump() and "prefix_hit_rate" not in obs.model_dump_json()
+    assert obs.prefix_hit_rate is None
+
+
+@pytest.mark.parametrize("value", ["100", "0", "abc", "17"])
+def test_bad_prefix_block_tokens_option_is_refused(value):
+    from llmserve_env.shared.workloads import resolve_task
+
+    with pytest.raises(TraceError, match="prefix_block_tokens"):
+        resolve_task(f"trace:{packaged_path(MOONCAKE_PACKAGED)}?prefix_block_tokens={value}")
