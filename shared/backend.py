@@ -38,9 +38,11 @@ class Arrival:
     output_tokens  >= 1, the target completion length (max_tokens in real mode)
     tenant         tenant name (its SLOs live in the task's TenantSpec)
     priority       0 is the highest; larger numbers are less important
-    prefix_ids     ids of the prompt's leading units of `prefix_block_tokens` tokens each (equal ids
-                   at equal positions after an equal prefix = equal text), for prefix caching
-                   (sim/prefix_cache.py, shared/prefix.py); None: no caching, the seed's path
+    prefix_ids     one id per unit of `prefix_block_tokens` tokens of the prompt (and of the answer,
+                   where a later request resends it), prefix-unique: equal ids mean equal text up to
+                   and including that unit (vLLM's block hash, Mooncake's remapped hash_ids;
+                   `shared.prefix.chain_ids` makes them from per-position ids), for prefix caching
+                   (sim/prefix_cache.py); None: no caching, the seed's path
     """
 
     request_id: int

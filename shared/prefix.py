@@ -1,8 +1,11 @@
 """Prefix block ids for prefix caching (sim/prefix_cache.py): from a trace that has them, or drawn.
 
 An `Arrival` may carry `prefix_ids`, one id per unit of `prefix_block_tokens` tokens of its prompt
-(and, for conversations, of its answer, which the next turn resends): two requests whose first k ids
-are equal share their first k units' text. None (every built-in task) means no caching.
+(and, for conversations, of its answer, which the next turn resends). Ids are prefix-unique: an id
+names its unit together with everything before it (vLLM's block hash is a hash of the parent's hash
+and the block's tokens; Mooncake's `hash_ids` are remapped so, which `load_prefix_trace` checks), so
+two requests whose first k ids are equal share their first k units' text. `chain_ids` turns ids that
+only name a unit's own content into prefix-unique ones. None (every built-in task) means no caching.
 
 Two sources:
 
@@ -82,6 +85,7 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
     prompt: list[int] = []
     output: list[int] = []
     ids: list[tuple[int, ...]] = []
+    parents: dict[int, int] = {}
     try:
         with opener(resolved, "rb") as f:
             for line_no, raw in enumerate(f, start=1):
@@ -109,6 +113,12 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
                 if len(h) > -(-n_in // block_tokens):
                     raise TraceError(f"trace file {shown!r}, line {line_no}: {len(h)} hash_ids for {n_in} input "
                                      f"tokens (at most one per {block_tokens} tokens)")
+                prev = -1
+                for x in h:  # prefix-unique: an id always follows the same id (-1: first)
+                    if parents.setdefault(x, prev) != prev:
+                        raise TraceError(f"trace file {shown!r}, line {line_no}: hash id {x} follows another prefix "
+                                         "than it did before (ids must name a block with everything before it)")
+                    prev = x
                 t.append(ts * 1e-3)
                 prompt.append(n_in)
                 output.append(n_out)
@@ -122,6 +132,17 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
                   prompt_tokens=np.asarray(prompt, dtype=np.int64)[order],
                   output_tokens=np.asarray(output, dtype=np.int64)[order])
     return PrefixTrace(trace, tuple(ids[i] for i in order.tolist()), block_tokens)
+
+
+def chain_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Prefix-unique ids from per-position content ids: id j = hash((id j-1, content j)), as vLLM
+    chains its block hashes (Python's hash of int tuples is the same in every process)."""
+    out = []
+    parent = -1
+    for x in ids:
+        parent = hash((parent, x))
+        out.append(parent)
+    return tuple(out)
 
 
 def slice_ids(pt: PrefixTrace, start_s: float, n: int) -> tuple[tuple[int, ...], ...]:
@@ -148,11 +169,7 @@ def ideal_hit_rate(arrivals: list[Arrival]) -> float:
         if a.prefix_ids is None:
             continue
         u = a.prefix_block_tokens
-        parent = u
-        keys = []
-        for x in a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // u]:
-            parent = hash((parent, x))
-            keys.append(parent)
+        keys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // u]
         cap = (a.prompt_tokens - 1) // u
         n = 0
         while n < min(cap, len(keys)) and keys[n] in seen:

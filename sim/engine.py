@@ -38,7 +38,7 @@ import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim.kv_cache import KVCache
-from llmserve_env.sim.prefix_cache import PrefixCache, chain_keys
+from llmserve_env.sim.prefix_cache import PrefixCache
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
@@ -228,8 +228,10 @@ class Engine:
                                     a.output_tokens)
                 r = SimRequest(rec, acc)
                 if a.prefix_ids is not None:
+                    # prefix-unique ids are the cache's keys (shared/backend.py `Arrival`): the full units
+                    # of the prompt and answer
                     self.pcache.bind(a.prefix_block_tokens)
-                    r.pkeys = chain_keys(a.prefix_ids, a.prefix_block_tokens, a.prompt_tokens + a.output_tokens)
+                    r.pkeys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
                 reqs.append(r)
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
@@ -384,18 +386,17 @@ class Engine:
         """Evict least recently released units until in-use + evictable blocks fit the pool.
 
         Used blocks only grow between releases (decode runs, prefill chunks, admissions), so trimming
-        before each release and before each lookup evicts what V1 would have evicted by then."""
+        before each release and before each lookup evicts what V1 would have evicted by then. The
+        decoding requests' blocks are their upper bound (context / 16 + 1 each; sim/prefix_cache.py)."""
         pc = self.pcache
         if not pc.free_units:
             return
         kv = self.kv
         n = len(self.decoding)
-        upper = (self.decode_context_tokens + n) * (1.0 / KV_BLOCK_TOKENS) + n - self.decode_shared
-        if kv.used_fixed + upper + pc.free_blocks <= kv.total:
-            return
-        excess = kv.used_fixed + self._decode_blocks_exact(0) + pc.free_blocks - kv.total
+        upper = self.decode_context_tokens * (1.0 / KV_BLOCK_TOKENS) + n - self.decode_shared
+        excess = kv.used_fixed + upper + pc.free_blocks - kv.total
         if excess > 0:
-            pc.evict(-(-excess // pc.unit_blocks))
+            pc.evict(math.ceil(excess / pc.unit_blocks))
 
     def _reject(self, r: SimRequest, t: float, why: str) -> None:
         r.state = DONE
@@ -624,8 +625,8 @@ class Engine:
             self._advance_decode(1, dt_it, dt_it, n, t_new)
         for r, c in chunks:
             r.prefilled += c
-            if r.pkeys and r.phold < len(r.pkeys):
-                self._cache_computed(r)
+            if r.pkeys and r.prefilled >= (r.phold + 1) * self.pcache.block_tokens and r.phold < len(r.pkeys):
+                self._cache_computed(r)  # a unit more is computed
             if r.prefilled >= r.prefill_target:
                 self._complete_prefill(r, t_new, model, split)
         if n:

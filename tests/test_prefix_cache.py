@@ -9,8 +9,9 @@ import dataclasses
 import pytest
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.prefix import chain_ids
 from llmserve_env.sim.backend import SimBackend
-from llmserve_env.sim.prefix_cache import PrefixCache, chain_keys
+from llmserve_env.sim.prefix_cache import PrefixCache
 
 BASE = dict(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
             prefill_decode_split=False, priority_routing=False)
@@ -21,7 +22,9 @@ def act(**kw) -> ServeAction:
 
 
 def arrival(rid: int, t: float, prompt: int, ids: tuple[int, ...] | None, out: int = 8, unit: int = 16) -> Arrival:
-    return Arrival(rid, t, prompt, out, prefix_ids=ids, prefix_block_tokens=unit if ids is not None else 0)
+    """A request whose units have content `ids` (made prefix-unique here, as Arrival.prefix_ids must be)."""
+    return Arrival(rid, t, prompt, out, prefix_ids=None if ids is None else chain_ids(ids),
+                   prefix_block_tokens=unit if ids is not None else 0)
 
 
 def serve(arrivals: list[Arrival], action: ServeAction | None = None, windows: int = 4, dt: float = 5.0,
@@ -46,27 +49,45 @@ def ttft(rec) -> float:
 
 # ----------------------------------------------------------------------------------- the cache alone
 
-def test_chain_keys_depend_on_the_whole_prefix():
-    a = chain_keys((1, 2, 3), 16, 48)
-    b = chain_keys((9, 2, 3), 16, 48)
-    assert len(a) == 3 and not set(a) & set(b)  # same later ids after a different first one: no shared key
-    assert chain_keys((1, 2, 3), 16, 47) == a[:2]  # a partial last unit is never cached
-    assert chain_keys((1, 2), 32, 64) != chain_keys((1, 2), 16, 64)[:2]  # unit size is part of the key
+def test_chain_ids_depend_on_the_whole_prefix():
+    a = chain_ids((1, 2, 3))
+    b = chain_ids((9, 2, 3))
+    assert len(a) == 3 and not set(a) & set(b)  # same later content after a different first unit: no shared id
+    assert chain_ids((1, 2)) == a[:2] and chain_ids((1, 2, 3)) == a  # deterministic
 
 
 def test_cache_evicts_least_recently_released_tail_first():
     pc = PrefixCache()
     pc.bind(16)
-    a, b = chain_keys((1, 2), 16, 32), chain_keys((3, 4), 16, 32)
+    a, b = chain_ids((1, 2)), chain_ids((3, 4))
     assert pc.acquire(a, 0, 2) == 2 and pc.acquire(b, 0, 2) == 2
     assert pc.release(a, 2) == 2 and pc.release(b, 2) == 2
     assert pc.free_units == 4
     pc.evict(1)  # a was released first, and its tail unit before its head
-    assert a[1] not in pc.refs and a[0] in pc.refs
+    assert pc.match(a, 2) == (1, 1)  # a's tail unit is gone, its head still cached
     assert pc.match(a, 2) == (1, 1)  # the head still hits (and is evictable: revived on acquire)
     assert pc.acquire(a, 0, 1) == 1 and pc.free_units == 2
     pc.evict(2)  # b's units go; a's head is referenced again, so it stays
     assert pc.match(b, 2) == (0, 0) and pc.match(a, 2) == (1, 0)
+
+
+def test_runs_split_where_chains_part_and_where_references_end():
+    pc = PrefixCache()
+    pc.bind(16)
+    a = chain_ids(tuple(range(10)))
+    b = chain_ids(tuple(range(6)) + (60, 70, 80, 90))  # a's first 6 units, then its own
+    assert pc.acquire(a, 0, 10) == 10 and len(pc.starts) == 1
+    assert pc.match(b, 10) == (6, 0)
+    assert pc.acquire(b, 0, 6) == 0  # shared: a's run is cut at depth 6
+    assert pc.acquire(b, 6, 10) == 4  # b's own units: a new run
+    assert len(pc.starts) == 3
+    assert pc.release(a, 10) == 4  # a's tail goes evictable; the shared head is still b's
+    assert pc.free_units == 4
+    assert pc.release(b, 10) == 10 and pc.free_units == 14
+    pc.evict(3)  # b released last, deepest first: a's tail (released first) goes first
+    assert pc.match(a, 10) == (7, 7) and pc.match(b, 10) == (10, 10)
+    c = chain_ids(tuple(range(3)))  # a partial hit of the shared head, capped
+    assert pc.match(c, 2) == (2, 2) and pc.acquire(c, 0, 2) == 2 and pc.free_units == 14 - 3 - 2
 
 
 def test_bad_unit_size_is_refused():
@@ -163,7 +184,7 @@ def test_preemption_releases_shared_units_and_recompute_hits_them():
     assert len(recs) == 20 and all(r.status == "ok" for r in recs.values())
     eng = b._engine
     assert eng.kv.used_fixed == 0 and eng.decode_shared == 0  # nothing is left referenced
-    assert all(c == 0 for c in eng.pcache.refs.values())
+    assert all(run.refs == 0 for run in eng.pcache.starts.values())
 
 
 def _plain_and_unique(n: int = 300, rate: float = 8.0) -> tuple[list[Arrival], list[Arrival]]:

@@ -53,6 +53,7 @@ def test_mooncake_task_arrivals_carry_the_rows_ids():
     ({"timestamp": -1, "input_length": 100, "output_length": 5, "hash_ids": [1]}, "timestamp"),
     ({"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}, "input_length"),
     ({"timestamp": 0, "input_length": 10, "output_length": 5}, "hash_ids must be"),
+    ({"timestamp": 0, "input_length": 900, "output_length": 5, "hash_ids": [7, 2]}, "follows another prefix"),
 ])
 def test_bad_prefix_trace_rows_name_the_line(tmp_path, row, why):
     good = {"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}
