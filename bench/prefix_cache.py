@@ -5,8 +5,8 @@ the cache, and what caching costs the simulator's speed.
 
 1. Hit rate. The whole Mooncake conversation trace (12,031 requests, shared/data, its 512-token
    `hash_ids`) replayed through one replica of `h100-llama3.1-8b` (vLLM-like defaults: 256 sequences,
-   FP16, no speculation, 90 % of memory), at `--speedup` times its own pace (0.5: half speed, so one
-   8B replica keeps up: the trace offers ~42k prompt tokens/s), under three KV pools:
+   FP16, no speculation, 90 % of memory), at `--speedup` times its own pace (the trace offers ~42k
+   prompt tokens/s at 1x; at 0.5x one 8B replica keeps up only with the cache), under three KV pools:
    - "enough memory": the GPU's memory scaled (a counterfactual profile) until the pool holds 50M
      tokens, the capacity at which the paper's Figure 9 says its workloads nearly reach their
      theoretical maximum hit rate;
@@ -25,6 +25,9 @@ the cache, and what caching costs the simulator's speed.
    multi-turn workload at the real H100 pool; plus unique ids (the cache's bookkeeping with no hit,
    so no work saved) against none. speed ratio = CPU time off / CPU time on (1 = as fast; 0.8 = 20 %
    slower).
+4. Routing: the Mooncake trace at `--cluster-speedup` pace on 4 replicas (H100 pools), routed by least
+   outstanding work (cache_affinity None) and by cache affinity 0.25 / 0.5 / 1.0
+   (shared/prefix_routing.py): cluster hit rate, mean and p99 TTFT.
 
 Prints a table, then (last line) one flat JSON object.
 """
@@ -49,6 +52,7 @@ from llmserve_env.shared.prefix import (
     packaged_path,
 )
 from llmserve_env.sim.backend import SimBackend
+from llmserve_env.sim.cluster import ClusterBackend
 from llmserve_env.sim.profiles import GIB, load_profile
 
 PUBLISHED_HIT_RATE = 0.40  # Mooncake FAST'25, Table 2, Conversation "Cache Ratio"
@@ -142,11 +146,40 @@ def lone_ttft() -> tuple[float, float]:
     return r1.first_tokens[0][2], r2.first_tokens[0][2]
 
 
+def route(arrivals: list[Arrival], affinity: float | None, replicas: int, window_s: float) -> dict[str, float]:
+    """The arrivals served by `replicas` replicas under one routing rule (then drained)."""
+    b = ClusterBackend("h100-llama3.1-8b", replicas=(replicas, replicas), initial=replicas)
+    b.reset(0)
+    action = ACTION.model_copy(update={"replicas": replicas, "cache_affinity": affinity})
+    end = max(a.arrival_s for a in arrivals)
+    n_win = int(end // window_s) + 1
+    per: list[list[Arrival]] = [[] for _ in range(n_win)]
+    for a in arrivals:
+        per[int(a.arrival_s // window_s)].append(a)
+    hit = query = 0
+    ttfts: list[float] = []
+    k = 0
+    while True:
+        rep = b.run_window(action, per[k] if k < n_win else [], k * window_s, window_s)
+        hit += rep.prefix_hit_tokens
+        query += rep.prefix_query_tokens
+        ttfts += [x[2] for x in rep.first_tokens]
+        k += 1
+        if k >= n_win and not rep.pending:
+            break
+        if k > n_win + 2000:
+            raise RuntimeError("the cluster did not drain")
+    return {"hit_rate": hit / query if query else 0.0, "ttft_mean_s": statistics.fmean(ttfts),
+            "ttft_p99_s": float(np.percentile(ttfts, 99))}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--speedup", type=float, default=0.5, help="Mooncake replay pace (0.5: half its speed)")
     ap.add_argument("--window-s", type=float, default=10.0)
     ap.add_argument("--repeats", type=int, default=3, help="speed measurements: best of this many")
+    ap.add_argument("--cluster-speedup", type=float, default=1.0, help="Mooncake pace for the routing runs")
+    ap.add_argument("--cluster-s", type=float, default=1800.0, help="seconds of the trace the routing runs replay")
     args = ap.parse_args(argv)
     out: dict[str, float] = {}
 
@@ -207,6 +240,19 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'workload':<18} {'requests':>8} {'off':>7} {'on':>7} {'unique ids':>10} {'off/on':>7} {'off/unique':>10}")
     for name, n, a, b, c in speed_rows:
         print(f"{name:<18} {n:>8} {a:>7.2f} {b:>7.2f} {c:>10.2f} {a / b:>7.3f} {a / c:>10.3f}")
+
+    trace = mooncake_arrivals(args.cluster_speedup, args.cluster_s)
+    print(f"\nrouting: Mooncake, first {args.cluster_s:g} s at {args.cluster_speedup:g}x ({len(trace)} requests), "
+          "4 h100-llama3.1-8b replicas")
+    print(f"{'router':<28} {'hit rate':>9} {'TTFT mean s':>12} {'TTFT p99 s':>11}")
+    for aff in (None, 0.25, 0.5, 1.0):
+        res = route(trace, aff, 4, args.window_s)
+        name = "least outstanding work" if aff is None else f"cache_affinity {aff:g}"
+        print(f"{name:<28} {res['hit_rate']:>9.3f} {res['ttft_mean_s']:>12.3f} {res['ttft_p99_s']:>11.3f}")
+        key = "low" if aff is None else f"affinity_{aff:g}".replace(".", "_")
+        out[f"route_{key}_hit_rate"] = round(res["hit_rate"], 4)
+        out[f"route_{key}_ttft_mean_s"] = round(res["ttft_mean_s"], 3)
+        out[f"route_{key}_ttft_p99_s"] = round(res["ttft_p99_s"], 3)
     print(json.dumps(out))
 
 

@@ -75,6 +75,11 @@ class ServeAction(ActionBase):
 
     | `replicas`             | int   | the task's range      | serving replicas wanted (None = keep the current count)        |
 
+    Optional, for the cluster tasks' router (shared/prefix_routing.py; it matters where requests carry
+    prefix ids):
+
+    | `cache_affinity`       | float | 0.0..1.0              | weight of a replica's cached prefix against its load when routing (None = least outstanding work, as before) |
+
     Every task declares its allowed range (`TaskSpec.replicas`, in `GET /tasks`); the single-server
     tasks allow exactly 1, so `replicas` may be left out (or be 1) there and anything else is answered
     with a 422 naming the range. Left out, the action is the seed's six-field action, bit for bit.
@@ -92,14 +97,24 @@ class ServeAction(ActionBase):
     priority_routing: bool = Field(..., strict=True, description="Priority-tenant-first admission on or off")
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, strict=True,
                                  description="Serving replicas wanted, within the task's range (None = unchanged)")
+    cache_affinity: float | None = Field(
+        None, ge=0.0, le=1.0, strict=True, allow_inf_nan=False, exclude_if=lambda v: v is None,
+        description="Cluster routing: weight of a replica's cached prefix against its load, 0..1 "
+                    "(None = least outstanding work)")
 
     def knobs(self) -> dict[str, Any]:
-        """The six knobs as a plain dict (no metadata), plus `replicas` when it is set."""
-        return self.model_dump(exclude={"metadata"} if self.replicas is not None else {"metadata", "replicas"})
+        """The six knobs as a plain dict (no metadata), plus `replicas` and `cache_affinity` when set."""
+        exclude = {"metadata"}
+        if self.replicas is None:
+            exclude.add("replicas")
+        if self.cache_affinity is None:
+            exclude.add("cache_affinity")
+        return self.model_dump(exclude=exclude)
 
 
 # The six per-replica knobs' names, in the action's field order (`replicas` is not one of them).
-KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name not in ("metadata", "replicas"))
+KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields
+                               if name not in ("metadata", "replicas", "cache_affinity"))
 
 
 class ServeObservation(ObservationBase):
