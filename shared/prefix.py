@@ -31,6 +31,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -38,11 +39,18 @@ from pathlib import Path
 import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
-from llmserve_env.shared.traces import MAX_LINE_BYTES, MAX_REQUEST_TOKENS, Trace, TraceError
+from llmserve_env.shared.traces import (
+    MAX_LINE_BYTES,
+    MAX_PARSE_S,
+    MAX_REQUEST_TOKENS,
+    MAX_TRACE_BYTES,
+    Trace,
+    TraceError,
+)
 
 MOONCAKE_PACKAGED = "mooncake_conversation.jsonl.gz"
 MOONCAKE_BLOCK_TOKENS = 512  # the trace's hash_ids unit (Mooncake FAST'25 traces README / Dynamo's datagen docs)
-MAX_PREFIX_ROWS = 200_000
+MAX_PREFIX_ROWS = 100_000  # Mooncake's largest released trace has 23,608
 MAX_IDS_PER_ROW = MAX_REQUEST_TOKENS // 16
 
 
@@ -67,6 +75,8 @@ def load_prefix_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKEN
         st = p.stat()
     except OSError as exc:
         raise TraceError(f"trace file {str(p)!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if st.st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"trace file {str(p)!r}: {st.st_size} bytes, more than the {MAX_TRACE_BYTES} allowed")
     return _load(str(p.resolve()), st.st_mtime_ns, block_tokens, str(p))
 
 
@@ -86,6 +96,8 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
     output: list[int] = []
     ids: list[tuple[int, ...]] = []
     parents: dict[int, int] = {}
+    # the server parses on a request's thread: bounded in rows, line length and time as shared/traces.py is
+    deadline = time.monotonic() + MAX_PARSE_S
     try:
         with opener(resolved, "rb") as f:
             for line_no, raw in enumerate(f, start=1):
@@ -95,6 +107,8 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
                     continue
                 if len(t) >= MAX_PREFIX_ROWS:
                     raise TraceError(f"trace file {shown!r}: more than {MAX_PREFIX_ROWS} rows")
+                if line_no % 1024 == 0 and time.monotonic() > deadline:
+                    raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s")
                 try:
                     obj = json.loads(raw)
                 except (ValueError, RecursionError):
