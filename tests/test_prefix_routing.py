@@ -74,3 +74,19 @@ def test_unset_knob_routes_as_before():
     for a, b in zip(r1, r2, strict=True):
         assert [x.request_id for x in a.finished] == [x.request_id for x in b.finished]
         assert [x.first_token_s for x in a.finished] == [x.first_token_s for x in b.finished]
+
+
+def test_a_cluster_replay_of_mooncake_plays_with_the_knob_through_the_env():
+    from llmserve_env.runtime.inprocess import InProcessEnv
+    from llmserve_env.shared.prefix import MOONCAKE_PACKAGED, packaged_path
+
+    env = InProcessEnv()
+    env.reset(task_id=f"trace:{packaged_path(MOONCAKE_PACKAGED)}?prefix_block_tokens=512&replicas=4"
+                      "&initial_replicas=4&window_s=10&horizon=4", seed=0)
+    for aff in (None, 0.5, 0.5, None):
+        obs = env.step(ServeAction(**{**BASE, "replicas": 4, "cache_affinity": aff}))
+        assert obs.prefix_hit_rate is not None and obs.prefix_cached_blocks is not None
+        assert obs.metadata["applied"].get("cache_affinity") is (None if aff is None else True)
+    assert obs.done
+    grade = env.grade()
+    assert 0.0 <= grade["score"] <= 1.0
