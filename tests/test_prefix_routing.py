@@ -90,3 +90,28 @@ def test_a_cluster_replay_of_mooncake_plays_with_the_knob_through_the_env():
     assert obs.done
     grade = env.grade()
     assert 0.0 <= grade["score"] <= 1.0
+
+
+def test_cluster_with_affinity_is_deterministic_and_forkable():
+    import random
+
+    rng = random.Random(3)
+    sys_ids = [tuple(range(k * 100, k * 100 + 40)) for k in range(3)]
+    arr = []
+    t = 0.0
+    for i in range(240):
+        t += rng.expovariate(12.0)
+        ids = sys_ids[i % 3] + tuple(range(10_000 + 50 * i, 10_000 + 50 * i + 10))
+        arr.append(Arrival(i, t, 50 * 16 + rng.randint(0, 15), rng.randint(5, 300), prefix_ids=chain_ids(ids),
+                           prefix_block_tokens=16))
+    wins = [[a for a in arr if 5.0 * k <= a.arrival_s < 5.0 * (k + 1)] for k in range(6)]
+    _, r1 = serve(0.5, wins)
+    _, r2 = serve(0.5, wins)
+    assert [dataclasses.asdict(x) for x in r1] == [dataclasses.asdict(x) for x in r2]
+    assert sum(x.prefix_hit_tokens for x in r1) > 0
+    b, _ = serve(0.5, wins[:3])
+    f = b.fork()
+    action = ServeAction(**BASE, cache_affinity=0.5)
+    ra = [b.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
+    rb = [f.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
+    assert [dataclasses.asdict(x) for x in ra] == [dataclasses.asdict(x) for x in rb]
