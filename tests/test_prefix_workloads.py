@@ -150,3 +150,21 @@ def test_bad_prefix_block_tokens_option_is_refused(value):
 
     with pytest.raises(TraceError, match="prefix_block_tokens"):
         resolve_task(f"trace:{packaged_path(MOONCAKE_PACKAGED)}?prefix_block_tokens={value}")
+
+
+def test_http_step_carries_the_cache_fields_only_where_caching_is_on(client):
+    act = _act().model_dump()
+    task = f"trace:{packaged_path(MOONCAKE_PACKAGED)}?prefix_block_tokens=512&horizon=3&window_s=5"
+    r = client.post("/reset", json={"task_id": task, "seed": 0})
+    assert r.status_code == 200, r.text
+    eid = r.json()["observation"]["episode_id"]
+    r = client.post("/step", json={"action": act, "episode_id": eid})
+    assert r.status_code == 200, r.text
+    obs = r.json()["observation"]
+    assert 0.0 <= obs["prefix_hit_rate"] <= 1.0 and obs["prefix_cached_blocks"] > 0
+    r = client.post("/reset", json={"task_id": "static_workload", "seed": 0})
+    eid = r.json()["observation"]["episode_id"]
+    obs = client.post("/step", json={"action": act, "episode_id": eid}).json()["observation"]
+    assert "prefix_hit_rate" not in obs and "prefix_cached_blocks" not in obs
+    bad = client.post("/step", json={"action": {**act, "cache_affinity": 2.0}, "episode_id": eid})
+    assert bad.status_code == 422 and "cache_affinity" in bad.text
