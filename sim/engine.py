@@ -27,6 +27,12 @@ on, a waiting request that does not fit may also preempt a running request of st
 priority (counted as an eviction). A request that could not fit in the whole KV budget even alone
 is rejected (status "rejected"). Speculation uses each request's expected tokens per step (its
 acceptance rate is drawn once, at arrival), which keeps decode runs closed-form.
+
+Prefix caching (sim/prefix_cache.py), only for arrivals carrying prefix ids: at admission a request's
+cached leading units are a hit (their tokens skip prefill; at least one prompt token is computed);
+the units it references are counted once, in `kv.used_fixed` (`decode_shared` takes them out of the
+decoding requests' own blocks); released units stay cached as free-but-evictable blocks, evicted
+(`_trim_cache`) before any preemption because admission and preemption see them as free.
 """
 
 from __future__ import annotations
