@@ -32,6 +32,7 @@ import gzip
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -222,16 +223,24 @@ UNIT = 16  # the engine's KV block: synthetic ids are exact at vLLM's granularit
 
 
 def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
-                       tenant: str = "chat", priority: int = 1) -> list[Arrival]:
+                       tenant: str = "chat", priority: int = 1,
+                       rate_scale: Callable[[float], float] | None = None) -> list[Arrival]:
     """Every request of `duration_s` seconds of the multi-turn workload, sorted by arrival, ids 0..n-1.
 
     A conversation's token stream is [system prompt][user 1][answer 1][user 2][answer 2]...; turn k's
     prompt is the stream up to user k, its output answer k. Unit j of the stream (tokens 16j..16j+15)
     gets id (owner << 32) | j, the owner being the tenant for units wholly inside its system prompt and
-    the conversation otherwise: equal ids exactly where the text is equal."""
+    the conversation otherwise: equal ids exactly where the text is equal.
+
+    `rate_scale(t)` in [0, 1] (a daily cycle, `day_scale`) thins the conversation starts: a start at t
+    is kept with that probability, so `conversations_per_s` is the peak rate (Lewis-Shedler thinning).
+    None keeps every start, and the draws are exactly those of the constant-rate workload."""
     rng = np.random.default_rng([int(seed), 0x4D54])  # "MT": this workload's own stream
     n_conv = int(rng.poisson(spec.conversations_per_s * duration_s))
     starts = np.sort(rng.uniform(0.0, duration_s, n_conv))
+    if rate_scale is not None:
+        keep = rng.random(n_conv) < np.array([rate_scale(t) for t in starts.tolist()])
+        starts = starts[keep]
     n_sys = len(spec.system_tokens)
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     for c, t in enumerate(starts.tolist()):
@@ -254,6 +263,15 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
             t += float(rng.exponential(spec.think_s))
     rows.sort(key=lambda r: r[0])
     return [Arrival(i, t, p, o, tenant, priority, ids, UNIT) for i, (t, p, o, ids) in enumerate(rows)]
+
+
+def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ratio: float) -> Callable[[float], float]:
+    """The raised-cosine day of the cluster tasks (shared.workloads.cycle_rate's shape) as a multiplier
+    of the peak rate at second t: 1 at the middle of `peak_window`, `trough_ratio` half a cycle away."""
+    def scale(t: float) -> float:
+        phase = ((t / window_s - float(peak_window)) / cycle_windows) % 1.0  # 0 at the peak
+        return trough_ratio + (1.0 - trough_ratio) * 0.5 * (1.0 + math.cos(2.0 * math.pi * phase))
+    return scale
 
 
 # ----------------------------------------------------------------------------------- tasks

@@ -456,10 +456,75 @@ MULTITENANT_FAMILY_SHIFTED = _family(
 FAMILY_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (DIURNAL_FAMILY, DIURNAL_FAMILY_SHIFTED, MULTITENANT_FAMILY,
                                                            MULTITENANT_FAMILY_SHIFTED)}
 
+# ---------------------------------------------------------------------------------------- prefix-caching tasks
+# Issue 32: cluster tasks whose requests carry prefix ids (shared/prefix.py), so the engines cache prefixes
+# and `ServeAction.cache_affinity` decides whether a request follows its warm cache or the shortest queue.
+# Their observations carry prefix_hit_rate and prefix_cached_blocks (runtime/episode.py). The workload
+# dicts are read by shared.workloads; the trace's figures below are recomputed by tests/test_prefix_tasks.py.
+MOONCAKE_CLUSTER = TaskSpec(
+    task_id="mooncake_cluster",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas (Llama-3.1-8B on H100 each) replaying Mooncake's conversation trace "
+        "(Kimi, FAST'25, Apache-2.0; 12,031 requests over 59 minutes) at its own pace with its own lengths "
+        "(median 6,909 tokens in / 350 out, about 3.4 req/s) and its 512-token prefix blocks: each seed "
+        "replays the 20 minutes from a start it draws. Engines cache prefixes (vLLM-style APC) and the "
+        "router weighs each replica's cached share of a request against its load (cache_affinity). SLOs "
+        "TTFT 2000 ms, TPOT 60 ms; 40 windows of 30 s; replicas start in 87 s and are billed throughout. "
+        "Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("trace", 1, 1.0, ttft_slo_ms=2000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(6909.0, 0.0), output_tokens=(350.0, 0.0),
+                   prompt_clip=(1, 1 << 20), output_clip=(1, 1 << 20)),
+    ),
+    workload={"kind": "trace", "packaged": "mooncake_conversation.jsonl.gz", "prefix_block_tokens": 512,
+              "seeded_start": True, "speedup": 1.0},
+    horizon=40,
+    window_s=30.0,
+    cost_budget_per_1k=0.002,  # about what 3 replicas cost at the trace's pace: its prompts are 20x its outputs
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+)
+
+MULTITURN_CLUSTER = TaskSpec(
+    task_id="multiturn_cluster",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas serving a synthetic multi-turn chat through a day compressed into 48 "
+        "windows of 10 s: conversations start on a raised-cosine daily cycle (peak at 14:00, trough a third "
+        "of it at 02:00), each 1 + geometric turns (mean 4) 20 s apart, every turn resending its app's system "
+        "prompt (one of four, 512-2,048 tokens) and the whole history plus a new message (median 200 tokens), "
+        "answers of median 250. Engines cache prefixes (vLLM-style APC, 16-token blocks) and the router "
+        "weighs each replica's cached share of a request against its load (cache_affinity): a conversation "
+        "whose turns go back to its replica skips re-prefilling its history. TTFT 1000 ms, TPOT 60 ms; "
+        "replicas start in 87 s and are billed throughout. Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("chat", 1, 1.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(200.0, 0.8), output_tokens=(250.0, 0.6),
+                   prompt_clip=(1, 16384), output_clip=(1, 16384)),
+    ),
+    workload={"kind": "multiturn",
+              "spec": {"conversations_per_s": 12.0, "turns_mean": 4.0, "system_tokens": (1024, 2048, 512, 1536),
+                       "user_tokens": (200.0, 0.8), "answer_tokens": (250.0, 0.6), "think_s": 20.0,
+                       "max_context": 16384},
+              "day": {"cycle_windows": 48, "peak_window": 28, "trough_ratio": round(1 / 3, 6)}},
+    horizon=48,
+    window_s=10.0,
+    cost_budget_per_1k=0.0003,
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+    cycle_windows=48,
+)
+PREFIX_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (MOONCAKE_CLUSTER, MULTITURN_CLUSTER)}
+
 # The seed's single-server tasks (exactly one replica) and the cluster tasks (fixed days, then families).
 SINGLE_SERVER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
 CLUSTER_TASKS: dict[str, TaskSpec] = {**{t.task_id: t for t in (DIURNAL_AUTOSCALE, MULTITENANT_AUTOSCALE)},
-                                      **FAMILY_TASKS}
+                                      **FAMILY_TASKS, **PREFIX_TASKS}
 TASKS: dict[str, TaskSpec] = {**SINGLE_SERVER_TASKS, **CLUSTER_TASKS}
 
 

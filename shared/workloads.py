@@ -62,6 +62,7 @@ from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.prefix import (
     MultiTurnSpec,
+    day_scale,
     load_prefix_trace,
     multiturn_arrivals,
     slice_ids,
@@ -224,6 +225,15 @@ def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
     trace = load_prefix_trace(path, int(w["prefix_block_tokens"])).trace if "prefix_block_tokens" in w else load_trace(path)
     total_s = task.horizon * task.window_s
+    if w.get("seeded_start"):
+        # At the trace's own pace from a start the seed draws (the Mooncake task): each seed replays
+        # another stretch with its own arrival times and lengths, unscaled
+        speedup = float(w.get("speedup", 1.0))
+        t_first, t_last = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+        latest = t_last - total_s * speedup
+        if latest < t_first:
+            raise TraceError(f"trace {trace.path!r}: shorter than the {total_s * speedup:g} s an episode replays")
+        return replay_slice(trace, total_s, speedup=speedup, start_s=float(rng.uniform(t_first, latest)))
     if "tokens_per_s" not in w:
         return replay_slice(trace, total_s, speedup=float(w.get("speedup", 1.0)), start_s=w.get("start_s"))
     # Seeded slice: consecutive requests from a start drawn by the seed, as many as hold
@@ -265,8 +275,11 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         return out
     if kind == "multiturn":
         tenant = task.tenants[0]
+        day = task.workload.get("day")  # the registered task's daily cycle (thinned starts); absent: constant
+        scale = (day_scale(task.window_s, int(day["cycle_windows"]), float(day["peak_window"]),
+                           float(day["trough_ratio"])) if day else None)
         return multiturn_arrivals(MultiTurnSpec(**task.workload.get("spec", {})), total_s, seed, tenant.name,
-                                  tenant.priority)
+                                  tenant.priority, scale)
     if kind == "poisson":
         times = _poisson_times(t_rng, float(task.workload["rate_rps"]), 0.0, total_s)
         who = None
