@@ -16,6 +16,9 @@
 | dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
 | operator      | cluster tasks: the published day forecast, corrected by the observed level (agents/operator.py) |
 | schedule      | cluster tasks: the published mean day, open loop (agents/operator.py)  |
+| least_work    | prefix-caching cluster tasks: least outstanding work routing, cache_affinity 0 (agents/routing.py) |
+| llmd_scorer   | prefix-caching cluster tasks: llm-d's default scorer weights as cache_affinity 3/7 (agents/routing.py) |
+| dynamo_kv     | prefix-caching cluster tasks: Dynamo's KV router default weight as cache_affinity 0.5 (agents/routing.py) |
 
 `tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
 are imported on first use (the planner needs statsmodels, the `autoscale` extra).
@@ -69,7 +72,16 @@ POLICIES: dict[str, PolicyFactory] = {
     "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
     "operator": lambda task_id, **_: _operator().operator(task_id),
     "schedule": lambda task_id, **_: _operator().schedule(task_id),
+    "least_work": lambda task_id, **_: _routing().rival("least_work", task_id),
+    "llmd_scorer": lambda task_id, **_: _routing().rival("llmd_scorer", task_id),
+    "dynamo_kv": lambda task_id, **_: _routing().rival("dynamo_kv", task_id),
 }
+
+
+def _routing():
+    from llmserve_env.agents import routing
+
+    return routing
 
 
 def _autoscale():
