@@ -185,11 +185,13 @@ class ObservedWindow:
     __slots__ = ("queue_depth", "active_requests", "kv_cache_occupancy", "mean_prompt_length", "p50_ttft_ms",
                  "p99_ttft_ms", "p50_itl_ms", "throughput_tps", "slo_compliance_rate", "gpu_memory_used_gb",
                  "estimated_cost_per_1k", "request_arrival_rate", "spec_acceptance_rate", "eviction_events",
-                 "reward", "done", "step_index", "metadata")
+                 "reward", "done", "step_index", "metadata", "prefix_hit_rate")
 
     def __init__(self, out: StepOutcome, task: TaskSpec):
         for name, value in observed_fields(out.metrics).items():
             setattr(self, name, value)
+        # None off the prefix workloads, as the observation leaves the field out there
+        self.prefix_hit_rate = prefix_fields(out, task).get("prefix_hit_rate")
         self.reward = out.reward
         self.done = out.done
         self.step_index = out.step_index
@@ -203,6 +205,15 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
     out = StepOutcome(m, reward, terms, applied, notes, ep.step_count, ep.done, ep.seed,
                       ep.windows[ep.step_count - 1])
     return _observation(out, ep.task, ep.episode_id)
+
+
+def prefix_fields(out: StepOutcome, task: TaskSpec) -> dict[str, Any]:
+    """The prefix cache's observation fields, only on prefix workloads: every other task's observation
+    keeps the seed's keys."""
+    if not caches_prefixes(task):
+        return {}
+    query, hit, cached = out.prefix
+    return {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
 
 
 def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObservation:
@@ -227,13 +238,9 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         metadata["failure"] = out.notes.get("failure")
     if task.is_cluster:
         metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)
-    prefix: dict[str, Any] = {}
-    if caches_prefixes(task):  # only there: every other task's observation keeps the seed's keys
-        query, hit, cached = out.prefix
-        prefix = {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
     return ServeObservation(
         **observed_fields(m),
-        **prefix,
+        **prefix_fields(out, task),
         step_index=out.step_index,
         task_id=task.task_id,
         episode_id=episode_id,

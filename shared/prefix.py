@@ -278,8 +278,7 @@ def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ra
 
 def caches_prefixes(task: TaskSpec) -> bool:
     """Whether a task's arrivals carry prefix ids (its observations then show the cache's fields)."""
-    w = task.workload
-    return w.get("kind") == "multiturn" or "prefix_block_tokens" in w
+    return task.caches_prefixes
 
 
 def mooncake_task(speedup: float = 1.0, horizon: int = 64, window_s: float = 1.0, start_s: float = 0.0,

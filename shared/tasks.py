@@ -187,9 +187,20 @@ class TaskSpec:
         """The reference capacity figures of this task's profile (KeyError if none are known)."""
         return PROFILE_CAPACITY[self.profile]
 
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether the task's arrivals carry prefix ids (issue 32, shared/prefix.py): its engines cache
+        prefixes and its observations carry prefix_hit_rate and prefix_cached_blocks."""
+        return self.workload.get("kind") == "multiturn" or "prefix_block_tokens" in self.workload
+
     def describe(self) -> dict[str, Any]:
-        """The JSON-able description served by `GET /tasks`."""
+        """The JSON-able description served by `GET /tasks` (a prefix-caching task adds `prefix_caching`)."""
         trace = self.workload.get("kind") == "trace"
+        prefix = {"prefix_caching": {
+            "observation": ["prefix_hit_rate", "prefix_cached_blocks"],
+            "action": "cache_affinity 0..1: a replica's cached share of a request against its load when "
+                      "routing (cluster tasks; absent = least outstanding work)",
+        }} if self.caches_prefixes else {}
         return {
             "task_id": self.task_id,
             "difficulty": self.difficulty,
@@ -217,6 +228,7 @@ class TaskSpec:
                 }
                 for t in self.tenants
             ],
+            **prefix,
         }
 
 
