@@ -10,7 +10,8 @@ a local process pool, or Ray when installed or asked for), and every runner give
 aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
 weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
-single-server task) is listed as skipped for that task. For each cluster task the last line also
+single-server task, `operator` and `schedule` on a task without a published day, the routing rivals
+`least_work`, `llmd_scorer` and `dynamo_kv` off the prefix-caching tasks) is listed as skipped for that task. For each cluster task the last line also
 holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heuristic by mean,
 `RIVALS_TO_BEAT` in agents/planner.py) and its mean,
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
@@ -43,9 +44,11 @@ from llmserve_env.agents.parallel import add_runner_arguments, registry_job, run
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy
+from llmserve_env.agents.routing import NotPrefixTaskError
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.shared.day_shape import NotCycleTaskError
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import TASKS
 
@@ -82,7 +85,8 @@ def play_table(agents: list[str], tasks: list[str], episodes: int, runner) -> tu
         for task_id in tasks:
             try:
                 make_policy(agent, task_id)
-            except (WeightsNotFoundError, NotTunedError, NotClusterTaskError) as exc:
+            except (WeightsNotFoundError, NotTunedError, NotClusterTaskError, NotCycleTaskError,
+                    NotPrefixTaskError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
             cells.append((agent, task_id))
