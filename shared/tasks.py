@@ -20,8 +20,10 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | diurnal_family          | diurnal_autoscale's day drawn per seed: peak 12:30-15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds, spot preemption, cold-start jitter | as diurnal_autoscale | 48 x 10 s |
 | multitenant_family      | multitenant_autoscale's day drawn per seed, its two jobs at random start/length/rate, half announced 1-3 h ahead, ad-hoc jobs | as multitenant_autoscale | 48 x 10 s |
 | *_family_shifted        | the shifted tests: peaks 08:00-11:00, load x1.2-1.4 (jobs at 06:00-08:00 and 19:00-21:00) | as their family | 48 x 10 s |
+| mooncake_cluster        | Mooncake conversation trace at its own pace (3.4 req/s), seeded 20-minute stretch, 512-token prefix ids, 1-8 replicas | trace 6909/350 (measured), 2000/60 ms | 40 x 30 s |
+| multiturn_cluster       | multi-turn chat, conversation starts on the daily cycle (peak 12 conv/s at 14:00, a third at 02:00), 16-token prefix ids, 1-8 replicas | chat 200/250 per turn (prompts carry the history), 1000/60 ms | 48 x 10 s |
 
-The last six are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
+The last eight are cluster tasks (the last two, `PREFIX_TASKS`, cache prefixes: issue 32) (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
 `SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds, and `FAMILY_TASKS` names
 the scenario families (shared/scenarios.py) among the cluster tasks.
 
