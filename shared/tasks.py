@@ -20,7 +20,7 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | diurnal_family          | diurnal_autoscale's day drawn per seed: peak 12:30-15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds, spot preemption, cold-start jitter | as diurnal_autoscale | 48 x 10 s |
 | multitenant_family      | multitenant_autoscale's day drawn per seed, its two jobs at random start/length/rate, half announced 1-3 h ahead, ad-hoc jobs | as multitenant_autoscale | 48 x 10 s |
 | *_family_shifted        | the shifted tests: peaks 08:00-11:00, load x1.2-1.4 (jobs at 06:00-08:00 and 19:00-21:00) | as their family | 48 x 10 s |
-| mooncake_cluster        | Mooncake conversation trace at its own pace (3.4 req/s), seeded 20-minute stretch, 512-token prefix ids, 1-8 replicas | trace 6909/350 (measured), 2000/60 ms | 40 x 30 s |
+| mooncake_cluster        | Mooncake conversation trace at its own pace (3.4 req/s), seeded 20-minute stretch, 512-token prefix ids, 1-8 replicas | trace 6909/350 (measured), 2000/60 ms | 60 x 20 s |
 | multiturn_cluster       | multi-turn chat, conversation starts on the daily cycle (peak 12 conv/s at 14:00, a third at 02:00), 16-token prefix ids, 1-8 replicas | chat 200/250 per turn (prompts carry the history), 1000/60 ms | 48 x 10 s |
 
 The last eight are cluster tasks (the last two, `PREFIX_TASKS`, cache prefixes: issue 32) (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
@@ -484,7 +484,7 @@ MOONCAKE_CLUSTER = TaskSpec(
         "(median 6,909 tokens in / 350 out, about 3.4 req/s) and its 512-token prefix blocks: each seed "
         "replays the 20 minutes from a start it draws. Engines cache prefixes (vLLM-style APC) and the "
         "router weighs each replica's cached share of a request against its load (cache_affinity). SLOs "
-        "TTFT 2000 ms, TPOT 60 ms; 40 windows of 30 s; replicas start in 87 s and are billed throughout. "
+        "TTFT 2000 ms, TPOT 60 ms; 60 windows of 20 s; replicas start in 87 s and are billed throughout. "
         "Starts with 2 replicas ready."
     ),
     tenants=(
@@ -494,8 +494,8 @@ MOONCAKE_CLUSTER = TaskSpec(
     ),
     workload={"kind": "trace", "packaged": "mooncake_conversation.jsonl.gz", "prefix_block_tokens": 512,
               "seeded_start": True, "speedup": 1.0},
-    horizon=40,
-    window_s=30.0,
+    horizon=60,
+    window_s=20.0,  # under real mode's default 30 s step timeout, which every task's window must stay below
     cost_budget_per_1k=0.002,  # about what 3 replicas cost at the trace's pace: its prompts are 20x its outputs
     replicas=(1, 8),
     initial_replicas=2,
