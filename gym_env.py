@@ -21,6 +21,12 @@ and the episode's progress (`agents.encoding.FEATURE_NAMES` names each). Cluster
 the replicas asked for, ready, starting and draining, the next start's remaining cold start, and the
 time of day (`agents.encoding.CLUSTER_FEATURE_NAMES`), so `Box(0, 4, (32,), float32)` there.
 
+Prefix-caching cluster tasks (`mooncake_cluster`, `multiturn_cluster`, a
+`trace:...?prefix_block_tokens=N&replicas=M` replay; issue 32) add one last action index, `cache_affinity` from `agents.prefix_view.AFFINITY_LEVELS`
+(0, 0.25, 0.5, 0.75, 1), and two features, the window's prefix hit rate and the affinity last asked
+for (`agents.prefix_view.PREFIX_FEATURE_NAMES`): `MultiDiscrete([10, 7, 7, 3, 2, 2, 3, 5])` and
+`Box(0, 4, (34,), float32)` on a cluster replay.
+
 With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
@@ -55,11 +61,13 @@ import numpy as np
 from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
+from llmserve_env.agents.prefix_view import PrefixFeatureView
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.core.episode import ObservedWindow
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeObservation
+from llmserve_env.shared.prefix import caches_prefixes
 from llmserve_env.shared.workloads import resolve_task
 
 ENV_ID = "LLMServe-v0"
@@ -74,7 +82,11 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.view = FeatureView(task, self.task.horizon, advice, self.task.replicas)
+        base = FeatureView(task, self.task.horizon, advice, self.task.replicas)
+        # prefix-caching cluster tasks add the cache_affinity head and the hit rate (one replica has no
+        # routing to weigh); every other task's spaces stay as they were
+        prefix = caches_prefixes(self.task) and self.task.is_cluster
+        self.view: FeatureView | PrefixFeatureView = PrefixFeatureView(base) if prefix else base
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it

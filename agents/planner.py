@@ -62,7 +62,7 @@ from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import TaskSpec
+from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from llmserve_env.sim.cluster import ClusterBackend
 
@@ -72,6 +72,8 @@ MODES = ("sampled", "clairvoyant")
 # knobs only and holds the starting replicas all day (0.13 on diurnal_autoscale); a queue-feedback replica
 # rule is what `hpa` is, tuned on the same seeds, so a heuristic with replica control would be hpa again.
 RIVALS_TO_BEAT = ("tuned_static", "hpa", "dynamo_planner", "operator", "schedule")
+# On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py).
+PREFIX_RIVALS = ("least_work", "llmd_scorer", "dynamo_kv")
 SINGLE_SERVER_BASES = ("tuned_static", "heuristic")  # vllm_default for tuned_static where none is tuned
 # Sampled arrivals get ids far above any real one, so they never collide with the episode's own.
 SAMPLE_ID_BASE = 1 << 40
@@ -88,6 +90,8 @@ def default_bases(task: TaskSpec) -> tuple[str, ...]:
     tuned, e.g. a trace replay) and the heuristic."""
     if task.is_cluster and task.workload.get("kind") == "cycle":
         return RIVALS_TO_BEAT
+    if task.task_id in PREFIX_TASKS:  # the routing rivals (agents/routing.py): the autoscalers' days do not apply
+        return PREFIX_RIVALS
     from llmserve_env.agents.search import tuned_entry
     from llmserve_env.agents.tuned_static import TUNED_PATH
 

@@ -16,6 +16,9 @@
 | dynamo_planner | cluster tasks: NVIDIA Dynamo Planner's predictive scaling (agents/autoscale.py) |
 | operator      | cluster tasks: the published day forecast, corrected by the observed level (agents/operator.py) |
 | schedule      | cluster tasks: the published mean day, open loop (agents/operator.py)  |
+| least_work    | prefix-caching cluster tasks: least outstanding work routing, cache_affinity 0 (agents/routing.py) |
+| llmd_scorer   | prefix-caching cluster tasks: llm-d's default scorer weights as cache_affinity 3/7 (agents/routing.py) |
+| dynamo_kv     | prefix-caching cluster tasks: Dynamo's KV router default weight as cache_affinity 0.5 (agents/routing.py) |
 
 `tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
 are imported on first use (the planner needs statsmodels, the `autoscale` extra).
@@ -47,7 +50,7 @@ _COMPOSITE: dict[str, PolicyFactory] = {
 }
 # The order of the table above (choices and error messages list them so).
 _ORDER = ("random", "starve", "vllm_default", "static", "tuned_static", "heuristic", "llm", "ppo", "planner",
-          "clairvoyant", "hpa", "dynamo_planner", "operator", "schedule")
+          "clairvoyant", "hpa", "dynamo_planner", "operator", "schedule", "least_work", "llmd_scorer", "dynamo_kv")
 POLICIES: dict[str, PolicyFactory] = {name: {**SINGLES, **_COMPOSITE}[name] for name in _ORDER}
 
 

@@ -38,6 +38,12 @@ def _operator():
     return operator
 
 
+def _routing():
+    from llmserve_env.agents import routing
+
+    return routing
+
+
 SINGLES: dict[str, PolicyFactory] = {
     "random": lambda task_id, seed=0, **_: RandomPolicy(seed),
     "starve": lambda task_id, **_: starve(),
@@ -51,6 +57,9 @@ SINGLES: dict[str, PolicyFactory] = {
     "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
     "operator": lambda task_id, **_: _operator().operator(task_id),
     "schedule": lambda task_id, **_: _operator().schedule(task_id),
+    "least_work": lambda task_id, **_: _routing().rival("least_work", task_id),
+    "llmd_scorer": lambda task_id, **_: _routing().rival("llmd_scorer", task_id),
+    "dynamo_kv": lambda task_id, **_: _routing().rival("dynamo_kv", task_id),
 }
 
 

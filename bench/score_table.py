@@ -10,9 +10,11 @@ a local process pool, or Ray when installed or asked for), and every runner give
 aliases that repeat another agent (`static` = `vllm_default`) are left out, `llm` plays only when
 OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`ppo` without
 weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
-single-server task) is listed as skipped for that task. For each cluster task the last line also
+single-server task, `operator` and `schedule` on a task without a published day, the routing rivals
+`least_work`, `llmd_scorer` and `dynamo_kv` off the prefix-caching tasks) is listed as skipped for that task. For each cluster task the last line also
 holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heuristic by mean,
-`RIVALS_TO_BEAT` in agents/planner.py) and its mean,
+`RIVALS_TO_BEAT` in agents/planner.py; on the prefix-caching tasks the best routing rival,
+`PREFIX_RIVALS`) and its mean,
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
 differences (the same seeds for both) and the half-width of its 95 % Student-t interval.
 
@@ -39,14 +41,16 @@ import time
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.family_table import families_in, plays_split, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-from llmserve_env.agents.planner import RIVALS_TO_BEAT
+from llmserve_env.agents.planner import PREFIX_RIVALS, RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
+from llmserve_env.agents.routing import NotPrefixTaskError
 from llmserve_env.agents.seeds import eval_seeds
 from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
+from llmserve_env.shared.day_shape import NotCycleTaskError
 from llmserve_env.shared.splits import SHIFTED_TASKS
-from llmserve_env.shared.tasks import TASKS
+from llmserve_env.shared.tasks import PREFIX_TASKS, TASKS
 from llmserve_env.tools import cli
 
 # Registry names that are another agent under a second name.
@@ -82,7 +86,8 @@ def play_table(agents: list[str], tasks: list[str], episodes: int, runner) -> tu
         for task_id in tasks:
             try:
                 make_policy(agent, task_id)
-            except (WeightsNotFoundError, NotTunedError, NotClusterTaskError) as exc:
+            except (WeightsNotFoundError, NotTunedError, NotClusterTaskError, NotCycleTaskError,
+                    NotPrefixTaskError) as exc:
                 skipped[f"{agent}/{task_id}"] = str(exc)
                 continue
             cells.append((agent, task_id))
@@ -170,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
         flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
     for task_id in tasks:
-        played = {a: cells[(a, task_id)] for a in RIVALS_TO_BEAT if (a, task_id) in cells}
+        # the prefix-caching tasks' rivals are the routing rules (agents/routing.py), not the autoscalers
+        rivals = PREFIX_RIVALS if task_id in PREFIX_TASKS else RIVALS_TO_BEAT
+        played = {a: cells[(a, task_id)] for a in rivals if (a, task_id) in cells}
         if TASKS[task_id].is_cluster and played:
             best = max(played, key=lambda a: mean_ci(played[a]).mean)
             flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]

@@ -41,6 +41,7 @@ from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowM
 from llmserve_env.core.reward import GradeReward
 from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.prefix import caches_prefixes
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
@@ -173,6 +174,8 @@ class StepOutcome:
     done: bool
     seed: int  # the episode's seed: a scenario family's day, for the announced jobs
     served: list[Arrival]  # the window's arrivals (each tenant's arrival rate, cluster tasks)
+    # prefix caching (sim): (prompt tokens first admitted, of them served from the cache, cached blocks)
+    prefix: tuple[int, int, int] = (0, 0, 0)
 
 
 class ObservedWindow:
@@ -182,11 +185,13 @@ class ObservedWindow:
     __slots__ = ("queue_depth", "active_requests", "kv_cache_occupancy", "mean_prompt_length", "p50_ttft_ms",
                  "p99_ttft_ms", "p50_itl_ms", "throughput_tps", "slo_compliance_rate", "gpu_memory_used_gb",
                  "estimated_cost_per_1k", "request_arrival_rate", "spec_acceptance_rate", "eviction_events",
-                 "reward", "done", "step_index", "metadata")
+                 "reward", "done", "step_index", "metadata", "prefix_hit_rate")
 
     def __init__(self, out: StepOutcome, task: TaskSpec):
         for name, value in observed_fields(out.metrics).items():
             setattr(self, name, value)
+        # None off the prefix workloads, as the observation leaves the field out there
+        self.prefix_hit_rate = prefix_fields(out, task).get("prefix_hit_rate")
         self.reward = out.reward
         self.done = out.done
         self.step_index = out.step_index
@@ -200,6 +205,15 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
     out = StepOutcome(m, reward, terms, applied, notes, ep.step_count, ep.done, ep.seed,
                       ep.windows[ep.step_count - 1])
     return _observation(out, ep.task, ep.episode_id)
+
+
+def prefix_fields(out: StepOutcome, task: TaskSpec) -> dict[str, Any]:
+    """The prefix cache's observation fields, only on prefix workloads: every other task's observation
+    keeps the seed's keys."""
+    if not caches_prefixes(task):
+        return {}
+    query, hit, cached = out.prefix
+    return {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
 
 
 def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObservation:
@@ -226,6 +240,7 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)
     return ServeObservation(
         **observed_fields(m),
+        **prefix_fields(out, task),
         step_index=out.step_index,
         task_id=task.task_id,
         episode_id=episode_id,
@@ -379,7 +394,7 @@ class Episode:
         if self.done:
             self.close()
         return StepOutcome(m, reward, terms, report.applied, report.notes, self.step_count, self.done, self.seed,
-                           arrivals)
+                           arrivals, (report.prefix_query_tokens, report.prefix_hit_tokens, report.prefix_cached_blocks))
 
     def _drain(self, action: ServeAction) -> list[WindowMetrics]:
         """After the last window: no more arrivals, the engine keeps serving under the last action

@@ -832,6 +832,8 @@ class Dispatcher:
                 "speculation_depth": False,
                 # routed over the first k endpoints (cold start: not applied, notes["cluster"])
                 **({"replicas": True} if action.replicas is not None else {}),
+                # cache-aware routing is the simulator's only (issue 32: real mode unfinished)
+                **({"cache_affinity": False} if action.cache_affinity is not None else {}),
             },
             notes=notes,
         )

@@ -121,6 +121,8 @@ def step_row(obs: ServeObservation, action: ServeAction, previous: list[dict[str
         "per_tenant": dict(meta.get("per_tenant", {})),
         "cost_usd": float(meta.get("cost_usd", 0.0)),
         **cluster_row(meta.get("cluster")),
+        # prefix-caching tasks only (issue 32): the observation carries the field there and nowhere else
+        **({"prefix_hit_rate": obs.prefix_hit_rate} if obs.prefix_hit_rate is not None else {}),
         **action.knobs(),
         "weight_bits": weight_bits(action.quantization_tier),
     }

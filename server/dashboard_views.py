@@ -76,6 +76,13 @@ def _replicas(run: DashboardRun) -> pd.DataFrame:
                      ignore_index=True)
 
 
+def _kv(run: DashboardRun) -> pd.DataFrame:
+    """KV used and SLO met; on a prefix-caching task also the prefix hit rate (both policies')."""
+    hits = {"prefix_hit_rate": "prefix hits"} if run.task.caches_prefixes else {}
+    return compared_frame(run, {"kv_cache_occupancy": "KV used", "slo_compliance_rate": "SLO met", **hits},
+                          {"slo_compliance_rate": "SLO met", **hits})
+
+
 PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("ttft", "Time to first token", "ms", _ttft),
     PlotSpec("itl", "ITL and TPOT", "ms", _itl),
@@ -85,9 +92,7 @@ PLOTS: tuple[PlotSpec, ...] = (
     PlotSpec("queue", "Queue and evictions", "requests", lambda run: compared_frame(
         run, {"queue_depth": "waiting", "active_requests": "running", "eviction_events": "evicted"},
         {"queue_depth": "waiting"})),
-    PlotSpec("kv", "KV cache and SLO compliance", "fraction", lambda run: compared_frame(
-        run, {"kv_cache_occupancy": "KV used", "slo_compliance_rate": "SLO met"}, {"slo_compliance_rate": "SLO met"}),
-        FRACTION_AXIS, from_zero=False),
+    PlotSpec("kv", "KV cache and SLO compliance", "fraction", _kv, FRACTION_AXIS, from_zero=False),
     PlotSpec("reward", "Reward so far", "sum of step rewards", lambda run: compared_frame(
         run, {"cumulative_reward": "reward"}), from_zero=False),
     PlotSpec("batch", "Action: batch cap", "sequences", _knob("batch_cap", "batch cap")),

@@ -38,6 +38,11 @@ class Arrival:
     output_tokens  >= 1, the target completion length (max_tokens in real mode)
     tenant         tenant name (its SLOs live in the task's TenantSpec)
     priority       0 is the highest; larger numbers are less important
+    prefix_ids     one id per unit of `prefix_block_tokens` tokens of the prompt (and of the answer,
+                   where a later request resends it), prefix-unique: equal ids mean equal text up to
+                   and including that unit (vLLM's block hash, Mooncake's remapped hash_ids;
+                   `shared.prefix.chain_ids` makes them from per-position ids), for prefix caching
+                   (sim/prefix_cache.py); None: no caching, the seed's path
     """
 
     request_id: int
@@ -46,6 +51,8 @@ class Arrival:
     output_tokens: int
     tenant: str = "default"
     priority: int = 1
+    prefix_ids: tuple[int, ...] | None = None
+    prefix_block_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -134,6 +141,12 @@ class WindowReport:
     quality: float = 1.0
     applied: dict[str, bool] = field(default_factory=dict)
     notes: dict[str, object] = field(default_factory=dict)
+    # prefix caching (sim only, and only for arrivals carrying prefix ids): prompt tokens of the
+    # requests first admitted in the window, those of them served from the cache, and the KV blocks
+    # holding cached units at the window's end (referenced or evictable)
+    prefix_query_tokens: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_cached_blocks: int = 0
 
 
 class BackendUnavailableError(RuntimeError):

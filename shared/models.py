@@ -75,6 +75,11 @@ class ServeAction(ActionBase):
 
     | `replicas`             | int   | the task's range      | serving replicas wanted (None = keep the current count)        |
 
+    Optional, for the cluster tasks' router (shared/prefix_routing.py; it matters where requests carry
+    prefix ids):
+
+    | `cache_affinity`       | float | 0.0..1.0              | weight of a replica's cached prefix against its load when routing (None = least outstanding work, as before) |
+
     Every task declares its allowed range (`TaskSpec.replicas`, in `GET /tasks`); the single-server
     tasks allow exactly 1, so `replicas` may be left out (or be 1) there and anything else is answered
     with a 422 naming the range. Left out, the action is the seed's six-field action, bit for bit.
@@ -92,14 +97,24 @@ class ServeAction(ActionBase):
     priority_routing: bool = Field(..., strict=True, description="Priority-tenant-first admission on or off")
     replicas: int | None = Field(None, ge=1, le=MAX_REPLICAS, strict=True,
                                  description="Serving replicas wanted, within the task's range (None = unchanged)")
+    cache_affinity: float | None = Field(
+        None, ge=0.0, le=1.0, strict=True, allow_inf_nan=False, exclude_if=lambda v: v is None,
+        description="Cluster routing: weight of a replica's cached prefix against its load, 0..1 "
+                    "(None = least outstanding work)")
 
     def knobs(self) -> dict[str, Any]:
-        """The six knobs as a plain dict (no metadata), plus `replicas` when it is set."""
-        return self.model_dump(exclude={"metadata"} if self.replicas is not None else {"metadata", "replicas"})
+        """The six knobs as a plain dict (no metadata), plus `replicas` and `cache_affinity` when set."""
+        exclude = {"metadata"}
+        if self.replicas is None:
+            exclude.add("replicas")
+        if self.cache_affinity is None:
+            exclude.add("cache_affinity")
+        return self.model_dump(exclude=exclude)
 
 
 # The six per-replica knobs' names, in the action's field order (`replicas` is not one of them).
-KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields if name not in ("metadata", "replicas"))
+KNOBS: tuple[str, ...] = tuple(name for name in ServeAction.model_fields
+                               if name not in ("metadata", "replicas", "cache_affinity"))
 
 
 class ServeObservation(ObservationBase):
@@ -127,6 +142,12 @@ class ServeObservation(ObservationBase):
     | `task_id`               | -         | task ids   | the task being played                                         |
     | `episode_id`            | -         | -          | pass it back to `/step`, `/state`, `/grader` over HTTP        |
 
+    Optional, present only on workloads with prefix caching (arrivals carrying prefix ids; absent,
+    not null, elsewhere, so every other task's observation is the seed's, key for key):
+
+    | `prefix_hit_rate`       | fraction  | 0..1       | prompt tokens served from the prefix cache / prompt tokens, of the requests first admitted in the window |
+    | `prefix_cached_blocks`  | blocks    | 0..inf     | 16-token KV blocks holding cached prefix units at window end (all replicas), shared or evictable |
+
     `reward` is the step reward (bounded, see `core.reward`), `done` is true once the horizon is
     reached, and `metadata` carries the per-tenant attainment, goodput, the reward's terms, which
     knobs the backend could apply, and the backend's own notes.
@@ -149,6 +170,12 @@ class ServeObservation(ObservationBase):
     step_index: int = Field(0, ge=0)
     task_id: str = ""
     episode_id: str = ""
+    prefix_hit_rate: float | None = Field(None, ge=0.0, le=1.0, exclude_if=lambda v: v is None,
+                                          description="Prefix-cache hit rate (tokens) of the window's first admissions; "
+                                                      "only on workloads with prefix caching")
+    prefix_cached_blocks: int | None = Field(None, ge=0, exclude_if=lambda v: v is None,
+                                             description="KV blocks holding cached prefix units at window end; "
+                                                         "only on workloads with prefix caching")
 
 
 class ServeState(StateBase):

@@ -20,8 +20,10 @@ profile: `ProfileCapacity` holds those figures per profile id (see `PROFILE_CAPA
 | diurnal_family          | diurnal_autoscale's day drawn per seed: peak 12:30-15:30, load x0.85-1.15, peak/trough 2.5-3.5, AR(1) noise, flash crowds, spot preemption, cold-start jitter | as diurnal_autoscale | 48 x 10 s |
 | multitenant_family      | multitenant_autoscale's day drawn per seed, its two jobs at random start/length/rate, half announced 1-3 h ahead, ad-hoc jobs | as multitenant_autoscale | 48 x 10 s |
 | *_family_shifted        | the shifted tests: peaks 08:00-11:00, load x1.2-1.4 (jobs at 06:00-08:00 and 19:00-21:00) | as their family | 48 x 10 s |
+| mooncake_cluster        | Mooncake conversation trace at its own pace (3.4 req/s), seeded 20-minute stretch, 512-token prefix ids, 1-8 replicas | trace 6909/350 (measured), 2000/60 ms | 60 x 20 s |
+| multiturn_cluster       | multi-turn chat, conversation starts on the daily cycle (peak 12 conv/s at 14:00, a third at 02:00), 16-token prefix ids, 1-8 replicas | chat 200/250 per turn (prompts carry the history), 1000/60 ms | 48 x 10 s |
 
-The last six are cluster tasks (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
+The last eight are cluster tasks (the last two, `PREFIX_TASKS`, cache prefixes: issue 32) (`TaskSpec.replicas` allows more than one replica; `sim/cluster.py`);
 `SINGLE_SERVER_TASKS` and `CLUSTER_TASKS` split `TASKS` into the two kinds, and `FAMILY_TASKS` names
 the scenario families (shared/scenarios.py) among the cluster tasks.
 
@@ -187,9 +189,20 @@ class TaskSpec:
         """The reference capacity figures of this task's profile (KeyError if none are known)."""
         return PROFILE_CAPACITY[self.profile]
 
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether the task's arrivals carry prefix ids (issue 32, shared/prefix.py): its engines cache
+        prefixes and its observations carry prefix_hit_rate and prefix_cached_blocks."""
+        return self.workload.get("kind") == "multiturn" or "prefix_block_tokens" in self.workload
+
     def describe(self) -> dict[str, Any]:
-        """The JSON-able description served by `GET /tasks`."""
+        """The JSON-able description served by `GET /tasks` (a prefix-caching task adds `prefix_caching`)."""
         trace = self.workload.get("kind") == "trace"
+        prefix = {"prefix_caching": {
+            "observation": ["prefix_hit_rate", "prefix_cached_blocks"],
+            "action": "cache_affinity 0..1: a replica's cached share of a request against its load when "
+                      "routing (cluster tasks; absent = least outstanding work)",
+        }} if self.caches_prefixes else {}
         return {
             "task_id": self.task_id,
             "difficulty": self.difficulty,
@@ -217,6 +230,7 @@ class TaskSpec:
                 }
                 for t in self.tenants
             ],
+            **prefix,
         }
 
 
@@ -456,10 +470,75 @@ MULTITENANT_FAMILY_SHIFTED = _family(
 FAMILY_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (DIURNAL_FAMILY, DIURNAL_FAMILY_SHIFTED, MULTITENANT_FAMILY,
                                                            MULTITENANT_FAMILY_SHIFTED)}
 
+# ---------------------------------------------------------------------------------------- prefix-caching tasks
+# Issue 32: cluster tasks whose requests carry prefix ids (shared/prefix.py), so the engines cache prefixes
+# and `ServeAction.cache_affinity` decides whether a request follows its warm cache or the shortest queue.
+# Their observations carry prefix_hit_rate and prefix_cached_blocks (runtime/episode.py). The workload
+# dicts are read by shared.workloads; the trace's figures below are recomputed by tests/test_prefix_tasks.py.
+MOONCAKE_CLUSTER = TaskSpec(
+    task_id="mooncake_cluster",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas (Llama-3.1-8B on H100 each) replaying Mooncake's conversation trace "
+        "(Kimi, FAST'25, Apache-2.0; 12,031 requests over 59 minutes) at its own pace with its own lengths "
+        "(median 6,909 tokens in / 350 out, about 3.4 req/s) and its 512-token prefix blocks: each seed "
+        "replays the 20 minutes from a start it draws. Engines cache prefixes (vLLM-style APC) and the "
+        "router weighs each replica's cached share of a request against its load (cache_affinity). SLOs "
+        "TTFT 2000 ms, TPOT 60 ms; 60 windows of 20 s; replicas start in 87 s and are billed throughout. "
+        "Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("trace", 1, 1.0, ttft_slo_ms=2000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(6909.0, 0.0), output_tokens=(350.0, 0.0),
+                   prompt_clip=(1, 1 << 20), output_clip=(1, 1 << 20)),
+    ),
+    workload={"kind": "trace", "packaged": "mooncake_conversation.jsonl.gz", "prefix_block_tokens": 512,
+              "seeded_start": True, "speedup": 1.0},
+    horizon=60,
+    window_s=20.0,  # under real mode's default 30 s step timeout, which every task's window must stay below
+    cost_budget_per_1k=0.002,  # about what 3 replicas cost at the trace's pace: its prompts are 20x its outputs
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+)
+
+MULTITURN_CLUSTER = TaskSpec(
+    task_id="multiturn_cluster",
+    difficulty="hard",
+    description=(
+        "A cluster of 1-8 replicas serving a synthetic multi-turn chat through a day compressed into 48 "
+        "windows of 10 s: conversations start on a raised-cosine daily cycle (peak at 14:00, trough a third "
+        "of it at 02:00), each 1 + geometric turns (mean 4) 20 s apart, every turn resending its app's system "
+        "prompt (one of four, 512-2,048 tokens) and the whole history plus a new message (median 200 tokens), "
+        "answers of median 250. Engines cache prefixes (vLLM-style APC, 16-token blocks) and the router "
+        "weighs each replica's cached share of a request against its load (cache_affinity): a conversation "
+        "whose turns go back to its replica skips re-prefilling its history. TTFT 1000 ms, TPOT 60 ms; "
+        "replicas start in 87 s and are billed throughout. Starts with 2 replicas ready."
+    ),
+    tenants=(
+        TenantSpec("chat", 1, 1.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                   prompt_tokens=(200.0, 0.8), output_tokens=(250.0, 0.6),
+                   prompt_clip=(1, 16384), output_clip=(1, 16384)),
+    ),
+    workload={"kind": "multiturn",
+              "spec": {"conversations_per_s": 12.0, "turns_mean": 4.0, "system_tokens": (1024, 2048, 512, 1536),
+                       "user_tokens": (200.0, 0.8), "answer_tokens": (250.0, 0.6), "think_s": 20.0,
+                       "max_context": 16384},
+              "day": {"cycle_windows": 48, "peak_window": 28, "trough_ratio": round(1 / 3, 6)}},
+    horizon=48,
+    window_s=10.0,
+    cost_budget_per_1k=0.0003,
+    replicas=(1, 8),
+    initial_replicas=2,
+    floor_replicas=2,
+    cycle_windows=48,
+)
+PREFIX_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (MOONCAKE_CLUSTER, MULTITURN_CLUSTER)}
+
 # The seed's single-server tasks (exactly one replica) and the cluster tasks (fixed days, then families).
 SINGLE_SERVER_TASKS: dict[str, TaskSpec] = {t.task_id: t for t in (STATIC, BURSTY, ADVERSARIAL, AZURE_CONV_TRACE)}
 CLUSTER_TASKS: dict[str, TaskSpec] = {**{t.task_id: t for t in (DIURNAL_AUTOSCALE, MULTITENANT_AUTOSCALE)},
-                                      **FAMILY_TASKS}
+                                      **FAMILY_TASKS, **PREFIX_TASKS}
 TASKS: dict[str, TaskSpec] = {**SINGLE_SERVER_TASKS, **CLUSTER_TASKS}
 
 

@@ -31,7 +31,11 @@ Arrival processes (`task.workload["kind"]`):
   With `tokens_per_s` the seed picks the slice: the consecutive requests, from a start drawn
   uniformly over the trace, that hold tokens_per_s x episode seconds of prompt + output tokens,
   time-scaled to fill the episode (each seed replays a different part of the trace at the same
-  mean load, with the trace's own burstiness and lengths).
+  mean load, with the trace's own burstiness and lengths). With `prefix_block_tokens` the file is a
+  Mooncake-format JSONL (gzip allowed) whose `hash_ids` become each arrival's prefix ids
+  (shared/prefix.py), for prefix caching.
+- "multiturn": synthetic multi-turn chat with prefix ids (shared/prefix.py `multiturn_arrivals`,
+  parameters `spec`, a `MultiTurnSpec` as a dict), for the first tenant.
 
 Lengths (non-trace kinds): log-normal with the tenant's (median, sigma), rounded, clipped to the
 tenant's [min, max].
@@ -40,7 +44,9 @@ tenant's [min, max].
 string sets `speedup`, `start_s`, `horizon`, `window_s`, `ttft_ms`, `tpot_ms`
 (`trace:/data/t.csv?speedup=4&horizon=32`), and `replicas` (the most replicas an action may ask
 for: above 1 the replay is a cluster task, starting with `initial_replicas`, default 1):
-`trace:/data/week.csv?window_s=10&horizon=1008&replicas=8`. The horizon is cut to the replayed slice's length when
+`trace:/data/week.csv?window_s=10&horizon=1008&replicas=8`; `prefix_block_tokens=512` reads a
+Mooncake-format JSONL (gzip allowed) with its `hash_ids` as prefix ids, for prefix caching
+(`trace:/data/mooncake_conversation.jsonl.gz?prefix_block_tokens=512`). The horizon is cut to the replayed slice's length when
 the trace is shorter (at least one window).
 """
 
@@ -54,6 +60,14 @@ from urllib.parse import parse_qsl
 import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
+from llmserve_env.shared.prefix import (
+    MultiTurnSpec,
+    day_scale,
+    load_prefix_trace,
+    multiturn_arrivals,
+    slice_ids,
+    with_prefix,
+)
 from llmserve_env.shared.scenarios import draw_day, is_family
 from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
 from llmserve_env.shared.traces import TraceError, TraceSlice, load_trace, packaged_trace_path, replay_slice
@@ -209,8 +223,17 @@ def _family_day(rng: np.random.Generator, task: TaskSpec, seed: int) -> tuple[np
 def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     w = task.workload
     path = packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"])
-    trace = load_trace(path)
+    trace = load_prefix_trace(path, int(w["prefix_block_tokens"])).trace if "prefix_block_tokens" in w else load_trace(path)
     total_s = task.horizon * task.window_s
+    if w.get("seeded_start"):
+        # At the trace's own pace from a start the seed draws (the Mooncake task): each seed replays
+        # another stretch with its own arrival times and lengths, unscaled
+        speedup = float(w.get("speedup", 1.0))
+        t_first, t_last = float(trace.arrival_s[0]), float(trace.arrival_s[-1])
+        latest = t_last - total_s * speedup
+        if latest < t_first:
+            raise TraceError(f"trace {trace.path!r}: shorter than the {total_s * speedup:g} s an episode replays")
+        return replay_slice(trace, total_s, speedup=speedup, start_s=float(rng.uniform(t_first, latest)))
     if "tokens_per_s" not in w:
         return replay_slice(trace, total_s, speedup=float(w.get("speedup", 1.0)), start_s=w.get("start_s"))
     # Seeded slice: consecutive requests from a start drawn by the seed, as many as hold
@@ -239,11 +262,24 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     if kind == "trace":
         sl = _trace_slice(task, t_rng)
         tenant = task.tenants[0]
-        return [
+        out = [
             Arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
             for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
                                               sl.output_tokens.tolist(), strict=True))
         ]
+        if "prefix_block_tokens" in task.workload:
+            w = task.workload
+            block = int(w["prefix_block_tokens"])
+            pt = load_prefix_trace(packaged_trace_path(w["packaged"]) if "packaged" in w else Path(w["path"]), block)
+            out = with_prefix(out, slice_ids(pt, sl.start_s, len(sl)), block)
+        return out
+    if kind == "multiturn":
+        tenant = task.tenants[0]
+        day = task.workload.get("day")  # the registered task's daily cycle (thinned starts); absent: constant
+        scale = (day_scale(task.window_s, int(day["cycle_windows"]), float(day["peak_window"]),
+                           float(day["trough_ratio"])) if day else None)
+        return multiturn_arrivals(MultiTurnSpec(**task.workload.get("spec", {})), total_s, seed, tenant.name,
+                                  tenant.priority, scale)
     if kind == "poisson":
         times = _poisson_times(t_rng, float(task.workload["rate_rps"]), 0.0, total_s)
         who = None
@@ -323,12 +359,13 @@ def resolve_task(task_id: str) -> TaskSpec:
 
 
 _TRACE_OPTIONS = {"speedup", "start_s", "horizon", "window_s", "ttft_ms", "tpot_ms", "replicas",
-                  "initial_replicas"}
+                  "initial_replicas", "prefix_block_tokens"}
 # Each option's allowed range: what a replay can mean (a 1e-310 speedup or a 1e-320 s window
 # overflowed the horizon arithmetic). start_s is seconds into the trace (0 allowed).
 _OPTION_RANGES = {"speedup": (1e-3, 1e6), "start_s": (0.0, 1e12), "horizon": (1, MAX_HORIZON),
                   "window_s": (1e-3, 3600.0), "ttft_ms": (1e-3, 1e7), "tpot_ms": (1e-3, 1e7),
-                  "replicas": (1, MAX_REPLICAS), "initial_replicas": (1, MAX_REPLICAS)}
+                  "replicas": (1, MAX_REPLICAS), "initial_replicas": (1, MAX_REPLICAS),
+                  "prefix_block_tokens": (16, 1 << 16)}
 # Most requests one window of a replay may hold: the simulator serves a window's requests on the
 # calling thread, and a 2 M-request window took 22 s. The built-in tasks peak below 70 per window
 # (5 seeds each); this leaves room for a 50x denser trace and bounds one step to tens of ms.
@@ -381,7 +418,10 @@ def trace_task(task_id: str) -> TaskSpec:
         raise TraceError(f"{task_id!r}: option replicas must be an integer in 1..{MAX_REPLICAS}")
     if initial != int(initial) or not 1 <= initial <= max_replicas:
         raise TraceError(f"{task_id!r}: option initial_replicas must be an integer in 1..{int(max_replicas)}")
-    trace = load_trace(path)
+    block = _option(options, "prefix_block_tokens", 0, task_id) if "prefix_block_tokens" in options else 0
+    if block and (block != int(block) or int(block) % 16):
+        raise TraceError(f"{task_id!r}: option prefix_block_tokens must be a multiple of 16 in 16..65536")
+    trace = load_prefix_trace(path, int(block)).trace if block else load_trace(path)
     start = options.get("start_s")
     start_s = _option(options, "start_s", 0.0, task_id) if start is not None else None
     t_first = float(trace.arrival_s[0]) if start_s is None else start_s
@@ -404,6 +444,8 @@ def trace_task(task_id: str) -> TaskSpec:
     )
     workload = {"kind": "trace", "path": path, "format": trace.fmt, "speedup": speedup, "start_s": sl.start_s,
                 "requests": len(sl)}
+    if block:
+        workload["prefix_block_tokens"] = int(block)
     return TaskSpec(
         task_id=task_id,
         difficulty="custom",

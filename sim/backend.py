@@ -52,6 +52,9 @@ class SimBackend:
         eng = self._engine
         pending, used, mem, acc = eng.serve_window(action, arrivals, t0, dt)
         p = self.profile
+        applied = dict.fromkeys(KNOBS, True)  # the simulator honours every knob
+        if action.cache_affinity is not None:
+            applied["cache_affinity"] = False  # one replica: there is nothing to route
         return WindowReport(
             t0=t0, dt=dt, finished=acc.finished, pending=pending, first_tokens=acc.first_tokens,
             itl_samples=acc.itl, samples=acc.samples, output_tokens=acc.output_tokens,
@@ -59,9 +62,11 @@ class SimBackend:
             spec_accepted=int(round(acc.spec_accepted)), busy_s=acc.busy, gpu_memory_used_gb=mem,
             kv_occupancy=used / eng.kv.total if eng.kv.total else 0.0,
             cost_usd=dt * p.tp * p.price_per_gpu_hour / 3600.0, quality=p.tiers[action.quantization_tier].quality,
-            applied=dict.fromkeys(KNOBS, True),  # the simulator honours every knob
+            applied=applied,
             notes={"profile": p.id, "iterations": acc.iterations, "kv_blocks_total": eng.kv.total,
                    "kv_blocks_used": used, "rejected": acc.rejected},
+            prefix_query_tokens=acc.prefix_query, prefix_hit_tokens=acc.prefix_hit,
+            prefix_cached_blocks=eng.pcache.cached_blocks,
         )
 
     def fork(self) -> SimBackend:

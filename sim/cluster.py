@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
+from llmserve_env.shared.prefix_routing import affinity_choice, leading_overlap
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.backend import _models_for
@@ -184,7 +185,9 @@ class ClusterBackend:
 
     # ----------------------------------------------------------------------------------- one window
 
-    def _route(self, arrivals: list[Arrival]) -> dict[int, list[Arrival]]:
+    def _route(self, arrivals: list[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
+        if affinity is not None:
+            return self._route_affinity(arrivals, affinity)
         routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas if r.state == READY}
         ready = [r for r in self.replicas if r.state == READY]
         for a in arrivals:
@@ -203,6 +206,40 @@ class ClusterBackend:
             routed[best.index].append(a)
         return routed
 
+    def _route_affinity(self, arrivals: list[Arrival], affinity: float) -> dict[int, list[Arrival]]:
+        """`_route` with `action.cache_affinity` set (shared/prefix_routing.py): each request's cached
+        share per replica (its engine's cache at the window's start, plus what was routed there since)
+        weighed against the replica's outstanding work; a hit's tokens are not added to that work."""
+        routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas if r.state == READY}
+        ready = [r for r in self.replicas if r.state == READY]
+        sent: dict[int, set[int]] = {r.index: set() for r in ready}
+        for a in arrivals:
+            t = a.arrival_s
+            eligible = [r for r in ready if r.ready_s <= t]
+            if not eligible:
+                if self.disruptions is None:
+                    raise RuntimeError(f"no ready replica at t={t:.3f}")
+                self._unrouted.append(a)
+                continue
+            work = [r.work_at(t) for r in eligible]
+            keys = a.prefix_ids
+            hits = [0] * len(eligible)
+            if keys is not None:
+                unit = a.prefix_block_tokens
+                cap = (a.prompt_tokens - 1) // unit
+                for j, r in enumerate(eligible):
+                    eng = r.engine
+                    cached = eng.pcache.match(keys, cap)[0] if eng is not None and eng.pcache.block_tokens else 0
+                    hits[j] = unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index])))
+            i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
+            best = eligible[i]
+            best.est_work = work[i] + a.prompt_tokens - hits[i] + a.output_tokens
+            best.est_t = t
+            if keys is not None:
+                sent[best.index].update(keys[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens])
+            routed[best.index].append(a)
+        return routed
+
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         t1 = t0 + dt
         lost = self._reclaim(t0) if self.disruptions is not None else []
@@ -214,10 +251,12 @@ class ClusterBackend:
         for r in self.replicas:
             if r.state == STARTING and r.ready_s < t1:
                 self._make_ready(r)
-        routed = self._route(arrivals)
+        routed = self._route(arrivals, action.cache_affinity)
         p = self.profile
         rep = WindowReport(t0=t0, dt=dt, quality=p.tiers[action.quantization_tier].quality,
                            applied=dict.fromkeys((*KNOBS, "replicas"), True))
+        if action.cache_affinity is not None:
+            rep.applied["cache_affinity"] = True
         if lost or self._unrouted:
             rep.finished += lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                                   a.output_tokens, status="rejected", finish_s=a.arrival_s,
@@ -239,6 +278,9 @@ class ClusterBackend:
             rep.output_tokens += acc.output_tokens
             rep.prompt_tokens += acc.prompt_tokens
             rep.evictions += acc.evictions
+            rep.prefix_query_tokens += acc.prefix_query
+            rep.prefix_hit_tokens += acc.prefix_hit
+            rep.prefix_cached_blocks += eng.pcache.cached_blocks
             rep.spec_proposed += acc.spec_proposed
             spec_accepted += acc.spec_accepted
             rep.busy_s += acc.busy

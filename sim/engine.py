@@ -27,6 +27,12 @@ on, a waiting request that does not fit may also preempt a running request of st
 priority (counted as an eviction). A request that could not fit in the whole KV budget even alone
 is rejected (status "rejected"). Speculation uses each request's expected tokens per step (its
 acceptance rate is drawn once, at arrival), which keeps decode runs closed-form.
+
+Prefix caching (sim/prefix_cache.py), only for arrivals carrying prefix ids: at admission a request's
+cached leading units are a hit (their tokens skip prefill; at least one prompt token is computed);
+the units it references are counted once, in `kv.used_fixed` (`decode_shared` takes them out of the
+decoding requests' own blocks); released units stay cached as free-but-evictable blocks, evicted
+(`_trim_cache`) before any preemption because admission and preemption see them as free.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, bloc
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
+from llmserve_env.sim.prefix_cache import PrefixCache
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
@@ -82,7 +89,7 @@ class WindowMeasurements:
     """What one window measured, filled in by the engine as it goes."""
 
     __slots__ = ("finished", "first_tokens", "itl", "samples", "output_tokens", "prompt_tokens", "evictions",
-                 "spec_proposed", "spec_accepted", "busy", "iterations", "rejected")
+                 "spec_proposed", "spec_accepted", "busy", "iterations", "rejected", "prefix_hit", "prefix_query")
 
     def __init__(self) -> None:
         self.finished: list[RequestRecord] = []
@@ -97,6 +104,8 @@ class WindowMeasurements:
         self.busy = 0.0
         self.iterations = 0
         self.rejected = 0
+        self.prefix_hit = 0    # prompt tokens served from the prefix cache, at first admission
+        self.prefix_query = 0  # prompt tokens of first admissions of requests carrying prefix ids
 
 
 class Engine:
@@ -108,6 +117,8 @@ class Engine:
         self.rng = np.random.default_rng([int(seed), 0x5EED51])  # engine stream, separate from the workload's
         self.sched = Scheduler()
         self.kv = KVCache()
+        self.pcache = PrefixCache()  # sim/prefix_cache.py; stays empty unless arrivals carry prefix ids
+        self.decode_shared = 0       # cached-unit blocks the decoding requests reference (counted in kv.used_fixed)
         self.decoding: dict[int, SimRequest] = {}
         self.prefilling: list[SimRequest] = []
         self.transfers: list[tuple[float, int, SimRequest]] = []
@@ -176,6 +187,7 @@ class Engine:
                 if victim.state == DECODE:
                     decode_blocks -= self._blocks_held(victim, self.decode_iter)
                 self._preempt(victim, now)  # a prefilling victim's blocks leave kv.used_fixed here
+        self._trim_cache()  # a smaller pool holds fewer evictable cached units
         self.pre_blocked = False
 
     def _model(self, tier: str, lane: str) -> IterationModel:
@@ -225,7 +237,13 @@ class Engine:
             for a, acc in zip(arrivals, accepts, strict=True):
                 rec = RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                     a.output_tokens)
-                reqs.append(SimRequest(rec, acc))
+                r = SimRequest(rec, acc)
+                if a.prefix_ids is not None:
+                    # prefix-unique ids are the cache's keys (shared/backend.py `Arrival`): the full units
+                    # of the prompt and answer
+                    self.pcache.bind(a.prefix_block_tokens)
+                    r.pkeys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
+                reqs.append(r)
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
@@ -286,7 +304,7 @@ class Engine:
         p = r.progress + (it - r.sync_iter) * r.e
         if p > r.target:
             p = r.target
-        return -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)
+        return -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS) - r.pshared
 
     def _decode_blocks_exact(self, k: int) -> int:
         it = self.decode_iter + k
@@ -296,14 +314,14 @@ class Engine:
             if p > r.target:
                 p = r.target
             total += -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)  # _blocks_held, inlined: hot loop
-        return total
+        return total - self.decode_shared  # shared cached units are counted once, in kv.used_fixed
 
     def _decode_kv_limit(self, kcap: int) -> int:
         """Most decode iterations (<= kcap) whose KV growth fits; 0 when even one does not."""
         free = self.kv.total - self.kv.used_fixed
         n = len(self.decoding)
         grown = self.decode_context_tokens + kcap * self.decode_tokens_per_iter
-        if (grown + n) * (1.0 / KV_BLOCK_TOKENS) + n <= free:
+        if (grown + n) * (1.0 / KV_BLOCK_TOKENS) + n - self.decode_shared <= free:
             return kcap
         if self._decode_blocks_exact(1) > free:
             return 0
@@ -326,7 +344,10 @@ class Engine:
     # ----------------------------------------------------------------------------------- state changes
 
     def _preempt(self, r: SimRequest, t: float) -> None:
+        if r.pkeys:
+            self._trim_cache()  # evictions due by now, before this request's units join the evictable ones
         if r.state == DECODE:
+            self.decode_shared -= r.pshared
             p = r.progress + (self.decode_iter - r.sync_iter) * r.e
             self.decode_context_tokens -= r.prompt + p
             self.decode_tokens_per_iter -= r.e
@@ -341,6 +362,10 @@ class Engine:
             self.kv.used_fixed -= r.blocks
         else:
             return
+        if r.pkeys:
+            # KV computed so far: the prompt and every output token but the last sampled one (decoding),
+            # or the chunks prefilled
+            self._release_prefix(r, r.prompt + int(r.progress) - 1 if r.state == DECODE else r.prefilled)
         r.blocks = 0
         r.prefilled = 0
         r.prefill_target = r.prompt + int(r.progress)
@@ -349,6 +374,52 @@ class Engine:
         self.acc.evictions += 1
         self.sched.push(r)
         self.pre_blocked = False
+
+    def _release_prefix(self, r: SimRequest, computed: int) -> None:
+        """Drop a request's references to cached units; units nobody references stay cached, evictable.
+
+        Units with ids past the prompt (a conversation's answer, which its next turn resends) whose
+        tokens were computed join the cache as they are freed, as V1 caches every full block, generated
+        tokens included: the request's own blocks become evictable cached ones (in-use + evictable
+        blocks do not change)."""
+        pc = self.pcache
+        keys = r.pkeys or ()
+        n = min(computed // pc.block_tokens, len(keys))
+        if n > r.phold:
+            self.kv.used_fixed += pc.acquire(keys, r.phold, n) * pc.unit_blocks
+            r.phold = n
+        self.kv.used_fixed -= pc.release(keys, r.phold) * pc.unit_blocks
+        r.phold = r.pshared = 0
+
+    def _cache_computed(self, r: SimRequest) -> None:
+        """Units the request's prefill has now covered join the cache (or, already there, are shared):
+        their blocks move from the request's own to the cache's in-use blocks."""
+        pc = self.pcache
+        keys = r.pkeys or ()
+        n = min(r.prefilled // pc.block_tokens, len(keys))
+        if n <= r.phold:
+            return
+        moved = (n - r.phold) * pc.unit_blocks
+        fresh = pc.acquire(keys, r.phold, n) * pc.unit_blocks
+        r.blocks -= moved
+        self.kv.used_fixed += fresh - moved
+        r.phold, r.pshared = n, n * pc.unit_blocks
+
+    def _trim_cache(self) -> None:
+        """Evict least recently released units until in-use + evictable blocks fit the pool.
+
+        Used blocks only grow between releases (decode runs, prefill chunks, admissions), so trimming
+        before each release and before each lookup evicts what V1 would have evicted by then. The
+        decoding requests' blocks are their upper bound (context / 16 + 1 each; sim/prefix_cache.py)."""
+        pc = self.pcache
+        if not pc.free_units:
+            return
+        kv = self.kv
+        n = len(self.decoding)
+        upper = self.decode_context_tokens * (1.0 / KV_BLOCK_TOKENS) + n - self.decode_shared
+        excess = kv.used_fixed + upper + pc.free_blocks - kv.total
+        if excess > 0:
+            pc.evict(math.ceil(excess / pc.unit_blocks))
 
     def _reject(self, r: SimRequest, t: float, why: str) -> None:
         r.state = DONE
@@ -365,7 +436,10 @@ class Engine:
         if r.state == DECODE:
             self.decode_context_tokens -= r.prompt + r.progress + (self.decode_iter - r.sync_iter) * r.e
             self.decode_tokens_per_iter -= r.e
+            self.decode_shared -= r.pshared
             del self.decoding[r.rid]
+        if r.pkeys:
+            self._release_prefix(r, r.prompt + r.target - 1)  # the callers trimmed the cache at this instant first
         r.state = DONE
         rec = r.rec
         rec.status = "ok"
@@ -378,6 +452,8 @@ class Engine:
 
     def _finish_due(self, t: float) -> None:
         h, it = self.fin_heap, self.decode_iter
+        if self.pcache.free_units:
+            self._trim_cache()  # at the run's peak, before the finishing requests free anything
         while h and h[0][0] <= it:
             _, _, gen, r = heapq.heappop(h)
             if gen == r.gen and r.state == DECODE:
@@ -391,6 +467,7 @@ class Engine:
         self.decoding[r.rid] = r
         self.decode_context_tokens += r.prompt + r.progress
         self.decode_tokens_per_iter += r.e
+        self.decode_shared += r.pshared
         heapq.heappush(self.fin_heap, (r.finish_iter, r.rid, r.gen, r))
 
     def _complete_prefill(self, r: SimRequest, t: float, model: IterationModel, split: bool) -> None:
@@ -408,10 +485,12 @@ class Engine:
             self.acc.itl.append((t - r.last_emit_s, 1))
         r.last_emit_s = t
         if r.progress >= r.target:
+            if r.pkeys:
+                self._trim_cache()
             self._finish(r, t)
         elif split:
             r.state = TRANSFER
-            r.blocks = blocks_for(r.prefilled)
+            r.blocks = blocks_for(r.prefilled) - r.pshared
             self.kv.used_fixed += r.blocks
             ready = t + model.transfer_s(r.prefilled)
             heapq.heappush(self.transfers, (ready, r.rid, r))
@@ -446,7 +525,7 @@ class Engine:
         exact = False
         nd = len(self.decoding)
         grown = self.decode_context_tokens + ahead * self.decode_tokens_per_iter
-        free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd)
+        free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd - self.decode_shared)
 
         def pool() -> list[SimRequest]:
             scheduled = {c[0].rid for c in chunks}  # requests with a chunk in this iteration already
@@ -459,7 +538,7 @@ class Engine:
             if r.state != PREFILL:  # preempted above for an earlier running prefill
                 continue
             c = min(r.prefill_target - r.prefilled, budget)
-            need = blocks_for(r.prefilled + c) - r.blocks
+            need = blocks_for(r.prefilled + c) - r.blocks - r.pshared
             if need > free:
                 free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
             while need > free:
@@ -494,8 +573,22 @@ class Engine:
                 continue
             if r.rid in evicted:
                 break  # evicted in this pass for a higher-priority request: not re-admitted in it
-            c = min(r.prefill_target, budget)
-            need = -(-c // KV_BLOCK_TOKENS)
+            keys = r.pkeys
+            if keys:
+                # prefix cache (sim/prefix_cache.py): the longest cached run of the request's leading
+                # units is a hit, leaving at least one token to compute; evictable units it revives
+                # become in-use blocks, so they count in what the admission needs
+                self._trim_cache()
+                pc = self.pcache
+                hit, revive = pc.match(keys, (r.prefill_target - 1) // pc.block_tokens)
+                base = hit * pc.block_tokens
+                c = min(r.prefill_target - base, budget)
+                own = -(-(base + c) // KV_BLOCK_TOKENS) - hit * pc.unit_blocks
+                need = own + revive * pc.unit_blocks
+            else:
+                hit = base = 0
+                c = min(r.prefill_target, budget)
+                need = own = -(-c // KV_BLOCK_TOKENS)
             if not exact and n_running < self.batch_cap and need > free:
                 exact = True
                 free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
@@ -518,8 +611,16 @@ class Engine:
             if rec.dispatch_s is None:
                 rec.dispatch_s = t
                 rec.attempts = 1
-            r.blocks = need
-            kv.used_fixed += need
+                if keys is not None:
+                    self.acc.prefix_query += r.prompt
+                    self.acc.prefix_hit += base
+            if hit:
+                pc = self.pcache
+                kv.used_fixed += pc.acquire(keys or (), 0, hit) * pc.unit_blocks
+                r.phold, r.pshared = hit, hit * pc.unit_blocks
+                r.prefilled = base
+            r.blocks = own
+            kv.used_fixed += own
             free -= need
             self.prefilling.append(r)
             n_running += 1
@@ -547,6 +648,8 @@ class Engine:
             self._advance_decode(1, dt_it, dt_it, n, t_new)
         for r, c in chunks:
             r.prefilled += c
+            if r.pkeys and r.prefilled >= (r.phold + 1) * self.pcache.block_tokens and r.phold < len(r.pkeys):
+                self._cache_computed(r)  # a unit more is computed
             if r.prefilled >= r.prefill_target:
                 self._complete_prefill(r, t_new, model, split)
         if n:
@@ -611,7 +714,8 @@ class Engine:
         if kcap > 1:
             kcap = min(kcap, steps_to_cover(a, b, stop - t))
         # _decode_kv_limit(kcap), its cheap upper bound inlined (memory is plentiful in most runs)
-        if (context + kcap * per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n <= self.kv.total - self.kv.used_fixed:
+        if ((context + kcap * per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n - self.decode_shared
+                <= self.kv.total - self.kv.used_fixed):
             k = kcap
         else:
             k = self._decode_kv_limit(kcap)
@@ -666,7 +770,7 @@ class Engine:
             preempted = False
             # _decode_kv_limit(1) == 0, its cheap upper bound inlined (memory is plentiful most passes)
             if n and ((self.decode_context_tokens + self.decode_tokens_per_iter + n) * (1.0 / KV_BLOCK_TOKENS) + n
-                      > kv.total - kv.used_fixed) and self._decode_kv_limit(1) == 0:
+                      - self.decode_shared > kv.total - kv.used_fixed) and self._decode_kv_limit(1) == 0:
                 preempted = self._preempt_for_growth(t)
                 n = len(decoding)
             if prefilling or waiting:
@@ -805,7 +909,9 @@ class Engine:
             pending.append(r.snapshot_tokens(cur))
             r.queued_clean = True
         acc.output_tokens += new_tokens
-        used = self.kv.used_fixed + decode_blocks
+        used = self.kv.used_fixed + decode_blocks - self.decode_shared
+        if self.pcache.free_units:
+            self._trim_cache()  # the cached blocks reported are the ones still held at the window's end
         mem = self.kv.memory_gib(used)
         end = self.t0 + self.dt
         acc.samples.append(ResourceSample(end, self._running(), len(self.sched.heap), used, self.kv.total, mem))

@@ -15,7 +15,8 @@ WAITING, PREFILL, TRANSFER, DECODE, DONE = 0, 1, 2, 3, 4
 class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
-                 "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq", "queued_clean")
+                 "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq", "queued_clean",
+                 "pkeys", "phold", "pshared")
     # the snapshot is handed out read-only and replaced, never changed: a fork shares it (sim/fork.py)
     __fork_shared__ = ("snap",)
 
@@ -47,6 +48,12 @@ class SimRequest:
         # the engine's report, cleared by every push into the queue): its snapshot and reported tokens
         # still hold, so the report reuses them without rebuilding the key (queues of thousands)
         self.queued_clean = False
+        # prefix caching (sim/prefix_cache.py): the chain keys of the prompt's full units (None: the
+        # request carries no prefix ids and never touches the cache), how many leading units it
+        # references, and their KV blocks (counted once, in the pool's in-use blocks, not in its own)
+        self.pkeys: tuple[int, ...] | None = None
+        self.phold = 0
+        self.pshared = 0
 
     def progress_at(self, it: int) -> float:
         if self.state == DECODE:

@@ -223,3 +223,20 @@ def test_a_shown_plot_says_so_with_every_update():
     again = views(run, URL)[11:]
     assert [again[offsets + i]["visible"] for i in range(3)] == [True, True, True]
     assert "color_map" not in again[offsets] and "title" not in again[offsets]
+
+
+def test_prefix_caching_tasks_plot_the_hit_rate_and_others_do_not():
+    """Issue 32: the KV plot adds the prefix hit rate on a prefix-caching task (its observations carry
+    it), for both policies when compared, and the CSV has its column; a task without prefix ids keeps
+    its two series."""
+    run = played("multiturn_cluster", "llmd_scorer", 3)
+    kv = by_key(plot_updates(run))["kv"]["value"]
+    drawn = kv[kv["series"] == "prefix hits"]["value"].tolist()
+    assert drawn == [r["prefix_hit_rate"] for r in run.rows] and len(drawn) == 3
+    assert all(0.0 < h <= 1.0 for h in drawn) and "prefix_hit_rate" in episode_csv(run).splitlines()[0]
+    other = played("multiturn_cluster", "least_work", 3)
+    both = played("multiturn_cluster", "llmd_scorer", 3, other=other)
+    assert {"llmd_scorer: prefix hits", "least_work: prefix hits"} <= series(by_key(plot_updates(both))["kv"])
+    plain = played("diurnal_autoscale", "heuristic", 2)
+    assert not any("prefix" in name for name in series(by_key(plot_updates(plain))["kv"]))
+    assert all("prefix_hit_rate" not in r for r in plain.rows)

@@ -178,7 +178,7 @@ def test_resolve_task_knows_builtins_and_rejects_the_rest():
 @pytest.mark.parametrize("task", list(TASKS.values()), ids=list(TASKS))
 def test_task_descriptions_state_rates_slos_and_horizon(task):
     d = task.describe()
-    assert d["horizon"] == task.horizon and d["workload"]["kind"] in {"poisson", "mmpp", "spiky", "trace", "cycle"}
+    assert d["horizon"] == task.horizon and d["workload"]["kind"] in {"poisson", "mmpp", "spiky", "trace", "cycle", "multiturn"}
     assert abs(sum(t["share"] for t in d["tenants"]) - 1.0) < 1e-9
     for t in task.tenants:
         assert f"{t.ttft_slo_ms:g}" in task.description or f"{t.ttft_slo_ms / 1000:g} s" in task.description

@@ -40,7 +40,13 @@ def main(argv: list[str] | None = None) -> None:
                  f"cluster tasks ({', '.join(CLUSTER_TASKS)})")
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
-    tasks = [t for t in args.task if get_task(t).is_cluster]
+    # the rules plan by the published day: 'all' leaves out the cluster tasks without one (the prefix-caching
+    # tasks, shared.tasks.PREFIX_TASKS); naming one is an error
+    no_day = [t for t in args.task if get_task(t).is_cluster and get_task(t).workload.get("kind") != "cycle"]
+    if args.task != list(TASKS) and no_day:
+        ap.error(f"argument --task: {', '.join(no_day)} publishes no day (workload kind 'cycle'): the day-plan "
+                 "rules cannot play it")
+    tasks = [t for t in args.task if get_task(t).is_cluster and t not in no_day]
     command = "python -m llmserve_env.tools.tune_operator " + " ".join(sys.argv[1:] if argv is None else argv)
     log = logging.getLogger(policy.__name__).info
     try:

@@ -1,0 +1,320 @@
+"""Prefix block ids for prefix caching (sim/prefix_cache.py): from a trace that has them, or drawn.
+
+An `Arrival` may carry `prefix_ids`, one id per unit of `prefix_block_tokens` tokens of its prompt
+(and, for conversations, of its answer, which the next turn resends). Ids are prefix-unique: an id
+names its unit together with everything before it (vLLM's block hash is a hash of the parent's hash
+and the block's tokens; Mooncake's `hash_ids` are remapped so, which `load_prefix_trace` checks), so
+two requests whose first k ids are equal share their first k units' text. `chain_ids` turns ids that
+only name a unit's own content into prefix-unique ones. None (every built-in task) means no caching.
+
+Two sources:
+
+- **Mooncake's conversation trace** (`shared/data/mooncake_conversation.jsonl.gz`, Apache-2.0, see
+  shared/data/PROVENANCE.md): `hash_ids` are 512-token prefix blocks, remapped by Moonshot AI so that
+  equal ids mean equal blocks after an equal prefix. The cache works at the trace's granularity (a
+  unit = 512 tokens = 32 of the engine's 16-token blocks): the trace says nothing finer, and splitting
+  an id into 32 made-up sub-ids would only slow the simulator down. `load_prefix_trace` reads it (or
+  any JSONL of that format, gzip or not); `prefix_trace_arrivals` replays it.
+- **Synthetic multi-turn chat** (`multiturn_arrivals`): tenants with a system prompt each, and
+  conversations whose every turn resends the system prompt and the whole history (every earlier user
+  message and answer) followed by a new user message. Ids are per 16-token unit, the engine's own
+  block, so hits are exact to vLLM's granularity. The parameters are stated in
+  `MultiTurnSpec` (not fitted to a dataset); the sharing they give is measured, not assumed
+  (`ideal_hit_rate`, bench/prefix_cache.py).
+
+`ideal_hit_rate` is the hit rate an infinite cache would give (every unit seen before hits, chain
+rule and "at least one token computed" included): the ceiling any finite cache is measured against.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.tasks import TaskSpec, TenantSpec
+from llmserve_env.shared.traces import (
+    MAX_LINE_BYTES,
+    MAX_PARSE_S,
+    MAX_REQUEST_TOKENS,
+    MAX_TRACE_BYTES,
+    Trace,
+    TraceError,
+)
+
+MOONCAKE_PACKAGED = "mooncake_conversation.jsonl.gz"
+MOONCAKE_BLOCK_TOKENS = 512  # the trace's hash_ids unit (Mooncake FAST'25 traces README / Dynamo's datagen docs)
+MAX_PREFIX_ROWS = 100_000  # Mooncake's largest released trace has 23,608
+MAX_IDS_PER_ROW = MAX_REQUEST_TOKENS // 16
+
+
+@dataclass(frozen=True, slots=True)
+class PrefixTrace:
+    """A trace whose rows carry prefix ids: the `Trace` arrays (sorted by time) and each row's ids."""
+
+    trace: Trace
+    ids: tuple[tuple[int, ...], ...]
+    block_tokens: int
+
+
+def packaged_path(name: str) -> Path:
+    return Path(__file__).resolve().parent / "data" / name
+
+
+def load_prefix_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> PrefixTrace:
+    """Read a Mooncake-format JSONL (optionally gzip): timestamp (ms), input_length, output_length,
+    hash_ids. TraceError names the file and the 1-based line of a bad row."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except OSError as exc:
+        raise TraceError(f"trace file {str(p)!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if st.st_size > MAX_TRACE_BYTES:
+        raise TraceError(f"trace file {str(p)!r}: {st.st_size} bytes, more than the {MAX_TRACE_BYTES} allowed")
+    return _load(str(p.resolve()), st.st_mtime_ns, block_tokens, str(p))
+
+
+def _int_field(obj: dict, key: str, shown: str, line: int, lo: int, hi: int) -> int:
+    v = obj.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise TraceError(f"trace file {shown!r}, line {line}: {key} must be an integer in {lo}..{hi}")
+    return v
+
+
+@lru_cache(maxsize=4)
+def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> PrefixTrace:
+    del mtime_ns  # part of the cache key: a rewritten file is read again
+    opener = gzip.open if resolved.endswith(".gz") else open
+    t: list[float] = []
+    prompt: list[int] = []
+    output: list[int] = []
+    ids: list[tuple[int, ...]] = []
+    parents: dict[int, int] = {}
+    # the server parses on a request's thread: bounded in rows, line length and time as shared/traces.py is
+    deadline = time.monotonic() + MAX_PARSE_S
+    try:
+        with opener(resolved, "rb") as f:
+            for line_no, raw in enumerate(f, start=1):
+                if len(raw) > MAX_LINE_BYTES:
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: longer than {MAX_LINE_BYTES} bytes")
+                if not raw.strip():
+                    continue
+                if len(t) >= MAX_PREFIX_ROWS:
+                    raise TraceError(f"trace file {shown!r}: more than {MAX_PREFIX_ROWS} rows")
+                if line_no % 1024 == 0 and time.monotonic() > deadline:
+                    raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s")
+                try:
+                    obj = json.loads(raw)
+                except (ValueError, RecursionError):
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
+                if not isinstance(obj, dict):
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
+                ts = obj.get("timestamp")
+                if isinstance(ts, bool) or not isinstance(ts, int | float) or not (math.isfinite(ts) and ts >= 0):
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: timestamp must be a finite number >= 0")
+                n_in = _int_field(obj, "input_length", shown, line_no, 1, MAX_REQUEST_TOKENS)
+                n_out = max(1, _int_field(obj, "output_length", shown, line_no, 0, MAX_REQUEST_TOKENS))
+                h = obj.get("hash_ids")
+                if (not isinstance(h, list) or len(h) > MAX_IDS_PER_ROW
+                        or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in h)):
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: hash_ids must be a list of integers >= 0")
+                if len(h) > -(-n_in // block_tokens):
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: {len(h)} hash_ids for {n_in} input "
+                                     f"tokens (at most one per {block_tokens} tokens)")
+                prev = -1
+                for x in h:  # prefix-unique: an id always follows the same id (-1: first)
+                    if parents.setdefault(x, prev) != prev:
+                        raise TraceError(f"trace file {shown!r}, line {line_no}: hash id {x} follows another prefix "
+                                         "than it did before (ids must name a block with everything before it)")
+                    prev = x
+                t.append(ts * 1e-3)
+                prompt.append(n_in)
+                output.append(n_out)
+                ids.append(tuple(h))
+    except OSError as exc:
+        raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
+    if not t:
+        raise TraceError(f"trace file {shown!r}: no requests in it")
+    order = np.argsort(np.asarray(t), kind="stable")
+    trace = Trace(path=shown, fmt="jsonl", arrival_s=np.asarray(t)[order],
+                  prompt_tokens=np.asarray(prompt, dtype=np.int64)[order],
+                  output_tokens=np.asarray(output, dtype=np.int64)[order])
+    return PrefixTrace(trace, tuple(ids[i] for i in order.tolist()), block_tokens)
+
+
+def chain_ids(ids: tuple[int, ...]) -> tuple[int, ...]:
+    """Prefix-unique ids from per-position content ids: id j = hash((id j-1, content j)), as vLLM
+    chains its block hashes (Python's hash of int tuples is the same in every process)."""
+    out = []
+    parent = -1
+    for x in ids:
+        parent = hash((parent, x))
+        out.append(parent)
+    return tuple(out)
+
+
+def slice_ids(pt: PrefixTrace, start_s: float, n: int) -> tuple[tuple[int, ...], ...]:
+    """The ids of the `n` rows a `replay_slice(pt.trace, ..., start_s=start_s)` returned (it takes the
+    rows from the first at or after start_s, in order)."""
+    lo = int(np.searchsorted(pt.trace.arrival_s, start_s, side="left"))
+    return pt.ids[lo:lo + n]
+
+
+def with_prefix(arrivals: list[Arrival], ids: tuple[tuple[int, ...], ...], block_tokens: int) -> list[Arrival]:
+    """The arrivals with their prefix ids attached (same order)."""
+    return [Arrival(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant, a.priority, i, block_tokens)
+            for a, i in zip(arrivals, ids, strict=True)]
+
+
+def ideal_hit_rate(arrivals: list[Arrival]) -> float:
+    """Prompt tokens an infinite cache would serve / prompt tokens, over `arrivals` in order: the
+    longest run of a request's leading units seen before (in an earlier request's prompt, or its
+    answer when the ids cover it), capped to leave one prompt token to compute."""
+    seen: set[int] = set()
+    hit = total = 0
+    for a in arrivals:
+        total += a.prompt_tokens
+        if a.prefix_ids is None:
+            continue
+        u = a.prefix_block_tokens
+        keys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // u]
+        cap = (a.prompt_tokens - 1) // u
+        n = 0
+        while n < min(cap, len(keys)) and keys[n] in seen:
+            n += 1
+        hit += n * u
+        seen.update(keys[:(a.prompt_tokens + a.output_tokens - 1) // u])
+    return hit / total if total else 0.0
+
+
+# ----------------------------------------------------------------------------------- multi-turn chat
+
+@dataclass(frozen=True, slots=True)
+class MultiTurnSpec:
+    """A synthetic multi-turn chat workload's parameters (stated, not fitted).
+
+    conversations_per_s   new conversations per second (Poisson)
+    turns_mean            turns per conversation: 1 + geometric with this mean
+    system_tokens         each tenant's system prompt, tokens (one per tenant, equal for its users)
+    user_tokens           (median, sigma) log-normal new user message per turn
+    answer_tokens         (median, sigma) log-normal answer (output) per turn
+    think_s               mean seconds from one turn's arrival to the next's (exponential; arrivals
+                          never depend on the policy, so this includes the answer's own time)
+    max_context           a conversation ends once a turn's prompt + answer would pass this
+    """
+
+    conversations_per_s: float = 2.0
+    turns_mean: float = 4.0
+    system_tokens: tuple[int, ...] = (1024, 2048, 512, 1536)
+    user_tokens: tuple[float, float] = (200.0, 0.8)
+    answer_tokens: tuple[float, float] = (250.0, 0.6)
+    think_s: float = 20.0
+    max_context: int = 16384
+
+
+UNIT = 16  # the engine's KV block: synthetic ids are exact at vLLM's granularity
+
+
+def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
+                       tenant: str = "chat", priority: int = 1,
+                       rate_scale: Callable[[float], float] | None = None) -> list[Arrival]:
+    """Every request of `duration_s` seconds of the multi-turn workload, sorted by arrival, ids 0..n-1.
+
+    A conversation's token stream is [system prompt][user 1][answer 1][user 2][answer 2]...; turn k's
+    prompt is the stream up to user k, its output answer k. Unit j of the stream (tokens 16j..16j+15)
+    gets id (owner << 32) | j, the owner being the tenant for units wholly inside its system prompt and
+    the conversation otherwise: equal ids exactly where the text is equal.
+
+    `rate_scale(t)` in [0, 1] (a daily cycle, `day_scale`) thins the conversation starts: a start at t
+    is kept with that probability, so `conversations_per_s` is the peak rate (Lewis-Shedler thinning).
+    None keeps every start, and the draws are exactly those of the constant-rate workload."""
+    rng = np.random.default_rng([int(seed), 0x4D54])  # "MT": this workload's own stream
+    n_conv = int(rng.poisson(spec.conversations_per_s * duration_s))
+    starts = np.sort(rng.uniform(0.0, duration_s, n_conv))
+    if rate_scale is not None:
+        keep = rng.random(n_conv) < np.array([rate_scale(t) for t in starts.tolist()])
+        starts = starts[keep]
+    n_sys = len(spec.system_tokens)
+    rows: list[tuple[float, int, int, tuple[int, ...]]] = []
+    for c, t in enumerate(starts.tolist()):
+        which = int(rng.integers(0, n_sys))
+        sys_len = spec.system_tokens[which]
+        turns = int(rng.geometric(1.0 / spec.turns_mean))  # >= 1, mean turns_mean
+        owner = (n_sys + c) << 32
+        sys_units = sys_len // UNIT
+        context = sys_len
+        for _ in range(turns):
+            u = max(1, int(round(rng.lognormal(math.log(spec.user_tokens[0]), spec.user_tokens[1]))))
+            a = max(1, int(round(rng.lognormal(math.log(spec.answer_tokens[0]), spec.answer_tokens[1]))))
+            prompt = context + u
+            if prompt + a > spec.max_context or t >= duration_s:
+                break
+            n_units = (prompt + a) // UNIT
+            ids = tuple((which << 32) | j if j < sys_units else owner | j for j in range(n_units))
+            rows.append((t, prompt, a, ids))
+            context = prompt + a
+            t += float(rng.exponential(spec.think_s))
+    rows.sort(key=lambda r: r[0])
+    return [Arrival(i, t, p, o, tenant, priority, ids, UNIT) for i, (t, p, o, ids) in enumerate(rows)]
+
+
+def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ratio: float) -> Callable[[float], float]:
+    """The raised-cosine day of the cluster tasks (shared.workloads.cycle_rate's shape) as a multiplier
+    of the peak rate at second t: 1 at the middle of `peak_window`, `trough_ratio` half a cycle away."""
+    def scale(t: float) -> float:
+        phase = ((t / window_s - float(peak_window)) / cycle_windows) % 1.0  # 0 at the peak
+        return trough_ratio + (1.0 - trough_ratio) * 0.5 * (1.0 + math.cos(2.0 * math.pi * phase))
+    return scale
+
+
+# ----------------------------------------------------------------------------------- tasks
+
+def caches_prefixes(task: TaskSpec) -> bool:
+    """Whether a task's arrivals carry prefix ids (its observations then show the cache's fields)."""
+    return task.caches_prefixes
+
+
+def mooncake_task(speedup: float = 1.0, horizon: int = 64, window_s: float = 1.0, start_s: float = 0.0,
+                  replicas: tuple[int, int] = (1, 1), initial_replicas: int = 1) -> TaskSpec:
+    """A replay of the packaged Mooncake conversation trace with its prefix ids (not a built-in task:
+    the bench and tests build it). `speedup` > 1 plays it faster; the horizon is `horizon` windows."""
+    pt = load_prefix_trace(packaged_path(MOONCAKE_PACKAGED))
+    tenant = TenantSpec("trace", 1, 1.0, ttft_slo_ms=30_000.0, tpot_slo_ms=100.0,
+                        prompt_tokens=(float(np.median(pt.trace.prompt_tokens)), 0.0),
+                        output_tokens=(float(np.median(pt.trace.output_tokens)), 0.0),
+                        prompt_clip=(1, MAX_REQUEST_TOKENS), output_clip=(1, MAX_REQUEST_TOKENS))
+    return TaskSpec(
+        task_id="mooncake_conversation",
+        difficulty="custom",
+        description=("Replay of Mooncake's conversation trace (FAST'25, Apache-2.0) with its 512-token prefix "
+                     "blocks; SLOs are the paper's (TTFT 30 s, TBT 100 ms)."),
+        tenants=(tenant,),
+        workload={"kind": "trace", "packaged": MOONCAKE_PACKAGED, "prefix_block_tokens": MOONCAKE_BLOCK_TOKENS,
+                  "speedup": speedup, "start_s": start_s},
+        horizon=horizon, window_s=window_s, replicas=replicas, initial_replicas=initial_replicas,
+    )
+
+
+def multiturn_task(spec: MultiTurnSpec | None = None, horizon: int = 64, window_s: float = 1.0,
+                   replicas: tuple[int, int] = (1, 1), initial_replicas: int = 1) -> TaskSpec:
+    """The synthetic multi-turn chat workload as a task (not a built-in task: the bench and tests build it)."""
+    s = spec or MultiTurnSpec()
+    tenant = TenantSpec("chat", 1, 1.0, ttft_slo_ms=1000.0, tpot_slo_ms=60.0,
+                        prompt_tokens=(float(s.user_tokens[0]), s.user_tokens[1]),
+                        output_tokens=(float(s.answer_tokens[0]), s.answer_tokens[1]),
+                        prompt_clip=(1, s.max_context), output_clip=(1, s.max_context))
+    return TaskSpec(
+        task_id="multiturn_chat",
+        difficulty="custom",
+        description="Synthetic multi-turn chat: per-app system prompts, turns resending their history.",
+        tenants=(tenant,),
+        workload={"kind": "multiturn", "spec": {f: getattr(s, f) for f in s.__dataclass_fields__}},
+        horizon=horizon, window_s=window_s, replicas=replicas, initial_replicas=initial_replicas,
+    )
