@@ -67,7 +67,6 @@ from llmserve_env.core.episode import ObservedWindow
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeObservation
-from llmserve_env.shared.prefix import caches_prefixes
 from llmserve_env.shared.workloads import resolve_task
 
 ENV_ID = "LLMServe-v0"
@@ -85,7 +84,7 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         base = FeatureView(task, self.task.horizon, advice, self.task.replicas)
         # prefix-caching cluster tasks add the cache_affinity head and the hit rate (one replica has no
         # routing to weigh); every other task's spaces stay as they were
-        prefix = caches_prefixes(self.task) and self.task.is_cluster
+        prefix = self.task.caches_prefixes and self.task.is_cluster
         self.view: FeatureView | PrefixFeatureView = PrefixFeatureView(base) if prefix else base
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)

@@ -1,6 +1,6 @@
 """The Gym view of a prefix-caching task (issue 32): the cluster view plus the routing knob and the cache.
 
-On a task whose requests carry prefix ids (`shared.prefix.caches_prefixes`: the registered
+On a task whose requests carry prefix ids (`TaskSpec.caches_prefixes`: the registered
 `mooncake_cluster` and `multiturn_cluster`, or a `trace:...?prefix_block_tokens=N` replay) the learned
 policy's action gains one last index, `ServeAction.cache_affinity` from `AFFINITY_LEVELS`, and its
 features gain `PREFIX_FEATURE_NAMES`: the window's prefix hit rate and the affinity it last asked for.

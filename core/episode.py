@@ -41,7 +41,6 @@ from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowM
 from llmserve_env.core.reward import GradeReward
 from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.prefix import caches_prefixes
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
@@ -191,7 +190,7 @@ class ObservedWindow:
         for name, value in observed_fields(out.metrics).items():
             setattr(self, name, value)
         # None off the prefix workloads, as the observation leaves the field out there
-        self.prefix_hit_rate = prefix_fields(out, task).get("prefix_hit_rate")
+        self.prefix_hit_rate = prefix_fields(out)["prefix_hit_rate"] if task.caches_prefixes else None
         self.reward = out.reward
         self.done = out.done
         self.step_index = out.step_index
@@ -207,11 +206,9 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
     return _observation(out, ep.task, ep.episode_id)
 
 
-def prefix_fields(out: StepOutcome, task: TaskSpec) -> dict[str, Any]:
-    """The prefix cache's observation fields, only on prefix workloads: every other task's observation
-    keeps the seed's keys."""
-    if not caches_prefixes(task):
-        return {}
+def prefix_fields(out: StepOutcome) -> dict[str, Any]:
+    """The prefix cache's observation fields, given only on prefix workloads (`TaskSpec.caches_prefixes`):
+    every other task's observation keeps the seed's keys."""
     query, hit, cached = out.prefix
     return {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
 
@@ -240,7 +237,7 @@ def _observation(out: StepOutcome, task: TaskSpec, episode_id: str) -> ServeObse
         metadata["cluster"] = cluster_metadata(task, out.step_index, out.notes, out.seed, out.served)
     return ServeObservation(
         **observed_fields(m),
-        **prefix_fields(out, task),
+        **(prefix_fields(out) if task.caches_prefixes else {}),
         step_index=out.step_index,
         task_id=task.task_id,
         episode_id=episode_id,

@@ -276,11 +276,6 @@ def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ra
 
 # ----------------------------------------------------------------------------------- tasks
 
-def caches_prefixes(task: TaskSpec) -> bool:
-    """Whether a task's arrivals carry prefix ids (its observations then show the cache's fields)."""
-    return task.caches_prefixes
-
-
 def mooncake_task(speedup: float = 1.0, horizon: int = 64, window_s: float = 1.0, start_s: float = 0.0,
                   replicas: tuple[int, int] = (1, 1), initial_replicas: int = 1) -> TaskSpec:
     """A replay of the packaged Mooncake conversation trace with its prefix ids (not a built-in task:

@@ -173,11 +173,18 @@ class TaskSpec:
     initial_replicas: int = 1
     floor_replicas: int = 1
     cycle_windows: int = 0
+    # Derived once here, not per read: every step's observation asks both (a property was three calls of
+    # a /step's own path, issue 25).
+    # A task whose actions may scale the replica count (served by sim/cluster.py).
+    is_cluster: bool = field(init=False, repr=False, compare=False)
+    # Whether the task's arrivals carry prefix ids (issue 32, shared/prefix.py): its engines cache prefixes
+    # and its observations carry prefix_hit_rate and prefix_cached_blocks.
+    caches_prefixes: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def is_cluster(self) -> bool:
-        """A task whose actions may scale the replica count (served by sim/cluster.py)."""
-        return is_cluster_range(self.replicas)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "is_cluster", is_cluster_range(self.replicas))
+        object.__setattr__(self, "caches_prefixes",
+                           self.workload.get("kind") == "multiturn" or "prefix_block_tokens" in self.workload)
 
     def tenant(self, name: str) -> TenantSpec:
         for t in self.tenants:
@@ -188,12 +195,6 @@ class TaskSpec:
     def capacity(self) -> ProfileCapacity:
         """The reference capacity figures of this task's profile (KeyError if none are known)."""
         return PROFILE_CAPACITY[self.profile]
-
-    @property
-    def caches_prefixes(self) -> bool:
-        """Whether the task's arrivals carry prefix ids (issue 32, shared/prefix.py): its engines cache
-        prefixes and its observations carry prefix_hit_rate and prefix_cached_blocks."""
-        return self.workload.get("kind") == "multiturn" or "prefix_block_tokens" in self.workload
 
     def describe(self) -> dict[str, Any]:
         """The JSON-able description served by `GET /tasks` (a prefix-caching task adds `prefix_caching`)."""
