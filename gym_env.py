@@ -21,6 +21,11 @@ and the episode's progress (`agents.encoding.FEATURE_NAMES` names each). Cluster
 the replicas asked for, ready, starting and draining, the next start's remaining cold start, and the
 time of day (`agents.encoding.CLUSTER_FEATURE_NAMES`), so `Box(0, 4, (32,), float32)` there.
 
+With `encoding="family"` (`train.py --encoding family`, issue 28) the view is
+agents/family_features.py's: arrival-rate history per tenant, announced jobs, starting replicas' times
+to ready, the second harmonic of the time of day, and a replica COUNT head (`MultiDiscrete([10, 7, 7,
+3, 2, 2, hi - lo + 1])`) in place of the step.
+
 With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
@@ -55,6 +60,7 @@ import numpy as np
 from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
+from llmserve_env.agents.family_features import FamilyView
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.runtime.episode import ObservedWindow
 from llmserve_env.runtime.errors import EnvError
@@ -70,11 +76,20 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, task: str = "static_workload", grade_on_done: bool = True, advice: bool = False):
+    def __init__(self, task: str = "static_workload", grade_on_done: bool = True, advice: bool = False,
+                 encoding: str = "default"):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.view = FeatureView(task, self.task.horizon, advice, self.task.replicas)
+        self.view: FeatureView | FamilyView
+        if encoding == "family":  # the scenario families' view: history features, a replica count head
+            if advice:
+                raise ValueError("advice is for the default encoding's single-server tasks, not encoding='family'")
+            self.view = FamilyView(self.task)
+        elif encoding == "default":
+            self.view = FeatureView(task, self.task.horizon, advice, self.task.replicas)
+        else:
+            raise ValueError(f"encoding must be 'default' or 'family', got {encoding!r}")
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it
