@@ -27,6 +27,11 @@ Prefix-caching cluster tasks (`mooncake_cluster`, `multiturn_cluster`, a
 for (`agents.prefix_view.PREFIX_FEATURE_NAMES`): `MultiDiscrete([10, 7, 7, 3, 2, 2, 3, 5])` and
 `Box(0, 4, (34,), float32)` on a cluster replay.
 
+With `encoding="family"` (`train.py --encoding family`, issue 28) the view is
+agents/family_features.py's: arrival-rate history per tenant, announced jobs, starting replicas' times
+to ready, the second harmonic of the time of day, and a replica COUNT head (`MultiDiscrete([10, 7, 7,
+3, 2, 2, hi - lo + 1])`) in place of the step.
+
 With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
 Box of 32) and the action becomes "follow or nudge the proposal" per knob (`MultiDiscrete([3, 3,
@@ -61,6 +66,7 @@ import numpy as np
 from gymnasium import spaces
 from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
+from llmserve_env.agents.family_features import FamilyView
 from llmserve_env.agents.prefix_view import PrefixFeatureView
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.core.episode import ObservedWindow
@@ -77,15 +83,24 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
 
     metadata: dict[str, Any] = {"render_modes": []}
 
-    def __init__(self, task: str = "static_workload", grade_on_done: bool = True, advice: bool = False):
+    def __init__(self, task: str = "static_workload", grade_on_done: bool = True, advice: bool = False,
+                 encoding: str = "default"):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        base = FeatureView(task, self.task.horizon, advice, self.task.replicas)
-        # prefix-caching cluster tasks add the cache_affinity head and the hit rate (one replica has no
-        # routing to weigh); every other task's spaces stay as they were
-        prefix = self.task.caches_prefixes and self.task.is_cluster
-        self.view: FeatureView | PrefixFeatureView = PrefixFeatureView(base) if prefix else base
+        self.view: FeatureView | PrefixFeatureView | FamilyView
+        if encoding == "family":  # the scenario families' view: history features, a replica count head
+            if advice:
+                raise ValueError("advice is for the default encoding's single-server tasks, not encoding='family'")
+            self.view = FamilyView(self.task)
+        elif encoding == "default":
+            base = FeatureView(task, self.task.horizon, advice, self.task.replicas)
+            # prefix-caching cluster tasks add the cache_affinity head and the hit rate (one replica has no
+            # routing to weigh); every other task's spaces stay as they were
+            prefix = self.task.caches_prefixes and self.task.is_cluster
+            self.view = PrefixFeatureView(base) if prefix else base
+        else:
+            raise ValueError(f"encoding must be 'default' or 'family', got {encoding!r}")
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it

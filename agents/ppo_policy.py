@@ -12,6 +12,8 @@ the JSON, agents/advice.py) run the task's tuned heuristic beside the actor: its
 appended to the features and each head's choice 0 means "follow the proposal". Weights for a
 cluster task carry `"replicas_range": [lo, hi]` in the JSON: their grid has the `replicas` head
 and their features the cluster state (agents/encoding.py); single-server weights have neither.
+Weights whose JSON says `"encoding": "family-v1"` (the scenario families, issue 28) use
+agents/family_features.py's view instead: richer inputs and a replica count head.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from llmserve_env.agents.advice import FeatureView, view_shape
+from llmserve_env.agents.family_features import FamilyView, family_shape, is_family_encoding
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task, is_cluster_range
 
@@ -91,7 +94,10 @@ class ActorWeights:
 
     def check(self) -> None:
         """Shapes must match the encoder and action grid this code was built with."""
-        nvec, dim = view_shape(self.advice, self.replicas)
+        if is_family_encoding(self.meta):  # the scenario families' view (agents/family_features.py)
+            nvec, dim = family_shape(self.meta["tenants"], self.replicas)
+        else:
+            nvec, dim = view_shape(self.advice, self.replicas)
         if self.nvec != nvec:
             raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {nvec}")
         if self.layers[0][0].shape[0] != dim or self.obs_mean.shape != (dim,):
@@ -121,7 +127,11 @@ class PPOPolicy:
         if self.weights.replicas != task.replicas:
             raise ValueError(f"weights were trained for replicas {self.weights.replicas}, task {task_id!r} "
                              f"allows {task.replicas}")
-        self._view = FeatureView(task_id, task.horizon, self.weights.advice, task.replicas)
+        self._view: FeatureView | FamilyView
+        if is_family_encoding(self.weights.meta):
+            self._view = FamilyView(task)
+        else:
+            self._view = FeatureView(task_id, task.horizon, self.weights.advice, task.replicas)
 
     def reset(self) -> None:
         self._view.reset()

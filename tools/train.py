@@ -56,6 +56,7 @@ except ModuleNotFoundError as exc:  # the `train` extra is not installed
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import encode_action, feature_names
+from llmserve_env.agents.family_features import FamilyView, family_shape
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -68,6 +69,7 @@ from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
+from llmserve_env.tools.dagger import label_episodes
 from llmserve_env.tools.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
 
@@ -108,9 +110,9 @@ def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> l
     return demos
 
 
-def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
+def _worker(remote, task: str, seeds: list[int], advice: bool, encoding: str = "default") -> None:
     torch.set_num_threads(1)
-    envs = [LLMServeGymEnv(task, advice=advice) for _ in seeds]
+    envs = [LLMServeGymEnv(task, advice=advice, encoding=encoding) for _ in seeds]
     episode_env: InProcessEnv | None = None  # for whole episodes on given seeds
     remote.send(np.stack([env.reset(seed=s)[0] for env, s in zip(envs, seeds, strict=True)]))
     while True:
@@ -128,6 +130,10 @@ def _worker(remote, task: str, seeds: list[int], advice: bool) -> None:
         if cmd == "demos":
             ep_seeds, (gamma, teacher) = payload
             remote.send(_teacher_demos(task, ep_seeds, gamma, teacher))
+            continue
+        if cmd == "dagger":  # a DAgger round's share: the student plays, the expert labels (tools/dagger.py)
+            ep_seeds, (gamma, teacher, student) = payload
+            remote.send(label_episodes(task, ep_seeds, teacher, student, gamma))
             continue
         obs, rew, done, score = [], [], [], []
         for genv, a in zip(envs, payload, strict=True):
@@ -150,7 +156,8 @@ class ShardedVecEnv:
     not hold the other back.
     """
 
-    def __init__(self, task: str, num_envs: int, num_workers: int, seed: int, advice: bool):
+    def __init__(self, task: str, num_envs: int, num_workers: int, seed: int, advice: bool,
+                 encoding: str = "default"):
         # fork, not spawn: a spawned worker re-runs this script, whose torch and tensorboard imports
         # made 16-env start-up 14-28 s against 0.7-0.8 s forked (measured on the 2-core machine under
         # load). The fork happens before the learner runs any torch op, so no thread pool is copied.
@@ -162,7 +169,7 @@ class ShardedVecEnv:
         for shard in shards:
             parent, child = ctx.Pipe()
             seeds = [seed * 10_000 + int(i) for i in shard]
-            p = ctx.Process(target=_worker, args=(child, task, seeds, advice), daemon=True)
+            p = ctx.Process(target=_worker, args=(child, task, seeds, advice, encoding), daemon=True)
             p.start()
             child.close()
             self.remotes.append(parent)
@@ -315,6 +322,8 @@ def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
         "action_nvec": list(agent.nvec),
         "advice": "heuristic" if args.advice else None,
         **ActorWeights.replicas_meta(replicas),
+        # the family view's inputs and count head (agents/family_features.py); PPOPolicy reads "encoding"
+        **(FamilyView(args.task).meta() if args.encoding == "family" else {}),
     }
 
 
@@ -364,13 +373,66 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: Sharded
             "teacher_train_score": float(np.mean([d[3] for d in demos]))}
 
 
+def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> dict:
+    """DAgger (tools/dagger.py): round 0 the expert (`--teacher`) plays `dagger_episodes` training
+    episodes; each of the `dagger_rounds` rounds after it, the student of the round before plays its greedy
+    action on new training seeds and the expert labels every state it visits. After each round the
+    observation statistics are refitted to all labelled states and the actor (cross-entropy on every
+    head) and critic (the discounted returns as played) train `bc_epochs` passes over the whole data set.
+    Returns per round: labelled states, wall time, the player's mean grade on those episodes and the
+    share of states where the student's action was the expert's whole label."""
+    X: list[np.ndarray] = []
+    Y: list[np.ndarray] = []
+    G: list[np.ndarray] = []
+    rounds = []
+    opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
+    n = args.dagger_episodes
+    for r in range(args.dagger_rounds + 1):
+        seeds = train_seeds(n, offset=TRAIN_SEED_LIMIT - (r + 1) * n)
+        student = None if r == 0 else (agent.export(), weights_meta(agent, rms, args))
+        t0 = time.perf_counter()
+        eps = [e for part in envs.play("dagger", seeds, (args.gamma, args.teacher, student)) for e in part]
+        label_s = time.perf_counter() - t0
+        X += [e.features for e in eps]
+        Y += [e.labels for e in eps]
+        G += [e.returns for e in eps]
+        Xa = np.concatenate(X)
+        # statistics of every labelled state so far (a fresh fit: the data set is the whole point)
+        rms.mean, rms.var, rms.count = Xa.mean(0).astype(np.float64), Xa.var(0).astype(np.float64), float(len(Xa))
+        xb = torch.as_tensor(rms.normalize(Xa, args.obs_clip, args.obs_epsilon))
+        yb = torch.as_tensor(np.concatenate(Y), dtype=torch.long)
+        gb = torch.as_tensor(np.concatenate(G) * np.float32(args.reward_scale))
+        t1 = time.perf_counter()
+        for _ in range(args.bc_epochs):
+            for mb in torch.randperm(len(xb)).split(256):
+                _, logp, _, value = agent.get_action_and_value(xb[mb], yb[mb])
+                loss = -logp.mean() + 0.5 * ((value.view(-1) - gb[mb]) ** 2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        with torch.no_grad():
+            fit = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
+            count_fit = float((torch.as_tensor(agent.greedy(xb))[:, -1] == yb[:, -1]).float().mean())
+        rounds.append({"round": r, "player": "expert" if r == 0 else "student", "episodes": len(eps),
+                       "labelled_states": int(sum(len(e.labels) for e in eps)), "data_set": int(len(Xa)),
+                       "label_wall_s": round(label_s, 1), "fit_wall_s": round(time.perf_counter() - t1, 1),
+                       "player_mean_score": round(float(np.mean([e.score for e in eps])), 4),
+                       "student_agreement_before_fit": None if r == 0 else
+                       round(float(np.mean([e.agreement for e in eps])), 4),
+                       "fit_accuracy_all_heads": round(fit, 4), "fit_accuracy_count_head": round(count_fit, 4)})
+        log.info("DAgger round %s", rounds[-1])
+    return {"rounds": rounds, "expert": args.teacher}
+
+
 def rival_names(args: Args) -> list[str]:
     """Who learning is compared with on the validation seeds: tuned_static and the heuristic, the
     autoscalers on a cluster task, and the teacher."""
     names = ["tuned_static", "heuristic"]
     if resolve_task(args.task).is_cluster:
         names += ["hpa", "dynamo_planner"]
-    if args.init == "bc" and args.teacher not in names:
+    if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
+        names += ["operator", "schedule"]
+    if args.init in ("bc", "dagger") and args.teacher not in names:
         names.append(args.teacher)
     return names
 
@@ -436,14 +498,19 @@ def train(args: Args) -> dict:
 
     started = time.perf_counter()
     task = resolve_task(args.task)
-    nvec, obs_dim = view_shape(args.advice, task.replicas)
-    envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice)
+    if args.encoding == "family":
+        nvec, obs_dim = family_shape([t.name for t in task.tenants], task.replicas)
+    else:
+        nvec, obs_dim = view_shape(args.advice, task.replicas)
+    envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice, args.encoding)
     agent = Agent(obs_dim, nvec, args.hidden)
     rms = RunningMeanStd((obs_dim,))
-    bc: dict[str, float] = {}
+    bc: dict = {}
     if args.init == "bc":
         bc = behaviour_clone(agent, rms, args, envs)
         writer.add_scalar("init/bc_accuracy", bc["accuracy"], 0)
+    elif args.init == "dagger":
+        bc = dagger_clone(agent, rms, args, envs)
     elif args.init == "follow":
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":

@@ -20,10 +20,13 @@ from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runs/ lives there)
-INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform")
+INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform", "dagger")
 # Whom `--init bc` imitates: the tuned heuristic, a rival (the autoscalers on cluster tasks only), or
 # the sampled planner (agents/planner.py: ~0.1-0.2 s a decision, so its demonstrations are the slow part).
-TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner")
+TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule")
+ENCODINGS = ("default", "family")
+# DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
+DAGGER_EXPERTS = ("operator", "schedule")
 
 
 @dataclass
@@ -58,6 +61,11 @@ class Args:
     init_prob: float = 0.8  # follow / tuned_static / vllm_default: initial probability of that choice, per knob
     bc_episodes: int = 32  # bc: episodes of the teacher to imitate (training seeds)
     bc_epochs: int = 30
+    # the view of the environment: default (agents/encoding.py, every shipped fixed-day actor) or family
+    # (agents/family_features.py: rate history, announced jobs, a replica count head; cluster tasks only)
+    encoding: str = "default"
+    dagger_rounds: int = 4  # --init dagger: rounds where the student plays and the expert labels (after round 0)
+    dagger_episodes: int = 16  # --init dagger: training episodes per round
     obs_clip: float = 10.0
     obs_epsilon: float = 1e-8
     reward_scale: float = 1.0
@@ -127,12 +135,19 @@ HELP: dict[str, str] = {
     "advice": "give the tuned heuristic's proposal as input; each knob is followed or nudged (agents/advice.py)",
     "init": "where learning starts: bc (behaviour cloning of --teacher; not with --advice true), heuristic "
             "(= bc with --teacher heuristic), follow (the heuristic exactly; needs --advice true), tuned_static, "
-            "vllm_default or uniform",
-    "teacher": "--init bc: whom to imitate: heuristic, tuned_static, hpa or dynamo_planner (cluster tasks), "
-               "or planner (the sampled model-predictive planner, ~0.1-0.2 s a decision)",
+            "vllm_default, uniform or dagger (the student plays, --teacher labels its states, several rounds; "
+            "needs --encoding family)",
+    "teacher": "--init bc: whom to imitate: heuristic, tuned_static, hpa, dynamo_planner, operator or schedule "
+               "(the last four on cluster tasks), or planner (the sampled rollout planner, 0.1-5 s a decision); "
+               "--init dagger: the expert labelling the student's states, operator or schedule",
     "init_prob": "follow / tuned_static / vllm_default: initial probability of that choice per knob, in (0, 1)",
     "bc_episodes": "--init bc: the teacher's episodes to imitate (training seeds)",
-    "bc_epochs": "--init bc: passes over the demonstrations",
+    "bc_epochs": "--init bc: passes over the demonstrations; --init dagger: passes over the data set each round",
+    "encoding": "the actor's view: default (agents/encoding.py) or family (agents/family_features.py: arrival "
+                "history per tenant, announced jobs, starting replicas, a replica count head; cluster tasks)",
+    "dagger_rounds": "--init dagger: rounds after the expert's own (round 0) where the student plays and the "
+                     "expert labels its states (tools/dagger.py)",
+    "dagger_episodes": "--init dagger: training episodes per round",
     "obs_clip": "clip normalised observations to +-this",
     "obs_epsilon": "variance floor of the observation normalisation",
     "reward_scale": "multiply rewards by this while learning",
@@ -148,8 +163,8 @@ HELP: dict[str, str] = {
     "quiet": "no progress bar",
 }
 POSITIVE_INTS = ("num_envs", "num_workers", "rollout_steps", "num_minibatches", "update_epochs", "hidden",
-                 "val_every", "val_episodes", "torch_threads", "bc_episodes")
-NON_NEGATIVE_INTS = ("seed", "bc_epochs")
+                 "val_every", "val_episodes", "torch_threads", "bc_episodes", "dagger_episodes")
+NON_NEGATIVE_INTS = ("seed", "bc_epochs", "dagger_rounds")
 POSITIVE_FLOATS = ("learning_rate", "clip_coef", "max_grad_norm", "obs_clip", "obs_epsilon", "reward_scale")
 NON_NEGATIVE_FLOATS = ("ent_coef", "vf_coef", "score_coef")
 UNIT_FLOATS = ("gamma", "gae_lambda")
@@ -193,7 +208,7 @@ def _optional_positive_float(text: str) -> float | None:
 def _type_of(name: str, default: object):
     if name == "task":
         return cli.task_id
-    if name in ("init", "teacher"):
+    if name in ("init", "teacher", "encoding"):
         return str
     if name == "init_prob":
         return _open_unit_float
@@ -232,6 +247,8 @@ def build_parser() -> argparse.ArgumentParser:
             kwargs["choices"] = INITS
         if f.name == "teacher":
             kwargs["choices"] = TEACHERS
+        if f.name == "encoding":
+            kwargs["choices"] = ENCODINGS
         ap.add_argument(flag, **kwargs)
     ap.add_argument("--replace-shipped-weights", action="store_true",
                     help=f"write the actor into {WEIGHTS_DIR}/<task>.npz/.json, replacing the shipped one "
@@ -247,9 +264,22 @@ def parse_args(argv: list[str]) -> Args:
     cli.configure_logging(ns)
     values = {f.name: getattr(ns, f.name) for f in dataclasses.fields(Args) if f.name not in ("command", "quiet")}
     task = resolve_task(values["task"])
-    if values["init"] not in ("bc", "heuristic") and values["teacher"] != "heuristic":
-        ap.error(f"argument --teacher: only with --init bc (got --init {values['init']})")
-    if values["teacher"] in ("hpa", "dynamo_planner") and not task.is_cluster:
+    if values["init"] not in ("bc", "heuristic", "dagger") and values["teacher"] != "heuristic":
+        ap.error(f"argument --teacher: only with --init bc or dagger (got --init {values['init']})")
+    if values["encoding"] == "family" and not task.is_cluster:
+        ap.error(f"argument --encoding: the family view has a replica count head; {values['task']!r} is a "
+                 "single-server task")
+    if values["init"] == "dagger" and values["encoding"] != "family":
+        ap.error("argument --init: dagger labels states with the family view's grid: add --encoding family")
+    if values["init"] in ("bc", "heuristic") and values["encoding"] == "family":
+        ap.error("argument --init: with --encoding family clone through dagger (--dagger-rounds 0 is plain "
+                 "behaviour cloning of the expert's own episodes)")
+    if values["init"] == "dagger" and (values["dagger_rounds"] + 1) * values["dagger_episodes"] > TRAIN_SEED_LIMIT:
+        ap.error("argument --dagger-episodes: the rounds need more training seeds than there are")
+    if values["init"] == "dagger" and values["teacher"] not in DAGGER_EXPERTS:
+        ap.error(f"argument --teacher: DAgger's expert must label states it did not choose: one of "
+                 f"{', '.join(DAGGER_EXPERTS)} (tools/dagger.py says why not the planner)")
+    if values["teacher"] in ("hpa", "dynamo_planner", "operator", "schedule") and not task.is_cluster:
         ap.error(f"argument --teacher: {values['teacher']} autoscales the cluster tasks "
                  f"({', '.join(CLUSTER_TASKS)}); {values['task']!r} is a single-server task")
     if values["advice"] and task.is_cluster:
