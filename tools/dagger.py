@@ -44,7 +44,8 @@ class Labelled:
     agreement: float
 
 
-def _returns(rewards: Sequence[float], gamma: float) -> np.ndarray:
+def discounted_returns(rewards: Sequence[float], gamma: float) -> np.ndarray:
+    """Each step's discounted return to the episode's end (float32), what the critic is fitted to."""
     g, out = 0.0, []
     for r in reversed(rewards):
         g = r + gamma * g
@@ -77,7 +78,7 @@ def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: Act
         rewards.append(r)
         if terminated or truncated:
             break
-    return Labelled(np.stack(feats), np.stack(labels), _returns(rewards, gamma), env.runtime.grade_result().score,
+    return Labelled(np.stack(feats), np.stack(labels), discounted_returns(rewards, gamma), env.runtime.grade_result().score,
                     agree / len(labels))
 
 

@@ -69,7 +69,7 @@ from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
-from llmserve_env.tools.dagger import label_episodes
+from llmserve_env.tools.dagger import discounted_returns, label_episodes
 from llmserve_env.tools.train_config import Args, parse_args
 from torch.utils.tensorboard import SummaryWriter
 
@@ -102,11 +102,8 @@ def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> l
             rewards.append(r)
             if terminated or truncated:
                 break
-        g, rets = 0.0, []
-        for r in reversed(rewards):
-            g = r + gamma * g
-            rets.append(g)
-        demos.append((np.stack(feats), np.stack(acts), np.asarray(rets[::-1], np.float32), env.runtime.grade_result().score))
+        demos.append((np.stack(feats), np.stack(acts), discounted_returns(rewards, gamma),
+                      env.runtime.grade_result().score))
     return demos
 
 
@@ -360,17 +357,24 @@ def behaviour_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: Sharded
     # The critic learns the returns PPO will bootstrap from, so on the same scale as its rewards.
     gb = torch.as_tensor(np.concatenate([d[2] for d in demos]) * np.float32(args.reward_scale))
     opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
-    for _ in range(args.bc_epochs):
+    fit_to_labels(agent, opt, xb, yb, gb, args.bc_epochs)
+    with torch.no_grad():
+        accuracy = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
+    return {"accuracy": accuracy, "samples": float(len(xb)), "demo_wall_s": round(demo_s, 1),
+            "teacher_train_score": float(np.mean([d[3] for d in demos]))}
+
+
+def fit_to_labels(agent: Agent, opt: torch.optim.Optimizer, xb: torch.Tensor, yb: torch.Tensor, gb: torch.Tensor,
+                  epochs: int) -> None:
+    """`epochs` passes of minibatches of 256: the actor's cross-entropy on the labels (every head) plus
+    the critic's squared error on the returns (behaviour cloning and each DAgger round)."""
+    for _ in range(epochs):
         for mb in torch.randperm(len(xb)).split(256):
             _, logp, _, value = agent.get_action_and_value(xb[mb], yb[mb])
             loss = -logp.mean() + 0.5 * ((value.view(-1) - gb[mb]) ** 2).mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
-    with torch.no_grad():
-        accuracy = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
-    return {"accuracy": accuracy, "samples": float(len(xb)), "demo_wall_s": round(demo_s, 1),
-            "teacher_train_score": float(np.mean([d[3] for d in demos]))}
 
 
 def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVecEnv) -> dict:
@@ -403,13 +407,7 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
         yb = torch.as_tensor(np.concatenate(Y), dtype=torch.long)
         gb = torch.as_tensor(np.concatenate(G) * np.float32(args.reward_scale))
         t1 = time.perf_counter()
-        for _ in range(args.bc_epochs):
-            for mb in torch.randperm(len(xb)).split(256):
-                _, logp, _, value = agent.get_action_and_value(xb[mb], yb[mb])
-                loss = -logp.mean() + 0.5 * ((value.view(-1) - gb[mb]) ** 2).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
+        fit_to_labels(agent, opt, xb, yb, gb, args.bc_epochs)
         with torch.no_grad():
             fit = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
             count_fit = float((torch.as_tensor(agent.greedy(xb))[:, -1] == yb[:, -1]).float().mean())
