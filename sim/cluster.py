@@ -186,10 +186,13 @@ class ClusterBackend:
     # ----------------------------------------------------------------------------------- one window
 
     def _route(self, arrivals: list[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
-        if affinity is not None:
-            return self._route_affinity(arrivals, affinity)
-        routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas if r.state == READY}
+        """Each arrival to a replica ready by its arrival time: least outstanding work (shared/routing.py),
+        or with `action.cache_affinity` set, its cached share per replica (the engine's cache at the
+        window's start plus what was routed there since) weighed against that work
+        (shared/prefix_routing.py); a hit's tokens are not added to the replica's work."""
         ready = [r for r in self.replicas if r.state == READY]
+        routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
+        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         for a in arrivals:
             t = a.arrival_s
             eligible = [r for r in ready if r.ready_s <= t]
@@ -199,46 +202,37 @@ class ClusterBackend:
                 self._unrouted.append(a)
                 continue
             work = [r.work_at(t) for r in eligible]
-            i = least_outstanding(work)
-            best, best_w = eligible[i], work[i]
-            best.est_work = best_w + a.prompt_tokens + a.output_tokens
+            hit = 0
+            if affinity is None:
+                i = least_outstanding(work)
+            else:
+                hits = self._cached_tokens(a, eligible, sent)
+                i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
+                hit = hits[i]
+                if a.prefix_ids is not None:
+                    sent[eligible[i].index].update(a.prefix_ids[:(a.prompt_tokens + a.output_tokens)
+                                                                // a.prefix_block_tokens])
+            best = eligible[i]
+            best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
         return routed
 
-    def _route_affinity(self, arrivals: list[Arrival], affinity: float) -> dict[int, list[Arrival]]:
-        """`_route` with `action.cache_affinity` set (shared/prefix_routing.py): each request's cached
-        share per replica (its engine's cache at the window's start, plus what was routed there since)
-        weighed against the replica's outstanding work; a hit's tokens are not added to that work."""
-        routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas if r.state == READY}
-        ready = [r for r in self.replicas if r.state == READY]
-        sent: dict[int, set[int]] = {r.index: set() for r in ready}
-        for a in arrivals:
-            t = a.arrival_s
-            eligible = [r for r in ready if r.ready_s <= t]
-            if not eligible:
-                if self.disruptions is None:
-                    raise RuntimeError(f"no ready replica at t={t:.3f}")
-                self._unrouted.append(a)
-                continue
-            work = [r.work_at(t) for r in eligible]
-            keys = a.prefix_ids
-            hits = [0] * len(eligible)
-            if keys is not None:
-                unit = a.prefix_block_tokens
-                cap = (a.prompt_tokens - 1) // unit
-                for j, r in enumerate(eligible):
-                    eng = r.engine
-                    cached = eng.pcache.match(keys, cap)[0] if eng is not None and eng.pcache.block_tokens else 0
-                    hits[j] = unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index])))
-            i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
-            best = eligible[i]
-            best.est_work = work[i] + a.prompt_tokens - hits[i] + a.output_tokens
-            best.est_t = t
-            if keys is not None:
-                sent[best.index].update(keys[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens])
-            routed[best.index].append(a)
-        return routed
+    @staticmethod
+    def _cached_tokens(a: Arrival, eligible: list[Replica], sent: dict[int, set[int]]) -> list[int]:
+        """Prompt tokens of `a` each eligible replica holds: its engine's cached leading units, or the
+        leading units routed there this window, whichever is longer (at least one token left to compute)."""
+        keys = a.prefix_ids
+        if keys is None:
+            return [0] * len(eligible)
+        unit = a.prefix_block_tokens
+        cap = (a.prompt_tokens - 1) // unit
+        hits = []
+        for r in eligible:
+            eng = r.engine
+            cached = eng.pcache.match(keys, cap)[0] if eng is not None and eng.pcache.block_tokens else 0
+            hits.append(unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index]))))
+        return hits
 
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         t1 = t0 + dt
