@@ -29,24 +29,27 @@ rule and "at least one token computed" included): the ceiling any finite cache i
 from __future__ import annotations
 
 import gzip
-import json
 import math
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.traces import (
-    MAX_LINE_BYTES,
-    MAX_PARSE_S,
     MAX_REQUEST_TOKENS,
     MAX_TRACE_BYTES,
     Trace,
     TraceError,
+    _json_object,
+    _lines,
+    _Rows,
+    _time,
+    _tokens,
+    packaged_trace_path,
 )
 
 MOONCAKE_PACKAGED = "mooncake_conversation.jsonl.gz"
@@ -64,8 +67,7 @@ class PrefixTrace:
     block_tokens: int
 
 
-def packaged_path(name: str) -> Path:
-    return Path(__file__).resolve().parent / "data" / name
+packaged_path = packaged_trace_path  # a file in shared/data (the traces' one definition)
 
 
 def load_prefix_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKENS) -> PrefixTrace:
@@ -81,46 +83,28 @@ def load_prefix_trace(path: str | Path, block_tokens: int = MOONCAKE_BLOCK_TOKEN
     return _load(str(p.resolve()), st.st_mtime_ns, block_tokens, str(p))
 
 
-def _int_field(obj: dict, key: str, shown: str, line: int, lo: int, hi: int) -> int:
-    v = obj.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise TraceError(f"trace file {shown!r}, line {line}: {key} must be an integer in {lo}..{hi}")
-    return v
-
-
 @lru_cache(maxsize=4)
 def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> PrefixTrace:
+    """Rows read as shared/traces.py reads a JSONL trace (its bounded lines, row cap, time limit and
+    field checks), plus each row's hash_ids, checked to be prefix-unique."""
     del mtime_ns  # part of the cache key: a rewritten file is read again
     opener = gzip.open if resolved.endswith(".gz") else open
-    t: list[float] = []
-    prompt: list[int] = []
-    output: list[int] = []
+    rows = _Rows(shown)
     ids: list[tuple[int, ...]] = []
     parents: dict[int, int] = {}
-    # the server parses on a request's thread: bounded in rows, line length and time as shared/traces.py is
-    deadline = time.monotonic() + MAX_PARSE_S
     try:
         with opener(resolved, "rb") as f:
-            for line_no, raw in enumerate(f, start=1):
-                if len(raw) > MAX_LINE_BYTES:
-                    raise TraceError(f"trace file {shown!r}, line {line_no}: longer than {MAX_LINE_BYTES} bytes")
-                if not raw.strip():
+            for line_no, line in enumerate(_lines(cast(BinaryIO, f), shown, rows.deadline), start=1):
+                if not line.strip():
                     continue
-                if len(t) >= MAX_PREFIX_ROWS:
+                if len(ids) >= MAX_PREFIX_ROWS:
                     raise TraceError(f"trace file {shown!r}: more than {MAX_PREFIX_ROWS} rows")
-                if line_no % 1024 == 0 and time.monotonic() > deadline:
-                    raise TraceError(f"trace file {shown!r}: not parsed within {MAX_PARSE_S:g} s")
-                try:
-                    obj = json.loads(raw)
-                except (ValueError, RecursionError):
-                    raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
-                if not isinstance(obj, dict):
-                    raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
-                ts = obj.get("timestamp")
-                if isinstance(ts, bool) or not isinstance(ts, int | float) or not (math.isfinite(ts) and ts >= 0):
-                    raise TraceError(f"trace file {shown!r}, line {line_no}: timestamp must be a finite number >= 0")
-                n_in = _int_field(obj, "input_length", shown, line_no, 1, MAX_REQUEST_TOKENS)
-                n_out = max(1, _int_field(obj, "output_length", shown, line_no, 0, MAX_REQUEST_TOKENS))
+                obj = _json_object(line, shown, line_no)
+                ts = _time(obj.get("timestamp"), shown, line_no, "timestamp", 1e-3)
+                if obj.get("input_length") == 0:  # traces.py counts it as 1 token; a row with ids needs a prompt
+                    raise TraceError(f"trace file {shown!r}, line {line_no}: input_length must be >= 1")
+                n_in = _tokens(obj.get("input_length"), shown, line_no, "input_length")
+                n_out = _tokens(obj.get("output_length"), shown, line_no, "output_length")
                 h = obj.get("hash_ids")
                 if (not isinstance(h, list) or len(h) > MAX_IDS_PER_ROW
                         or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in h)):
@@ -134,18 +118,17 @@ def _load(resolved: str, mtime_ns: int, block_tokens: int, shown: str) -> Prefix
                         raise TraceError(f"trace file {shown!r}, line {line_no}: hash id {x} follows another prefix "
                                          "than it did before (ids must name a block with everything before it)")
                     prev = x
-                t.append(ts * 1e-3)
-                prompt.append(n_in)
-                output.append(n_out)
+                rows.add(ts, n_in, n_out)
                 ids.append(tuple(h))
-    except OSError as exc:
-        raise TraceError(f"trace file {shown!r}: cannot read it ({exc.strerror or type(exc).__name__})") from None
-    if not t:
+    except (OSError, EOFError) as exc:  # EOFError: a truncated gzip stream
+        raise TraceError(f"trace file {shown!r}: cannot read it ({getattr(exc, 'strerror', None) or type(exc).__name__})") from None
+    if not ids:
         raise TraceError(f"trace file {shown!r}: no requests in it")
-    order = np.argsort(np.asarray(t), kind="stable")
-    trace = Trace(path=shown, fmt="jsonl", arrival_s=np.asarray(t)[order],
-                  prompt_tokens=np.asarray(prompt, dtype=np.int64)[order],
-                  output_tokens=np.asarray(output, dtype=np.int64)[order])
+    t = np.frombuffer(rows.t, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    trace = Trace(path=shown, fmt="jsonl", arrival_s=t[order],
+                  prompt_tokens=np.frombuffer(rows.prompt, dtype=np.int64)[order],
+                  output_tokens=np.frombuffer(rows.output, dtype=np.int64)[order])
     return PrefixTrace(trace, tuple(ids[i] for i in order.tolist()), block_tokens)
 
 

@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -302,17 +302,24 @@ def _parse_csv(lines: Iterator[str], rows: _Rows) -> None:
         raise TraceError(f"trace file {shown!r}: empty (expected a header {','.join(CSV_COLUMNS)})")
 
 
+def _json_object(line: str, shown: str, line_no: int) -> dict[str, Any]:
+    """One JSONL row as an object; TraceError naming the line otherwise (shared/prefix.py reads its
+    rows with it too)."""
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError):  # bad JSON, an integer past 4300 digits, deep nesting
+        raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
+    return obj
+
+
 def _parse_jsonl(lines: Iterator[str], rows: _Rows) -> None:
     shown = rows.shown
     for line_no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            obj = json.loads(line)
-        except (ValueError, RecursionError):  # bad JSON, an integer past 4300 digits, deep nesting
-            raise TraceError(f"trace file {shown!r}, line {line_no}: not valid JSON") from None
-        if not isinstance(obj, dict):
-            raise TraceError(f"trace file {shown!r}, line {line_no}: expected a JSON object")
+        obj = _json_object(line, shown, line_no)
         missing = [k for k in JSONL_KEYS if k not in obj]
         if missing:
             raise TraceError(f"trace file {shown!r}, line {line_no}: missing key(s) {', '.join(missing)}")
