@@ -163,7 +163,8 @@ class PerformanceModel:
 
     def prefill_s(self, isl: float) -> float:
         n = max(1, int(isl))
-        return self.m.iteration_s(0, 0.0, 0, [(n, 0)], n, 1) * max(1.0, n / self.budget)
+        c = min(n, self.budget)  # chunked prefill: one budget-sized chunk per iteration (Mooncake's ISLs exceed it)
+        return self.m.iteration_s(0, 0.0, 0, [(c, 0)], c, 1) * max(1.0, n / self.budget)
 
     def itl_s(self, batch: int, context: float) -> float:
         return self.m.iteration_s(batch, batch * context, 0, [], 0, 0)

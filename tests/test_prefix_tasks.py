@@ -132,3 +132,19 @@ def test_affinity_raises_the_hit_rate_on_multiturn() -> None:
             hits.append(obs.prefix_hit_rate)
         rates[kind] = float(np.mean(hits))
     assert rates["llmd_scorer"] > rates["least_work"] + 0.05
+
+
+def test_dynamo_planner_plays_the_mooncake_trace_whose_prompts_exceed_the_token_budget() -> None:
+    """Mooncake's prompts run past the engine's token budget: the planner's prefill estimate is one
+    budget-sized chunk per iteration (it indexed the step-time table past its end and crashed)."""
+    from llmserve_env.agents.autoscale import PerformanceModel
+    from llmserve_env.agents.rollout import play_episode
+
+    perf = PerformanceModel(MOONCAKE)
+    b = perf.budget
+    one = perf.prefill_s(b)
+    assert perf.prefill_s(4 * b) == pytest.approx(4 * one)
+    assert perf.prefill_s(b // 2) < one
+    env = InProcessEnv()
+    play_episode(env, make_policy("dynamo_planner", "mooncake_cluster"), "mooncake_cluster", 0)
+    assert env.episode.done
