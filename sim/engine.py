@@ -527,11 +527,6 @@ class Engine:
         grown = self.decode_context_tokens + ahead * self.decode_tokens_per_iter
         free = kv.total - kv.used_fixed - ((grown + nd) * (1.0 / KV_BLOCK_TOKENS) + nd - self.decode_shared)
 
-        def pool() -> list[SimRequest]:
-            scheduled = {c[0].rid for c in chunks}  # requests with a chunk in this iteration already
-            out = [r for r in self.prefilling if r.rid not in scheduled]
-            return (list(self.decoding.values()) + out) if unified else out
-
         for r in list(self.prefilling) if self.prefilling else ():
             if budget <= 0:
                 break
@@ -542,7 +537,7 @@ class Engine:
             if need > free:
                 free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
             while need > free:
-                victim = sched.victim(pool())  # r itself is in the pool: it is not scheduled yet
+                victim = sched.victim(self._unscheduled(chunks, unified))  # r is in it: not scheduled yet
                 if victim is None:
                     break
                 self._preempt(victim, t)
@@ -594,7 +589,7 @@ class Engine:
                 free = total - kv.used_fixed - self._decode_blocks_exact(ahead)
             if not limits.admits(n_running, total - free, need):
                 if pr:
-                    victim = sched.victim(pool())
+                    victim = sched.victim(self._unscheduled(chunks, unified))
                     if victim is not None and victim.priority > r.priority:
                         self._preempt(victim, t)
                         evicted.add(victim.rid)
@@ -627,6 +622,12 @@ class Engine:
             chunks.append((r, c))
             budget -= c
         return chunks
+
+    def _unscheduled(self, chunks: list[tuple[SimRequest, int]], unified: bool) -> list[SimRequest]:
+        """The preemption pool of a scheduling pass: running requests without a chunk in it yet."""
+        scheduled = {c[0].rid for c in chunks}
+        out = [r for r in self.prefilling if r.rid not in scheduled]
+        return (list(self.decoding.values()) + out) if unified else out
 
     def _run_chunks(self, chunks: list[tuple[SimRequest, int]], t: float, model: IterationModel, n: int,
                     split: bool) -> float:
