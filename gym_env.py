@@ -64,11 +64,9 @@ from typing import Any, cast
 import gymnasium
 import numpy as np
 from gymnasium import spaces
-from llmserve_env.agents.advice import FeatureView
 from llmserve_env.agents.encoding import OBS_HIGH
-from llmserve_env.agents.family_features import FamilyView
-from llmserve_env.agents.prefix_view import PrefixFeatureView
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.agents.views import View, make_view
 from llmserve_env.core.episode import ObservedWindow
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.inprocess import InProcessEnv
@@ -88,19 +86,9 @@ class LLMServeGymEnv(gymnasium.Env[np.ndarray, np.ndarray]):
         self.task = resolve_task(task)
         self.task_id = task
         self.grade_on_done = grade_on_done
-        self.view: FeatureView | PrefixFeatureView | FamilyView
-        if encoding == "family":  # the scenario families' view: history features, a replica count head
-            if advice:
-                raise ValueError("advice is for the default encoding's single-server tasks, not encoding='family'")
-            self.view = FamilyView(self.task)
-        elif encoding == "default":
-            base = FeatureView(task, self.task.horizon, advice, self.task.replicas)
-            # prefix-caching cluster tasks add the cache_affinity head and the hit rate (one replica has no
-            # routing to weigh); every other task's spaces stay as they were
-            prefix = self.task.caches_prefixes and self.task.is_cluster
-            self.view = PrefixFeatureView(base) if prefix else base
-        else:
-            raise ValueError(f"encoding must be 'default' or 'family', got {encoding!r}")
+        # the default view (a prefix-caching cluster task adds the cache_affinity head and the hit rate;
+        # one replica has no routing to weigh; every other task's spaces stay as they were) or the family view
+        self.view: View = make_view(self.task, advice, encoding)
         self.action_space = spaces.MultiDiscrete(np.array(self.view.nvec, dtype=np.int64))
         self.observation_space = spaces.Box(0.0, OBS_HIGH, shape=(self.view.dim,), dtype=np.float32)
         self.runtime = InProcessEnv("sim")  # documented: fork / save / restore the episode through it

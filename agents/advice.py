@@ -37,6 +37,7 @@ from llmserve_env.agents.encoding import (
     action_features,
     action_nvec,
     decode_action,
+    encode_action,
     feature_names,
 )
 from llmserve_env.agents.heuristic import HeuristicPolicy, heuristic
@@ -143,6 +144,13 @@ class FeatureView:
     def features(self, obs: ServeObservation) -> np.ndarray:
         x = self.encoder.encode(obs)
         return x if self.advisor is None else np.concatenate([x, self.advisor.observe(obs)])
+
+    def encode(self, action: ServeAction) -> np.ndarray:
+        """The plain grid's indices nearest `action` (a teacher's, for behaviour cloning; not with advice),
+        the replica step taken from the count asked for so far."""
+        if self.advisor is not None:
+            raise ValueError("with advice the action indices are follow-or-nudge choices, not the plain grid")
+        return encode_action(action, self.replicas, self.encoder.current_replicas)
 
     def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
         if self.advisor is not None:

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.agents.advice import FeatureView, view_shape
-from llmserve_env.agents.family_features import FamilyView, family_shape, is_family_encoding
+from llmserve_env.agents.advice import view_shape
+from llmserve_env.agents.family_features import family_shape, is_family_encoding
+from llmserve_env.agents.prefix_view import is_prefix_encoding, prefix_shape, uses_prefix_view
+from llmserve_env.agents.views import View, encoding_of, make_view
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task, is_cluster_range
 
@@ -96,6 +98,8 @@ class ActorWeights:
         """Shapes must match the encoder and action grid this code was built with."""
         if is_family_encoding(self.meta):  # the scenario families' view (agents/family_features.py)
             nvec, dim = family_shape(self.meta["tenants"], self.replicas)
+        elif is_prefix_encoding(self.meta):  # a prefix-caching task's view (agents/prefix_view.py)
+            nvec, dim = prefix_shape(self.replicas)
         else:
             nvec, dim = view_shape(self.advice, self.replicas)
         if self.nvec != nvec:
@@ -127,11 +131,10 @@ class PPOPolicy:
         if self.weights.replicas != task.replicas:
             raise ValueError(f"weights were trained for replicas {self.weights.replicas}, task {task_id!r} "
                              f"allows {task.replicas}")
-        self._view: FeatureView | FamilyView
-        if is_family_encoding(self.weights.meta):
-            self._view = FamilyView(task)
-        else:
-            self._view = FeatureView(task_id, task.horizon, self.weights.advice, task.replicas)
+        trained, here = encoding_of(self.weights.meta), "prefix" if uses_prefix_view(task) else "default"
+        if trained != "family" and trained != here:
+            raise ValueError(f"weights were trained on the {trained} view; task {task_id!r} has the {here} view")
+        self._view: View = make_view(task, self.weights.advice, "family" if trained == "family" else "default")
 
     def reset(self) -> None:
         self._view.reset()

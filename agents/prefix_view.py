@@ -10,17 +10,35 @@ behaviour do not move), which is why this wraps the view instead of changing age
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from llmserve_env.agents.advice import FeatureView
-from llmserve_env.agents.encoding import ObservationEncoder
+from llmserve_env.agents.encoding import ObservationEncoder, Replicas, action_nvec, feature_names
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.tasks import TaskSpec
 
 # cache_affinity levels an action index picks: 0 is least outstanding work, 1 follows the cache alone;
 # 3/7 (llm-d's default weights) and 0.5 (Dynamo's, agents/routing.py) fall on or between the levels.
 AFFINITY_LEVELS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 PREFIX_FEATURE_NAMES: tuple[str, ...] = ("prefix_hit_rate", "prev_cache_affinity")
+# what a weights JSON trained on this view says (`ActorWeights.check` and PPOPolicy read it)
+PREFIX_ENCODING = "prefix-v1"
+
+
+def uses_prefix_view(task: TaskSpec) -> bool:
+    """A cluster task whose requests carry prefix ids (one replica has no routing to weigh)."""
+    return task.caches_prefixes and task.is_cluster
+
+
+def prefix_shape(replicas: Replicas) -> tuple[tuple[int, ...], int]:
+    """(action grid, feature count) of the prefix view on a task with this replica range."""
+    return (*action_nvec(replicas), len(AFFINITY_LEVELS)), len(feature_names(replicas)) + len(PREFIX_FEATURE_NAMES)
+
+
+def is_prefix_encoding(meta: Mapping[str, Any]) -> bool:
+    return meta.get("encoding") == PREFIX_ENCODING
 
 
 class PrefixFeatureView:
@@ -46,6 +64,18 @@ class PrefixFeatureView:
         hit = getattr(obs, "prefix_hit_rate", None) or 0.0
         extra = np.array([hit, self.affinity], dtype=np.float32)
         return np.concatenate([self.base.features(obs), extra]).astype(np.float32)
+
+    def encode(self, action: ServeAction) -> np.ndarray:
+        """The wrapped view's indices plus the level nearest the action's cache_affinity (None: least work,
+        as the router does without one). llm-d's 3/7 falls nearest 0.5."""
+        a = action.cache_affinity if action.cache_affinity is not None else 0.0
+        level = min(range(len(AFFINITY_LEVELS)), key=lambda i: (abs(AFFINITY_LEVELS[i] - a), i))
+        return np.concatenate([self.base.encode(action), [level]]).astype(np.int64)
+
+    def meta(self) -> dict[str, Any]:
+        """What the weights' JSON records of this view."""
+        return {"encoding": PREFIX_ENCODING,
+                "feature_names": [*feature_names(self.base.replicas), *PREFIX_FEATURE_NAMES]}
 
     def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
         if len(idx) != len(self.nvec):

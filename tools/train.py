@@ -53,10 +53,10 @@ except ModuleNotFoundError as exc:  # the `train` extra is not installed
         _parse_args(sys.argv[1:])
         sys.exit(f"train.py needs torch, from the `train` extra: make install-train ({exc})")
     raise
-from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW, view_shape
+from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import encode_action, feature_names
-from llmserve_env.agents.family_features import FamilyView, family_shape
+from llmserve_env.agents.planner import PREFIX_RIVALS
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -64,9 +64,11 @@ from llmserve_env.agents.search import git_commit
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT, train_seeds, validation_seeds
 from llmserve_env.agents.static import VLLM_DEFAULT
 from llmserve_env.agents.tuned_static import NotTunedError, tuned_action
+from llmserve_env.agents.views import make_view, view_dims, view_meta
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.tasks import PREFIX_TASKS
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
 from llmserve_env.tools.dagger import discounted_returns, label_episodes
@@ -85,7 +87,6 @@ def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> l
     the nearest grid point and that is what the episode plays, so the demonstration's states are the
     ones its labels lead to."""
     env = LLMServeGymEnv(task, grade_on_done=False)
-    replicas = env.task.replicas
     demos = []
     for seed in seeds:
         policy = make_policy(teacher, task, seed=seed)  # the planner's sample pool follows the seed
@@ -95,7 +96,7 @@ def _teacher_demos(task: str, seeds: list[int], gamma: float, teacher: str) -> l
         while True:
             obs = env.last_observation
             assert obs is not None  # reset just set it
-            idx = encode_action(policy.act(obs), replicas, env.view.encoder.current_replicas)
+            idx = env.view.encode(policy.act(obs))
             feats.append(x)
             acts.append(idx)
             x, r, terminated, truncated, _ = env.step(idx)
@@ -309,7 +310,8 @@ class Agent(nn.Module):
 # ----------------------------------------------------------------------------------------------
 def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
     """What the weights' JSON says about the actor: its inputs, normalisation and action grid."""
-    replicas = resolve_task(args.task).replicas
+    task = resolve_task(args.task)
+    replicas = task.replicas
     return {
         "format": "mlp-tanh actor; logits = layers(clip((obs - mean) / sqrt(var + epsilon), -clip, clip))",
         "activation": "tanh",
@@ -319,8 +321,8 @@ def weights_meta(agent: Agent, rms: RunningMeanStd, args: Args) -> dict:
         "action_nvec": list(agent.nvec),
         "advice": "heuristic" if args.advice else None,
         **ActorWeights.replicas_meta(replicas),
-        # the family view's inputs and count head (agents/family_features.py); PPOPolicy reads "encoding"
-        **(FamilyView(args.task).meta() if args.encoding == "family" else {}),
+        # the family or prefix view's inputs and heads (agents/views.py); PPOPolicy reads "encoding"
+        **view_meta(make_view(task, args.advice, args.encoding)),
     }
 
 
@@ -424,9 +426,12 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
 
 def rival_names(args: Args) -> list[str]:
     """Who learning is compared with on the validation seeds: tuned_static and the heuristic, the
-    autoscalers on a cluster task, and the teacher."""
+    autoscalers on a cluster task (the routing rules on a prefix-caching one), and the teacher."""
+    task = resolve_task(args.task)
     names = ["tuned_static", "heuristic"]
-    if resolve_task(args.task).is_cluster:
+    if task.task_id in PREFIX_TASKS:  # the score table's rivals there (agents/planner.py PREFIX_RIVALS)
+        names += list(PREFIX_RIVALS)
+    elif task.is_cluster:
         names += ["hpa", "dynamo_planner"]
     if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
         names += ["operator", "schedule"]
@@ -496,10 +501,7 @@ def train(args: Args) -> dict:
 
     started = time.perf_counter()
     task = resolve_task(args.task)
-    if args.encoding == "family":
-        nvec, obs_dim = family_shape([t.name for t in task.tenants], task.replicas)
-    else:
-        nvec, obs_dim = view_shape(args.advice, task.replicas)
+    nvec, obs_dim = view_dims(task, args.advice, args.encoding)
     envs = ShardedVecEnv(args.task, args.num_envs, args.num_workers, args.seed, args.advice, args.encoding)
     agent = Agent(obs_dim, nvec, args.hidden)
     rms = RunningMeanStd((obs_dim,))

@@ -15,15 +15,18 @@ from pathlib import Path
 
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
-from llmserve_env.shared.tasks import CLUSTER_TASKS
+from llmserve_env.shared.tasks import CLUSTER_TASKS, PREFIX_TASKS
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root (runs/ lives there)
 INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform", "dagger")
-# Whom `--init bc` imitates: the tuned heuristic, a rival (the autoscalers on cluster tasks only), or
-# the sampled planner (agents/planner.py: ~0.1-0.2 s a decision, so its demonstrations are the slow part).
-TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule")
+# Whom `--init bc` imitates: the tuned heuristic, a rival (the autoscalers on cluster tasks only, the
+# routing rules on the prefix-caching tasks only), or the sampled planner (agents/planner.py: ~0.1-0.2 s a
+# decision, so its demonstrations are the slow part).
+ROUTING_TEACHERS = ("least_work", "llmd_scorer", "dynamo_kv")
+TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule",
+            *ROUTING_TEACHERS)
 ENCODINGS = ("default", "family")
 # DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
 DAGGER_EXPERTS = ("operator", "schedule")
@@ -138,7 +141,8 @@ HELP: dict[str, str] = {
             "vllm_default, uniform or dagger (the student plays, --teacher labels its states, several rounds; "
             "needs --encoding family)",
     "teacher": "--init bc: whom to imitate: heuristic, tuned_static, hpa, dynamo_planner, operator or schedule "
-               "(the last four on cluster tasks), or planner (the sampled rollout planner, 0.1-5 s a decision); "
+               "(the last four on cluster tasks), least_work, llmd_scorer or dynamo_kv (the routing rules, on the "
+               "prefix-caching tasks), or planner (the sampled rollout planner, 0.1-5 s a decision); "
                "--init dagger: the expert labelling the student's states, operator or schedule",
     "init_prob": "follow / tuned_static / vllm_default: initial probability of that choice per knob, in (0, 1)",
     "bc_episodes": "--init bc: the teacher's episodes to imitate (training seeds)",
@@ -282,6 +286,9 @@ def parse_args(argv: list[str]) -> Args:
     if values["teacher"] in ("hpa", "dynamo_planner", "operator", "schedule") and not task.is_cluster:
         ap.error(f"argument --teacher: {values['teacher']} autoscales the cluster tasks "
                  f"({', '.join(CLUSTER_TASKS)}); {values['task']!r} is a single-server task")
+    if values["teacher"] in ROUTING_TEACHERS and not task.caches_prefixes:
+        ap.error(f"argument --teacher: {values['teacher']} routes the prefix-caching tasks "
+                 f"({', '.join(PREFIX_TASKS)}); {values['task']!r} is not one")
     if values["advice"] and task.is_cluster:
         ap.error(f"argument --advice: the heuristic's advice is for single-server tasks; {values['task']!r} "
                  "is a cluster task")
