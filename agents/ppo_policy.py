@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.agents.advice import view_shape
-from llmserve_env.agents.family_features import family_shape, is_family_encoding
-from llmserve_env.agents.prefix_view import is_prefix_encoding, prefix_shape, uses_prefix_view
-from llmserve_env.agents.views import View, encoding_of, make_view
+from llmserve_env.agents.prefix_view import has_affinity_head, uses_prefix_view
+from llmserve_env.agents.views import View, encoding_of, make_view, weights_shape
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task, is_cluster_range
 
@@ -96,12 +94,8 @@ class ActorWeights:
 
     def check(self) -> None:
         """Shapes must match the encoder and action grid this code was built with."""
-        if is_family_encoding(self.meta):  # the scenario families' view (agents/family_features.py)
-            nvec, dim = family_shape(self.meta["tenants"], self.replicas)
-        elif is_prefix_encoding(self.meta):  # a prefix-caching task's view (agents/prefix_view.py)
-            nvec, dim = prefix_shape(self.replicas)
-        else:
-            nvec, dim = view_shape(self.advice, self.replicas)
+        # the view named in the JSON: the family view's, and the prefix view's affinity head (agents/views.py)
+        nvec, dim = weights_shape(self.meta, self.advice, self.replicas)
         if self.nvec != nvec:
             raise ValueError(f"weights were trained for action grid {self.nvec}, this code uses {nvec}")
         if self.layers[0][0].shape[0] != dim or self.obs_mean.shape != (dim,):
@@ -131,10 +125,11 @@ class PPOPolicy:
         if self.weights.replicas != task.replicas:
             raise ValueError(f"weights were trained for replicas {self.weights.replicas}, task {task_id!r} "
                              f"allows {task.replicas}")
-        trained, here = encoding_of(self.weights.meta), "prefix" if uses_prefix_view(task) else "default"
-        if trained != "family" and trained != here:
-            raise ValueError(f"weights were trained on the {trained} view; task {task_id!r} has the {here} view")
-        self._view: View = make_view(task, self.weights.advice, "family" if trained == "family" else "default")
+        if has_affinity_head(self.weights.meta) != uses_prefix_view(task):
+            raise ValueError(f"weights were trained {'with' if has_affinity_head(self.weights.meta) else 'without'} "
+                             f"the prefix view's cache_affinity head; task {task_id!r} has "
+                             f"{'it' if uses_prefix_view(task) else 'none'}")
+        self._view: View = make_view(task, self.weights.advice, encoding_of(self.weights.meta))
 
     def reset(self) -> None:
         self._view.reset()

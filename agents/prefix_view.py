@@ -4,8 +4,9 @@ On a task whose requests carry prefix ids (`TaskSpec.caches_prefixes`: the regis
 `mooncake_cluster` and `multiturn_cluster`, or a `trace:...?prefix_block_tokens=N` replay) the learned
 policy's action gains one last index, `ServeAction.cache_affinity` from `AFFINITY_LEVELS`, and its
 features gain `PREFIX_FEATURE_NAMES`: the window's prefix hit rate and the affinity it last asked for.
-Every other task keeps `agents.advice.FeatureView` exactly (its spaces and the shipped weights'
-behaviour do not move), which is why this wraps the view instead of changing agents/encoding.py.
+Every other task keeps its view exactly (its spaces and the shipped weights' behaviour do not move),
+which is why this wraps a view (agents/views.py picks it: the default or the family one) instead of
+changing agents/encoding.py.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.agents.advice import FeatureView
-from llmserve_env.agents.encoding import ObservationEncoder, Replicas, action_nvec, feature_names
+from llmserve_env.agents.encoding import ObservationEncoder, feature_names
+from llmserve_env.agents.family_features import FamilyView
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec
 
@@ -23,8 +25,8 @@ from llmserve_env.shared.tasks import TaskSpec
 # 3/7 (llm-d's default weights) and 0.5 (Dynamo's, agents/routing.py) fall on or between the levels.
 AFFINITY_LEVELS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 PREFIX_FEATURE_NAMES: tuple[str, ...] = ("prefix_hit_rate", "prev_cache_affinity")
-# what a weights JSON trained on this view says (`ActorWeights.check` and PPOPolicy read it)
-PREFIX_ENCODING = "prefix-v1"
+# what a weights JSON trained with the affinity head says (`ActorWeights.check` and PPOPolicy read it)
+AFFINITY_META_KEY = "cache_affinity_levels"
 
 
 def uses_prefix_view(task: TaskSpec) -> bool:
@@ -32,19 +34,21 @@ def uses_prefix_view(task: TaskSpec) -> bool:
     return task.caches_prefixes and task.is_cluster
 
 
-def prefix_shape(replicas: Replicas) -> tuple[tuple[int, ...], int]:
-    """(action grid, feature count) of the prefix view on a task with this replica range."""
-    return (*action_nvec(replicas), len(AFFINITY_LEVELS)), len(feature_names(replicas)) + len(PREFIX_FEATURE_NAMES)
+def with_prefix(shape: tuple[tuple[int, ...], int]) -> tuple[tuple[int, ...], int]:
+    """(action grid, feature count) of a view with the affinity head and the prefix features appended."""
+    nvec, dim = shape
+    return (*nvec, len(AFFINITY_LEVELS)), dim + len(PREFIX_FEATURE_NAMES)
 
 
-def is_prefix_encoding(meta: Mapping[str, Any]) -> bool:
-    return meta.get("encoding") == PREFIX_ENCODING
+def has_affinity_head(meta: Mapping[str, Any]) -> bool:
+    return AFFINITY_META_KEY in meta
 
 
 class PrefixFeatureView:
-    """A `FeatureView` with the cache_affinity head and the prefix features appended (same interface)."""
+    """A view (the default `FeatureView` or the family view) with the cache_affinity head and the prefix
+    features appended (same interface)."""
 
-    def __init__(self, base: FeatureView):
+    def __init__(self, base: FeatureView | FamilyView):
         self.base = base
         self.nvec = (*base.nvec, len(AFFINITY_LEVELS))
         self.dim = base.dim + len(PREFIX_FEATURE_NAMES)
@@ -73,9 +77,11 @@ class PrefixFeatureView:
         return np.concatenate([self.base.encode(action), [level]]).astype(np.int64)
 
     def meta(self) -> dict[str, Any]:
-        """What the weights' JSON records of this view."""
-        return {"encoding": PREFIX_ENCODING,
-                "feature_names": [*feature_names(self.base.replicas), *PREFIX_FEATURE_NAMES]}
+        """What the weights' JSON records of this view: the wrapped view's, the affinity levels and every
+        feature's name."""
+        base = self.base.meta() if isinstance(self.base, FamilyView) else {}
+        names = base.get("feature_names") or list(feature_names(self.base.replicas))
+        return {**base, AFFINITY_META_KEY: list(AFFINITY_LEVELS), "feature_names": [*names, *PREFIX_FEATURE_NAMES]}
 
     def decode(self, idx: Sequence[int] | np.ndarray) -> ServeAction:
         if len(idx) != len(self.nvec):

@@ -1,10 +1,11 @@
 """Which view a learned policy has of a task: one choice for the Gym wrapper, the trainer and PPOPolicy.
 
 - `default`: agents/advice.py's FeatureView (the observation encoder, the heuristic's advice on request);
-  on a prefix-caching cluster task wrapped by agents/prefix_view.py (the cache_affinity head and the hit
-  rate);
 - `family`: agents/family_features.py's FamilyView (scenario families: history features, a replica count
-  head).
+  head);
+
+either wrapped, on a prefix-caching cluster task, by agents/prefix_view.py (the cache_affinity head and
+the hit rate).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ from collections.abc import Mapping
 from typing import Any
 
 from llmserve_env.agents.advice import FeatureView, view_shape
+from llmserve_env.agents.encoding import Replicas
 from llmserve_env.agents.family_features import FamilyView, family_shape, is_family_encoding
 from llmserve_env.agents.prefix_view import (
     PrefixFeatureView,
-    is_prefix_encoding,
-    prefix_shape,
+    has_affinity_head,
     uses_prefix_view,
+    with_prefix,
 )
 from llmserve_env.shared.tasks import TaskSpec
 
@@ -27,23 +29,25 @@ View = FeatureView | PrefixFeatureView | FamilyView
 
 
 def make_view(task: TaskSpec, advice: bool = False, encoding: str = "default") -> View:
+    base: FeatureView | FamilyView
     if encoding == "family":
         if advice:
             raise ValueError("advice is for the default encoding's single-server tasks, not encoding='family'")
-        return FamilyView(task)
-    if encoding != "default":
+        base = FamilyView(task)
+    elif encoding == "default":
+        base = FeatureView(task.task_id, task.horizon, advice, task.replicas)
+    else:
         raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
-    base = FeatureView(task.task_id, task.horizon, advice, task.replicas)
-    return PrefixFeatureView(base) if uses_prefix_view(task) and not advice else base
+    return PrefixFeatureView(base) if uses_prefix_view(task) else base
 
 
 def view_dims(task: TaskSpec, advice: bool = False, encoding: str = "default") -> tuple[tuple[int, ...], int]:
     """(action grid, feature count) of `make_view(task, advice, encoding)`, without building it."""
     if encoding == "family":
-        return family_shape([t.name for t in task.tenants], task.replicas)
-    if uses_prefix_view(task) and not advice:
-        return prefix_shape(task.replicas)
-    return view_shape(advice, task.replicas)
+        shape = family_shape([t.name for t in task.tenants], task.replicas)
+    else:
+        shape = view_shape(advice, task.replicas)
+    return with_prefix(shape) if uses_prefix_view(task) else shape
 
 
 def view_meta(view: View) -> dict[str, Any]:
@@ -51,8 +55,15 @@ def view_meta(view: View) -> dict[str, Any]:
     return view.meta() if isinstance(view, FamilyView | PrefixFeatureView) else {}
 
 
-def encoding_of(meta: Mapping[str, Any]) -> str:
-    """The view a weights JSON was trained on: family, prefix or default."""
+def weights_shape(meta: Mapping[str, Any], advice: bool, replicas: Replicas) -> tuple[tuple[int, ...], int]:
+    """(action grid, feature count) of weights trained on the view their JSON names."""
     if is_family_encoding(meta):
-        return "family"
-    return "prefix" if is_prefix_encoding(meta) else "default"
+        shape = family_shape(meta["tenants"], replicas)
+    else:
+        shape = view_shape(advice, replicas)
+    return with_prefix(shape) if has_affinity_head(meta) else shape
+
+
+def encoding_of(meta: Mapping[str, Any]) -> str:
+    """The base view a weights JSON was trained on: family or default."""
+    return "family" if is_family_encoding(meta) else "default"

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from llmserve_env.agents.encoding import ACTION_NVEC
+from llmserve_env.agents.family_features import FAMILY_ENCODING
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
-from llmserve_env.agents.prefix_view import AFFINITY_LEVELS, PREFIX_ENCODING, PrefixFeatureView
+from llmserve_env.agents.prefix_view import AFFINITY_LEVELS, AFFINITY_META_KEY, PrefixFeatureView
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.views import make_view, view_dims, view_meta
 from llmserve_env.core.inprocess import InProcessEnv
@@ -17,12 +18,31 @@ from llmserve_env.shared.tasks import PREFIX_TASKS, get_task
 from llmserve_env.tools.train_config import parse_args
 
 
-@pytest.mark.parametrize("task_id", ["multiturn_cluster", "diurnal_autoscale", "static_workload", "diurnal_family"])
-def test_the_trainer_sizes_its_networks_by_the_gym_wrappers_view(task_id):
-    env = LLMServeGymEnv(task_id, encoding="family" if task_id == "diurnal_family" else "default")
-    nvec, dim = view_dims(get_task(task_id), encoding="family" if task_id == "diurnal_family" else "default")
+@pytest.mark.parametrize(("task_id", "encoding"), [("multiturn_cluster", "default"), ("multiturn_cluster", "family"),
+                                                  ("mooncake_cluster", "family"), ("diurnal_autoscale", "default"),
+                                                  ("static_workload", "default"), ("diurnal_family", "family")])
+def test_the_trainer_sizes_its_networks_by_the_gym_wrappers_view(task_id, encoding):
+    env = LLMServeGymEnv(task_id, encoding=encoding)
+    nvec, dim = view_dims(get_task(task_id), encoding=encoding)
     assert tuple(env.action_space.nvec) == nvec and env.observation_space.shape == (dim,)
     assert isinstance(env.view, PrefixFeatureView) == (task_id in PREFIX_TASKS)
+    x, _ = env.reset(seed=0)
+    assert x.shape == (dim,)
+    meta = view_meta(env.view)
+    if task_id in PREFIX_TASKS:  # the family view's count head, then the affinity head
+        assert meta[AFFINITY_META_KEY] == list(AFFINITY_LEVELS) and len(meta["feature_names"]) == dim
+        assert (meta.get("encoding") == FAMILY_ENCODING) == (encoding == "family")
+
+
+def test_dagger_labels_the_students_states_with_a_routing_rules_action():
+    """A routing rule is a fixed action, so it labels any state: its knobs, its replica count (the family
+    view's count head) and its affinity level."""
+    from llmserve_env.tools.dagger import label_episodes
+
+    (ep,) = label_episodes("multiturn_cluster", [7], "dynamo_kv", None, 0.99)
+    lo = get_task("multiturn_cluster").replicas[0]
+    assert ep.labels.shape[1] == len(view_dims(get_task("multiturn_cluster"), encoding="family")[0])
+    assert set(ep.labels[:, -2]) == {4 - lo} and set(ep.labels[:, -1]) == {AFFINITY_LEVELS.index(0.5)}
 
 
 @pytest.mark.parametrize("kind", ["least_work", "llmd_scorer", "dynamo_kv"])
@@ -56,7 +76,7 @@ def test_weights_trained_on_the_prefix_view_play_its_affinity_head():
               "actor_w1": rng.normal(size=(8, sum(nvec))), "actor_b1": np.zeros(sum(nvec)), "nvec": np.array(nvec)}
     meta = {"obs_norm": {"mean": [0.0] * dim, "var": [1.0] * dim, "clip": 10.0, "epsilon": 1e-8},
             "advice": None, "replicas_range": list(task.replicas), **view_meta(make_view(task))}
-    assert meta["encoding"] == PREFIX_ENCODING and len(meta["feature_names"]) == dim
+    assert meta[AFFINITY_META_KEY] == list(AFFINITY_LEVELS) and len(meta["feature_names"]) == dim
     policy = PPOPolicy("multiturn_cluster", weights=ActorWeights.from_arrays(arrays, meta))
     env = InProcessEnv()
     obs = env.reset("multiturn_cluster", 3)
@@ -66,8 +86,8 @@ def test_weights_trained_on_the_prefix_view_play_its_affinity_head():
         assert action.cache_affinity in AFFINITY_LEVELS and action.replicas is not None
         obs = env.step(action)
     assert obs.metadata["applied"]["cache_affinity"] is True
-    # the same weights on a task without the prefix view: refused, naming both views
-    with pytest.raises(ValueError, match="prefix view"):
+    # the same weights on a task without the prefix view: refused, naming the head
+    with pytest.raises(ValueError, match="cache_affinity head"):
         PPOPolicy("diurnal_autoscale", weights=ActorWeights.from_arrays(arrays, meta))
 
 

@@ -28,7 +28,7 @@ from llmserve_env.agents.registry import make_policy
 from llmserve_env.gym_env import LLMServeGymEnv
 
 # the experts that label states they did not choose (see the module docstring)
-EXPERTS = ("operator", "schedule")
+EXPERTS = ("operator", "schedule", "least_work", "llmd_scorer", "dynamo_kv")
 
 
 @dataclass

@@ -29,7 +29,7 @@ TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "op
             *ROUTING_TEACHERS)
 ENCODINGS = ("default", "family")
 # DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
-DAGGER_EXPERTS = ("operator", "schedule")
+DAGGER_EXPERTS = ("operator", "schedule", *ROUTING_TEACHERS)
 
 
 @dataclass
