@@ -433,8 +433,8 @@ def rival_names(args: Args) -> list[str]:
         names += list(PREFIX_RIVALS)
     elif task.is_cluster:
         names += ["hpa", "dynamo_planner"]
-    if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
-        names += ["operator", "schedule"]
+        if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
+            names += ["operator", "schedule"]
     if args.init in ("bc", "dagger") and args.teacher not in names:
         names.append(args.teacher)
     return names
@@ -515,9 +515,16 @@ def train(args: Args) -> dict:
         agent.start_near(np.asarray(FOLLOW), args.init_prob)
     elif args.init != "uniform":
         start_action = initial_action(args.task, args.init)
-        # on a cluster task the replica head starts at "keep" (a step every window would walk to a bound)
+        # on a cluster task the replica head starts at "keep" (a step every window would walk to a bound);
+        # the task's view encodes it (a count head, an affinity head where it has them)
         keep = start_action.replicas or task.initial_replicas
-        agent.start_near(encode_action(start_action, task.replicas, keep), args.init_prob)
+        if args.advice:  # the advice grid: the plain action's indices, as the Advisor reads them
+            start = encode_action(start_action, task.replicas, keep)
+        else:
+            view = make_view(task, False, args.encoding)
+            view.encoder.current_replicas = keep
+            start = view.encode(start_action)
+        agent.start_near(start, args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 

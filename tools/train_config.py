@@ -15,6 +15,7 @@ from pathlib import Path
 
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
+from llmserve_env.agents.views import ENCODINGS
 from llmserve_env.shared.tasks import CLUSTER_TASKS, PREFIX_TASKS
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
@@ -27,7 +28,6 @@ INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform",
 ROUTING_TEACHERS = ("least_work", "llmd_scorer", "dynamo_kv")
 TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule",
             *ROUTING_TEACHERS)
-ENCODINGS = ("default", "family")
 # DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
 DAGGER_EXPERTS = ("operator", "schedule", *ROUTING_TEACHERS)
 
