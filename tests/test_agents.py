@@ -233,3 +233,31 @@ def test_evaluate_refuses_an_unknown_task_before_playing(capsys):
         evaluate.main(["--agent", "static", "--task", "static_workload,nope", "--episodes", "1"])
     assert exc.value.code == 2
     assert "unknown task 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("encoding", ["default", "family"])
+def test_trainer_export_on_a_prefix_task_plays_through_ppo_policy(tmp_path, encoding):
+    """Weights trained on a prefix-caching task carry the affinity head: train.py sizes the actor by the
+    task's view and writes it into the JSON, PPOPolicy rebuilds the same view and the same logits."""
+    torch = train_extra("torch")
+    import llmserve_env.tools.train as train
+    from llmserve_env.agents.views import make_view, view_dims
+
+    task = get_task("multiturn_cluster")
+    nvec, dim = view_dims(task, encoding=encoding)
+    agent = train.Agent(dim, nvec, hidden=16)
+    rms = train.RunningMeanStd((dim,))
+    rms.update(np.random.default_rng(0).uniform(0, 2, size=(64, dim)))
+    args = train.Args(task="multiturn_cluster", encoding=encoding, out_dir=tmp_path, command="test")
+    train.save(agent, rms, args, {"status": "test"})
+    policy = PPOPolicy("multiturn_cluster", weights_path=tmp_path / "multiturn_cluster.npz")
+    assert policy.weights.nvec == nvec
+    from llmserve_env.core.inprocess import InProcessEnv
+
+    obs = InProcessEnv().reset("multiturn_cluster", 0)
+    view = make_view(task, encoding=encoding)
+    x = view.features(obs)
+    with torch.no_grad():
+        expect = agent.actor(torch.as_tensor(rms.normalize(x[None], args.obs_clip, args.obs_epsilon)))[0].numpy()
+    assert np.allclose(np.concatenate(policy.weights.logits(x.astype(np.float64))), expect, atol=1e-4)
+    assert policy.act(obs).cache_affinity is not None
