@@ -30,7 +30,9 @@ for (`agents.prefix_view.PREFIX_FEATURE_NAMES`): `MultiDiscrete([10, 7, 7, 3, 2,
 With `encoding="family"` (`train.py --encoding family`, issue 28) the view is
 agents/family_features.py's: arrival-rate history per tenant, announced jobs, starting replicas' times
 to ready, the second harmonic of the time of day, and a replica COUNT head (`MultiDiscrete([10, 7, 7,
-3, 2, 2, hi - lo + 1])`) in place of the step.
+3, 2, 2, hi - lo + 1])`) in place of the step; on a prefix-caching task the affinity head and the two
+prefix features are appended to it as well (agents/views.py chooses the view for the wrapper, train.py
+and PPOPolicy alike).
 
 With `advice=True` (`train.py --advice true`, the residual agent) the tuned heuristic runs
 beside the agent: the observation gains its proposal (`agents.advice.ADVICE_FEATURE_NAMES`,
