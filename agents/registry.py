@@ -21,7 +21,8 @@
 | dynamo_kv     | prefix-caching cluster tasks: Dynamo's KV router default weight as cache_affinity 0.5 (agents/routing.py) |
 
 `tuned_static` on a cluster task is a fixed replica count with fixed knobs. `hpa` and `dynamo_planner`
-are imported on first use (the planner needs statsmodels, the `autoscale` extra).
+are imported on first use (dynamo_planner's Holt forecast is computed as statsmodels computes it, without
+it: statsmodels, the `autoscale` extra, is the reference tests/test_autoscale.py checks it against).
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from llmserve_env.agents.planner import (
+    LIGHT_VIEW_BASES,
     RIVALS_TO_BEAT,
     PlannerError,
     PlannerPolicy,
@@ -13,6 +14,7 @@ from llmserve_env.agents.planner import (
 )
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.singles import SINGLES
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.tasks import PREFIX_TASKS, TASKS, get_task
@@ -143,3 +145,39 @@ def test_sampled_planner_leaves_the_base_proposals_only_by_its_margin() -> None:
     never = PlannerPolicy(SHORT_CLUSTER, "sampled", bases=SHORT_BASES, samples=1, pool=2, margin=2.0)
     play_episode(env, never, SHORT_CLUSTER, 0)
     assert never.stats.decisions == 6 and never.stats.changed == 0
+
+
+def _decisions(planner: PlannerPolicy, task_id: str, n: int) -> list[tuple[ServeAction, dict]]:
+    """The planner's first `n` actions on seed 1,000,000, each with every rollout's value behind it."""
+    env = InProcessEnv()
+    planner.reset()
+    obs = env.reset(task_id, 1_000_000)
+    out = []
+    for _ in range(n):
+        action = planner.act(obs)
+        out.append((action, dict(planner.last_decision)))
+        obs = env.step(action)
+    return out
+
+
+@pytest.mark.parametrize("task_id", ["diurnal_autoscale", "multitenant_autoscale", "bursty_workload"])
+def test_fast_rollouts_decide_as_the_full_observation_does(task_id: str) -> None:
+    """Rollouts on `Episode.advance` with the light view (the default) give every rollout the value, and the
+    planner the actions, that rollouts on `Episode.step` with the pydantic observation give: every rival as a
+    base on the cluster tasks (the operator reads each tenant's arrival rate, dynamo_planner the latencies),
+    tuned_static and the heuristic on a single server, where the full view built from `advance` (what a base
+    outside LIGHT_VIEW_BASES gets) is checked too."""
+    cheap = {"samples": 1, "pool": 2, "keep": 0, "bridging": False}
+    n = 2 if get_task(task_id).is_cluster else 3
+    slow = _decisions(PlannerPolicy(task_id, **cheap, fast_rollouts=False), task_id, n)
+    assert _decisions(PlannerPolicy(task_id, **cheap), task_id, n) == slow
+    if not get_task(task_id).is_cluster:
+        full = PlannerPolicy(task_id, **cheap)
+        full._light = [False] * len(full.base_names)  # as a base outside LIGHT_VIEW_BASES is played
+        assert _decisions(full, task_id, n) == slow
+
+
+def test_every_single_policy_is_listed_as_reading_the_light_view_or_not() -> None:
+    """A policy added to SINGLES is played on the full observation until it is listed in LIGHT_VIEW_BASES
+    (it reads only what ObservedWindow holds); the LLM policy sends the whole observation as JSON."""
+    assert set(SINGLES) - LIGHT_VIEW_BASES == {"llm"} and LIGHT_VIEW_BASES <= set(SINGLES)
