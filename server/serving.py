@@ -48,7 +48,6 @@ MAX_HEADER_BYTES = 64 * 1024
 WS_MAX_BYTES = 1 << 20
 FD_RESERVE = 128
 MAX_CONNECTIONS = 10_000  # each open connection costs the server memory, whatever the file limit
-COALESCE_MAX_BYTES = 64 * 1024  # CoalescedWrites holds at most this much before it sends
 
 log = logging.getLogger("llmserve_env.serving")
 
@@ -59,65 +58,6 @@ def max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         return MAX_CONNECTIONS
     return max(16, min(MAX_CONNECTIONS, soft - FD_RESERVE))
-
-
-class CoalescedWrites:
-    """A connection's transport whose writes within one turn of the event loop leave in one send.
-
-    uvicorn writes a response's status line and headers (`http.response.start`) and then its body
-    as two `transport.write` calls: two send() system calls, and on loopback two wake-ups of the
-    client, which reads the head, then waits for the body (measured with the simulator stubbed out,
-    http.client's keep-alive POST /step round trip, 2-core dev machine: 0.41-0.53 ms, one send:
-    0.32-0.37 ms). Here the writes
-    are gathered and sent together when the response completes (`Bounded.on_response_complete`),
-    or at the loop's next turn for what does not complete in this one (a streamed body, a 100
-    Continue), or at once past COALESCE_MAX_BYTES (so a large or streamed body meets the transport's
-    flow control as before); close() sends what is gathered first, abort() drops it. The bytes sent
-    are the same, in the same order.
-    Everything else is the transport's own (`__getattr__`)."""
-
-    __slots__ = ("transport", "_loop", "_pending", "_size", "_scheduled")
-
-    def __init__(self, transport: Any, loop: Any):
-        self.transport = transport
-        self._loop = loop
-        self._pending: list[bytes] = []
-        self._size = 0
-        self._scheduled = False
-
-    def write(self, data: bytes) -> None:
-        self._pending.append(data)
-        self._size += len(data)
-        if self._size >= COALESCE_MAX_BYTES:
-            self.flush()  # a large body goes out at once: the transport's flow control sees it as before
-        elif not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
-
-    def writelines(self, data: Any) -> None:
-        for chunk in data:
-            self.write(chunk)
-
-    def flush(self) -> None:
-        self._scheduled = False
-        if self._pending:
-            data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
-            self._pending.clear()
-            self._size = 0
-            if not self.transport.is_closing():
-                self.transport.write(data)
-
-    def close(self) -> None:
-        self.flush()
-        self.transport.close()
-
-    def abort(self) -> None:
-        self._pending.clear()
-        self._size = 0
-        self.transport.abort()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.transport, name)
 
 
 def bounded(protocol_cls: type) -> type:
@@ -132,7 +72,7 @@ def bounded(protocol_cls: type) -> type:
 
         def connection_made(self, transport: Any) -> None:
             over = len(self.connections) >= self.connection_cap
-            super().connection_made(CoalescedWrites(transport, self.loop))
+            super().connection_made(transport)
             self._read_timer = None
             self._armed_for = None
             if over and not self._evict_oldest_waiting():
@@ -176,16 +116,8 @@ def bounded(protocol_cls: type) -> type:
                 self._disarm()  # the request is in whole
 
         def handle_websocket_upgrade(self, *args: Any) -> None:
-            self._disarm()  # the WebSocket protocol takes the connection over, on the plain transport
-            if isinstance(self.transport, CoalescedWrites):
-                self.transport.flush()
-                self.transport = self.transport.transport
+            self._disarm()  # the WebSocket protocol takes the connection over
             super().handle_websocket_upgrade(*args)
-
-        def on_response_complete(self) -> None:
-            if isinstance(self.transport, CoalescedWrites):
-                self.transport.flush()  # the response's head and body, in one send
-            super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
