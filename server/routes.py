@@ -66,8 +66,9 @@ class StepRoute:
 
     The innermost of the app's middleware (inside the body-size limit, so its bounds hold): for
     /step it skips what FastAPI adds around a route, which cost more than the step's own
-    plumbing (matching the path against every route in turn, the endpoint's dependencies, the
-    exception-middleware and exit-stack wrappers: ~0.06 ms of ~0.13 ms in process, measured).
+    plumbing (matching the path against every route in turn, twice, the endpoint's dependencies,
+    the exception-middleware and exit-stack wrappers): in process, with the simulator stubbed
+    out, a /step took 0.128 ms through the router and takes 0.048 ms here.
     An exception goes to the app's exception handlers as Starlette's ExceptionMiddleware would
     send it (the same handler, so the same status and body); one without a handler propagates to
     the 500 as before. Any other method or path passes on to the router (405, 404 as before)."""
