@@ -12,22 +12,28 @@ Prints a table, then (last line) one JSON object with http_p50_ms, http_p99_ms,
 http_steps_per_s, ws_p50_ms.
 
 Where one POST /step goes (static_workload, this script's action; medians on the 2-core dev
-machine, measured in process unless said otherwise):
+machine under other load, measured in process unless said otherwise):
 
 | piece                                                               | ms        |
 |---------------------------------------------------------------------|-----------|
-| the simulator's `run_window` alone                                  | 1.2-1.5   |
-| + metrics, reward, log record, observation (`Episode.step`)         | 0.15-0.3  |
-| FastAPI + OpenEnv's handler (validation, env factory, serialisation)| 0.23      |
-|   (was 0.39 with OpenEnv's thread-pool hop, now skipped in sim mode)|           |
-| uvicorn (h11) + Starlette, over loopback: /health on a bare app     | ~0.5      |
-| httpx client + loopback: against a canned-response server           | 0.5-0.7   |
-|   (the standard library's http.client: 0.13)                        |           |
+| the simulator's `run_window` alone                                  | 0.70-0.85 |
+| + metrics (0.10), reward, log record (0.02), observation (0.015),   | 0.13-0.19 |
+|   the response's JSON (0.02): `Episode.step` whole 0.83-1.04        |           |
+| the app around it (middleware, body validation, store, response),   | 0.05      |
+|   `Episode._serve` stubbed out (was 0.13 through FastAPI's router,  |           |
+|   which matched every route in turn, twice; server/routes.py's      |           |
+|   StepRoute now answers /step ahead of it)                          |           |
+| over keep-alive loopback, `Episode._serve` stubbed out, quieter     |           |
+|   rounds: /step with httpx                                          | 0.84-0.92 |
+|   the same with the standard library's http.client                  | 0.39-0.45 |
 
-So about 1.2 ms of every HTTP step is transport and client before the simulator runs, and the
-simulator's own ~1.4 ms puts a p50 under 2 ms out of reach with httpx; the WebSocket, with
-lighter framing on both ends, is ~0.7 ms faster. httptools and uvloop (uvicorn[standard]) take
-~0.2 ms off the server's share.
+So with httpx about 0.8 ms of every HTTP step is transport, uvicorn and the client, and the
+simulator's ~0.9 ms the rest: a p50 just under 2 ms on a quiet machine (1.67-1.71 ms, best of 5
+alternating rounds), above it when the machine is loaded (rounds of the same run spread 1.7-3.5 ms).
+Sending the response's head and body in one send() took ~0.07 ms off http.client's round trip
+but nothing off httpx's, so uvicorn writes them as it does (two). The WebSocket, with lighter
+framing on both ends, is faster still. httptools and uvloop (uvicorn[standard]) take ~0.2 ms off
+the server's share.
 """
 
 from __future__ import annotations

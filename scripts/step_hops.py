@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{i:3d} {'  ' * depth}{name}")
     # From the route handler down: the hops a step takes once the server's ASGI guards (methods,
     # WebSocket frames, body size and time, strict bodies) and their receive/send wrappers have passed it.
-    route = next((i for i, (_, n) in enumerate(hops) if n.endswith(".step") and n.startswith("server/routes")), 0)
+    # (the handler: server/routes.py's StepRoute, which answers /step ahead of the router, or the route)
+    route = next((i for i, (_, n) in enumerate(hops) if n.startswith("server/routes")
+                  and n.endswith((".step", "StepRoute.__call__"))), 0)
     in_route = [n for _, n in hops[route:] if "limited_receive" not in n and "guarded_send" not in n]
     print(json.dumps({"step_hops": len(hops), "step_hop_functions": len({n for _, n in hops}),
                       "step_hops_from_route": len(in_route)}))

@@ -109,7 +109,7 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     from llmserve_env.server.limits import BodySizeLimit
     from llmserve_env.server.logbounds import bound_logs
     from llmserve_env.server.methods import KnownMethods, routes_under
-    from llmserve_env.server.routes import build_router
+    from llmserve_env.server.routes import StepRoute, build_router
     from llmserve_env.server.wire import WireAction, WireObservation, WireState
     from llmserve_env.shared.traces import parse_in_worker_process
     from openenv.core.env_server.http_server import create_app
@@ -199,7 +199,9 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     app.add_exception_handler(UnknownTaskError, unknown_task)
     app.add_exception_handler(TraceError, bad_value)
     app.add_exception_handler(GradeError, bad_value)
-    # Added last = runs first: the size limit applies before StrictBodies buffers a body.
+    # Added last = runs first: the size limit applies before StrictBodies buffers a body, and
+    # before StepRoute (innermost) answers POST /step ahead of the router (server/routes.py).
+    app.add_middleware(StepRoute)
     app.add_middleware(StrictBodies)
     app.add_middleware(BodySizeLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(WebSocketFrames, idle_timeout_s=config.ws_idle_timeout_s,
