@@ -16,8 +16,9 @@ run it under looptime), so requests stay in flight across windows.
   (batch_cap 1 cannot be split: the split is then reported as not applied).
 - Replicas (an endpoint pool, LLMSERVE_REAL_ENDPOINTS): `action.replicas` = k serves on the pool's
   first k endpoints (None keeps the count). Each arrival is routed at its release to the endpoint
-  with the least outstanding work (shared/routing.py, the simulator's router rule), and waits in
-  that endpoint's queue: the six knobs apply to every endpoint (batch_cap and the token budget are
+  with the least outstanding work (shared/routing.py, the simulator's router rule), or with
+  `action.cache_affinity` set, by the simulator's cache-aware rule (shared/prefix_routing.py) over
+  the prefix units it already sent each endpoint, and waits in that endpoint's queue: the six knobs apply to every endpoint (batch_cap and the token budget are
   per endpoint, as per replica in the simulator). An endpoint past the first k takes no new request
   and finishes what it holds (draining). Cold start is not applied: the endpoints are already up,
   so a replica is ready at once (and costs tokens, not replica-seconds); starting endpoints on
@@ -27,6 +28,10 @@ run it under looptime), so requests stay in flight across windows.
   jitter; a stream cut after its first token ends `error` (a retry would stream the answer twice);
   silence longer than the stall timeout, or the whole request past LLMSERVE_REAL_REQUEST_TIMEOUT_S,
   ends `timeout`.
+- Prefix hits (issue 32): the engine's own count of cached prompt tokens (usage's
+  prompt_tokens_details.cached_tokens, llama-server's timings) for requests with prefix ids that end
+  ok, summed into the window's prefix_query/hit_tokens; requests whose engine said nothing are counted
+  apart (notes prefix_hit_unmeasured), never as 0 hits.
 - Terminal states: every request ends exactly once in ok / error / timeout / cancelled / rejected,
   is written to the recorder once, and appears in exactly one report (or in the records that
   `cancel_all` returns when the episode is reset or closed).
