@@ -128,9 +128,9 @@ def parse_cpus(spec: str) -> set[int]:
 
 
 def start_server(folder: Path, gguf: Path, alias: str, port: int, log: Path,
-                 prefix: list[str]) -> subprocess.Popen[bytes]:
+                 prefix: list[str], slots: int = 8) -> subprocess.Popen[bytes]:
     cmd = prefix + [str(folder / "llama-server"), "-m", str(gguf), "--host", "127.0.0.1",
-                    "--port", str(port), "-c", "8192", "-np", "8", "-t", "1", "--metrics", "--no-webui",
+                    "--port", str(port), "-c", "8192", "-np", str(slots), "-t", "1", "--metrics", "--no-webui",
                     "--alias", alias]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 120

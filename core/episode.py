@@ -39,7 +39,7 @@ from llmserve_env.core.errors import (
 from llmserve_env.core.grader import References, compute_references
 from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.core.reward import GradeReward
-from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError
+from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError, WindowReport
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, TaskSpec
@@ -206,10 +206,25 @@ def observation_from(m: WindowMetrics, ep: Episode, reward: float, terms: dict[s
     return _observation(out, ep.task, ep.episode_id)
 
 
+def _fold_prefix(report: WindowReport, drained: list[WindowReport]) -> None:
+    """Real mode measures a request's prefix hit when it ends (the engine's usage comes last): the drain
+    windows' hits belong to the last step's observation, as their latencies do."""
+    for r in drained:
+        report.prefix_query_tokens += r.prefix_query_tokens
+        report.prefix_hit_tokens += r.prefix_hit_tokens
+        for key in ("prefix_hit_measured", "prefix_hit_unmeasured"):
+            if key in r.notes:
+                report.notes[key] = int(report.notes.get(key) or 0) + int(r.notes[key])  # type: ignore[call-overload]
+
+
 def prefix_fields(out: StepOutcome) -> dict[str, Any]:
     """The prefix cache's observation fields, given only on prefix workloads (`TaskSpec.caches_prefixes`):
     every other task's observation keeps the seed's keys."""
     query, hit, cached = out.prefix
+    if out.notes.get("backend") == "real":
+        # the engines' own counts (gateway/dispatcher.py): None where no engine said (no measured request
+        # in the window); the gateway does not see the engines' cached blocks
+        return {"prefix_hit_rate": hit / query if query else None, "prefix_cached_blocks": None}
     return {"prefix_hit_rate": hit / query if query else 0.0, "prefix_cached_blocks": cached}
 
 
@@ -273,6 +288,8 @@ class Episode:
     # windows the engine may drain after the horizon (0: none, the backlog at the horizon is missed,
     # as before issue 13; kept for measuring what the drain changes)
     drain_max_windows: int = DRAIN_MAX_WINDOWS
+    # real mode: the drain windows' reports of the last step (their prefix hits join its observation)
+    _drained: list[WindowReport] = field(default_factory=list, repr=False)
     # the arrivals as generated from (task, seed) and the grader's references of them, computed once at
     # the start: what grading this episode would compute again (`grade_own`); read-only, forks share it
     played: tuple[list[Arrival], References] | None = field(default=None, repr=False)
@@ -363,7 +380,10 @@ class Episode:
             report = self.backend.run_window(action, arrivals, k * dt, dt)
             m = self.tracker.observe(report, arrivals, final=last and self.drain_max_windows <= 0)
             if last and not self.tracker.closed:
+                self._drained = []
                 m = with_drain(m, self._drain(action))
+                if self._drained:
+                    _fold_prefix(report, self._drained)
         except BackendUnavailableError as exc:  # nothing was served: the same step can be sent again
             log.warning("episode %s: step %d not served: %s", self.episode_id, k, exc)
             raise EndpointUnavailableError(self.episode_id, k, exc.endpoint, exc.reason) from exc
@@ -404,6 +424,8 @@ class Episode:
         while self.tracker.outstanding and len(out) < limit:
             report = self.backend.run_window(action, [], t, dt)
             out.append(self.tracker.observe(report, [], final=len(out) + 1 == limit))
+            if self.mode == "real":
+                self._drained.append(report)
             t += dt
         if not self.tracker.closed:
             self.tracker.close()

@@ -78,6 +78,7 @@ class GatewayBackend:
         self._prompts = prompt_builder()
         self._seed = 0
         self._nonce = ""
+        self._units: dict[tuple[int, int], str] = {}
         self.episode_id = ""
         self._closed = False
         # Records that reached a terminal state after the last report: cancelled by reset/close,
@@ -141,6 +142,7 @@ class GatewayBackend:
         self._check_open()
         self._seed = seed
         self._nonce = "" if self.config.reuse_prompts else secrets.token_hex(6)
+        self._units = {}  # prefix unit texts of this episode (its nonce): (id, unit tokens) -> text
         self.episode_id = episode_id or uuid.uuid4().hex
         self.last_flush = self._service.call(self._reset(seed, self.episode_id), timeout=30)
 
@@ -154,11 +156,7 @@ class GatewayBackend:
         c = self.config
         c.check_window(dt)
         started = time.monotonic()
-        prompts = {
-            a.request_id: self._prompts.build(min(a.prompt_tokens, c.max_prompt_tokens),
-                                              salt=a.request_id + 1_000_003 * self._seed, nonce=self._nonce)
-            for a in arrivals[: c.max_requests_per_step]
-        }
+        prompts = {a.request_id: self._prompt(a) for a in arrivals[: c.max_requests_per_step]}
         # Over-cap arrivals are rejected on release; they need no prompt.
         prompts.update({a.request_id: "" for a in arrivals[c.max_requests_per_step:]})
         remaining = c.step_timeout_s - (time.monotonic() - started)
@@ -174,6 +172,16 @@ class GatewayBackend:
             ) from None
         except concurrent.futures.CancelledError:
             raise GatewayStepTimeout("the window was cut short: real mode is shutting down") from None
+
+    def _prompt(self, a: Arrival) -> str:
+        """The prompt text sent for `a`: exactly its (capped) prompt tokens; with prefix ids, its leading
+        units' texts are the episode's one text per unit id (requests sharing a prefix share its text)."""
+        n = min(a.prompt_tokens, self.config.max_prompt_tokens)
+        salt = a.request_id + 1_000_003 * self._seed
+        if a.prefix_ids and a.prefix_block_tokens > 0:
+            return self._prompts.build_shared(n, a.prefix_ids, a.prefix_block_tokens, salt=salt, nonce=self._nonce,
+                                              cache=self._units)
+        return self._prompts.build(n, salt=salt, nonce=self._nonce)
 
     def close(self) -> None:
         """Cancel (and record) everything this episode still has queued or in flight; idempotent."""

@@ -16,8 +16,9 @@ run it under looptime), so requests stay in flight across windows.
   (batch_cap 1 cannot be split: the split is then reported as not applied).
 - Replicas (an endpoint pool, LLMSERVE_REAL_ENDPOINTS): `action.replicas` = k serves on the pool's
   first k endpoints (None keeps the count). Each arrival is routed at its release to the endpoint
-  with the least outstanding work (shared/routing.py, the simulator's router rule), and waits in
-  that endpoint's queue: the six knobs apply to every endpoint (batch_cap and the token budget are
+  with the least outstanding work (shared/routing.py, the simulator's router rule), or with
+  `action.cache_affinity` set, by the simulator's cache-aware rule (shared/prefix_routing.py) over
+  the prefix units it already sent each endpoint, and waits in that endpoint's queue: the six knobs apply to every endpoint (batch_cap and the token budget are
   per endpoint, as per replica in the simulator). An endpoint past the first k takes no new request
   and finishes what it holds (draining). Cold start is not applied: the endpoints are already up,
   so a replica is ready at once (and costs tokens, not replica-seconds); starting endpoints on
@@ -27,6 +28,10 @@ run it under looptime), so requests stay in flight across windows.
   jitter; a stream cut after its first token ends `error` (a retry would stream the answer twice);
   silence longer than the stall timeout, or the whole request past LLMSERVE_REAL_REQUEST_TIMEOUT_S,
   ends `timeout`.
+- Prefix hits (issue 32): the engine's own count of cached prompt tokens (usage's
+  prompt_tokens_details.cached_tokens, llama-server's timings) for requests with prefix ids that end
+  ok, summed into the window's prefix_query/hit_tokens; requests whose engine said nothing are counted
+  apart (notes prefix_hit_unmeasured), never as 0 hits.
 - Terminal states: every request ends exactly once in ok / error / timeout / cancelled / rejected,
   is written to the recorder once, and appears in exactly one report (or in the records that
   `cancel_all` returns when the episode is reset or closed).
@@ -73,6 +78,7 @@ from llmserve_env.shared.backend import (
     WindowReport,
 )
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 
 logger = logging.getLogger("llmserve_env.gateway")
@@ -124,6 +130,14 @@ class Entry:
     served_model: str | None = None
     step: int = 0  # the window it arrived in
     sort_key: tuple = ()
+    # prefix caching (issue 32): the prompt's leading units as sent (their ids), the tokens the router
+    # took as cached on its endpoint (affinity routing only), and what the engine said it served from
+    # its cache, with the prompt tokens it counted (None: the engine did not say)
+    prefixed: bool = False  # its arrival carries prefix ids
+    prefix_keys: tuple[int, ...] = ()
+    routed_hit: int = 0
+    cached_tokens: int | None = None
+    engine_prompt_tokens: int | None = None
 
     def ep(self, t: float) -> float:
         return self.record.arrival_s + (t - self.release_t)
@@ -189,6 +203,8 @@ class Dispatcher:
         self._lane_running: list[list[int]] = [[0, 0] for _ in range(n)]  # [endpoint][lane]
         self._lane_tokens: list[list[int]] = [[0, 0] for _ in range(n)]
         self._handles: dict[int, tuple[asyncio.TimerHandle, Arrival]] = {}
+        # prefix ids the gateway sent to each endpoint this episode (cache-aware routing's view of a cache)
+        self._sent: list[set[int]] = [set() for _ in range(n)]
         self._window = WindowAccumulator()
         # this window's attempts: how many sent in it reached an endpoint, how many could not connect (and why)
         self._reached = 0
@@ -236,6 +252,7 @@ class Dispatcher:
         self._served = {}
         self._mismatch = None
         self._replicas = 1
+        self._sent = [set() for _ in self.clients]
 
     def start_replicas(self, k: int) -> None:
         """The count the episode starts with (its task's initial replicas), before its first window."""
@@ -451,22 +468,41 @@ class Dispatcher:
         if self._guard.exhausted is not None:
             self._finish(entry, "rejected", f"spend limit reached ({self._guard.exhausted} per episode)", now)
             return
-        entry.endpoint = self._route()
+        entry.endpoint = self._route(arrival, entry)
         entry.sort_key = self._key(entry)
         bisect.insort(self._waiting, entry, key=lambda e: e.sort_key)
         self._pump()
 
-    def _route(self) -> int:
-        """The endpoint, of the first k, with the least outstanding work (shared/routing.py)."""
+    def _route(self, arrival: Arrival, entry: Entry) -> int:
+        """The endpoint, of the first k, with the least outstanding work (shared/routing.py); with
+        `action.cache_affinity` set, the simulator's cache-aware rule (shared/prefix_routing.py): each
+        endpoint's work against the share of the prompt whose leading units were already sent there.
+        The prompt's full units are remembered as sent to the endpoint chosen, whatever the rule."""
+        unit = arrival.prefix_block_tokens
+        prompt_n = entry.record.prompt_tokens
+        keys = arrival.prefix_ids[:prompt_n // unit] if arrival.prefix_ids and unit > 0 else ()
+        entry.prefix_keys = keys
+        entry.prefixed = arrival.prefix_ids is not None
+        affinity = self._action.cache_affinity if self._action is not None else None
         if self._replicas == 1:
-            return 0
-        work = [0.0] * self._replicas
-        for e in (*self._waiting, *self._running):
-            if e.endpoint < self._replicas:
-                r = e.record
-                work[e.endpoint] += outstanding_work(r.prompt_tokens, e.max_tokens, len(r.chunk_times_s),
-                                                     r.first_token_s is not None)
-        return least_outstanding(work)
+            best = 0
+        else:
+            work = [0.0] * self._replicas
+            for e in (*self._waiting, *self._running):
+                if e.endpoint < self._replicas:
+                    r = e.record
+                    work[e.endpoint] += outstanding_work(r.prompt_tokens - e.routed_hit, e.max_tokens,
+                                                         len(r.chunk_times_s), r.first_token_s is not None)
+            if affinity is None:
+                best = least_outstanding(work)
+            else:
+                cap = keys[:hit_cap_units(prompt_n, unit)] if keys else ()
+                hits = [unit * leading_overlap(cap, self._sent[i]) for i in range(self._replicas)]
+                best = affinity_choice(work, [h / prompt_n for h in hits], affinity)
+                entry.routed_hit = hits[best]
+        if keys:
+            self._sent[best].update(keys)
+        return best
 
     def _pump(self) -> None:
         """Admit waiting requests, in order, while their lane has room."""
@@ -587,6 +623,10 @@ class Dispatcher:
                     e.usage_prompt_tokens = outcome.usage_prompt_tokens
                     e.completion_id = outcome.completion_id
                     e.finish_reason = outcome.finish_reason
+                    e.cached_tokens = outcome.cached_tokens
+                    e.engine_prompt_tokens = outcome.engine_prompt_tokens
+                    if e.prefixed:
+                        self._count_prefix(e)
                     self._finish(e, "ok", None, loop.time(), output_tokens=billed)
                     return
         except TimeoutError:
@@ -595,6 +635,16 @@ class Dispatcher:
         except asyncio.CancelledError:
             self._finish(e, "cancelled", f"{self._cancel_reason} while in flight", loop.time())
             raise
+
+    def _count_prefix(self, e: Entry) -> None:
+        """The engine's cache hit for a prefix request that ended ok, in its window's totals."""
+        w = self._window
+        if e.cached_tokens is None or not e.engine_prompt_tokens:
+            w.prefix_unmeasured += 1
+            return
+        w.prefix_measured += 1
+        w.prefix_query += e.engine_prompt_tokens
+        w.prefix_hit += min(e.cached_tokens, e.engine_prompt_tokens)
 
     def _backoff(self, attempt_no: int) -> float:
         """Full-jitter exponential back-off: uniform in [0, min(cap, base * 2**(n-1))]."""
@@ -725,6 +775,11 @@ class Dispatcher:
                 "tier": e.tier if e is not None else None,
                 "max_tokens": e.max_tokens if e is not None else None,
                 "usage_prompt_tokens": e.usage_prompt_tokens if e is not None else None,
+                # the engine's prefix cache hit (its own fields; None: not said) and the units sent
+                "cached_tokens": e.cached_tokens if e is not None else None,
+                "engine_prompt_tokens": e.engine_prompt_tokens if e is not None else None,
+                "prefix_units_sent": len(e.prefix_keys) if e is not None and e.prefixed else None,
+                "routed_hit_tokens": e.routed_hit if e is not None and e.prefixed else None,
                 "finish_reason": e.finish_reason if e is not None else None,
                 "completion_id": e.completion_id if e is not None else None,
                 # loop clock (time.monotonic) minus episode clock for this request: to line the
@@ -798,6 +853,10 @@ class Dispatcher:
         notes["server_spend_usd"] = round(self._process.usd, 6)
         if got.process_capped:
             notes["server_inflight_capped"] = True
+        if got.prefix_measured or got.prefix_unmeasured:
+            # prefix requests ended ok in the window: with the engine's cache counts, and without
+            notes["prefix_hit_measured"] = got.prefix_measured
+            notes["prefix_hit_unmeasured"] = got.prefix_unmeasured
         if got.model_mismatch is not None:
             notes["model_mismatch"] = got.model_mismatch
         if got.abandoned:
@@ -818,6 +877,8 @@ class Dispatcher:
                                     gpu_memory_used_gb=0.0)],
             output_tokens=got.output_tokens,
             prompt_tokens=got.prompt_tokens,
+            prefix_query_tokens=got.prefix_query,
+            prefix_hit_tokens=got.prefix_hit,
             busy_s=busy,
             gpu_memory_used_gb=0.0,
             kv_occupancy=min(1.0, in_use / budget_total),
@@ -832,8 +893,8 @@ class Dispatcher:
                 "speculation_depth": False,
                 # routed over the first k endpoints (cold start: not applied, notes["cluster"])
                 **({"replicas": True} if action.replicas is not None else {}),
-                # cache-aware routing is the simulator's only (issue 32: real mode unfinished)
-                **({"cache_affinity": False} if action.cache_affinity is not None else {}),
+                # cache-aware routing over the pool (one endpoint: nothing to route, as the simulator says)
+                **({"cache_affinity": len(self.clients) > 1} if action.cache_affinity is not None else {}),
             },
             notes=notes,
         )

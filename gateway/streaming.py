@@ -76,6 +76,36 @@ class AttemptOutcome:
     completion_id: str | None = None
     served_model: str | None = None  # the `model` the server says answered (compared with the one asked for)
     status_code: int | None = None
+    # the engine's prefix cache, as it reports it (None: not said): vLLM / OpenAI
+    # usage.prompt_tokens_details.cached_tokens; llama-server's timings (prompt_n: prompt tokens it
+    # evaluated, cache_n: taken from its cache) and its native `tokens_cached`
+    usage_cached_tokens: int | None = None
+    timings_prompt_n: int | None = None
+    timings_cache_n: int | None = None
+    tokens_cached: int | None = None
+
+    @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens the engine served from its prefix cache, from its own fields; None when it said
+        nothing (never a guessed 0)."""
+        if self.usage_cached_tokens is not None:
+            return self.usage_cached_tokens
+        if self.timings_cache_n is not None:
+            return self.timings_cache_n
+        if self.tokens_cached is not None:
+            return self.tokens_cached
+        if self.timings_prompt_n is not None and self.usage_prompt_tokens is not None:
+            return max(0, self.usage_prompt_tokens - self.timings_prompt_n)
+        return None
+
+    @property
+    def engine_prompt_tokens(self) -> int | None:
+        """The prompt tokens the engine counted (its tokenizer and chat template): usage, else timings."""
+        if self.usage_prompt_tokens is not None:
+            return self.usage_prompt_tokens
+        if self.timings_prompt_n is not None and self.timings_cache_n is not None:
+            return self.timings_prompt_n + self.timings_cache_n
+        return None
 
     @property
     def last_t(self) -> float | None:
@@ -187,6 +217,26 @@ def _handle_payload(obj: dict[str, Any], outcome: AttemptOutcome, t: float, on_c
     if usage:
         outcome.usage_prompt_tokens = usage.get("prompt_tokens")
         outcome.usage_completion_tokens = usage.get("completion_tokens")
+        outcome.usage_cached_tokens = _cached_detail(usage.get("prompt_tokens_details"))
+    read_cache_fields(obj, outcome)
+
+
+def _count(v: object) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else None
+
+
+def _cached_detail(details: object) -> int | None:
+    return _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+
+
+def read_cache_fields(obj: dict[str, Any], outcome: AttemptOutcome) -> None:
+    """llama-server's cache fields of a chunk (its last carries the request's final `timings`)."""
+    timings = obj.get("timings")
+    if isinstance(timings, dict):
+        outcome.timings_prompt_n = _count(timings.get("prompt_n"))
+        outcome.timings_cache_n = _count(timings.get("cache_n"))
+    if "tokens_cached" in obj:
+        outcome.tokens_cached = _count(obj.get("tokens_cached"))
 
 
 class SseParser:
@@ -366,6 +416,11 @@ class SdkStreamClient:
                 if chunk.usage is not None:
                     outcome.usage_prompt_tokens = chunk.usage.prompt_tokens
                     outcome.usage_completion_tokens = chunk.usage.completion_tokens
+                    details = chunk.usage.prompt_tokens_details
+                    if details is not None:
+                        outcome.usage_cached_tokens = _count(details.cached_tokens)
+                if chunk.model_extra:  # llama-server's `timings` and `tokens_cached` arrive as extra fields
+                    read_cache_fields(chunk.model_extra, outcome)
         except openai.APIStatusError as exc:
             outcome.status_code = exc.status_code
             raise _status_error(exc.status_code, exc.message, exc.response.headers, outcome) from None

@@ -32,6 +32,13 @@ class WindowAccumulator:
     model_mismatch: str | None = None  # one example, for the notes
     failure: str | None = None  # the last error or timeout's message, for the observation
     process_capped: bool = False  # admission waited for the server-wide in-flight cap
+    # prefix caching (arrivals with prefix ids that ended ok in the window): prompt tokens and cached
+    # tokens as the engine counted them, over the requests whose engine said (measured), and how many
+    # ended without the engine saying (unmeasured)
+    prefix_query: int = 0
+    prefix_hit: int = 0
+    prefix_measured: int = 0
+    prefix_unmeasured: int = 0
     # Busy time: seconds with at least one request in flight (loop clock).
     busy_s: float = 0.0
     busy_since: float | None = None
@@ -62,7 +69,10 @@ class WindowAccumulator:
             timeouts=self.timeouts, cancelled=self.cancelled, abandoned=self.abandoned,
             model_mismatches=self.model_mismatches, model_mismatch=self.model_mismatch,
             failure=self.failure, process_capped=self.process_capped,
+            prefix_query=self.prefix_query, prefix_hit=self.prefix_hit, prefix_measured=self.prefix_measured,
+            prefix_unmeasured=self.prefix_unmeasured,
         )
+        self.prefix_query = self.prefix_hit = self.prefix_measured = self.prefix_unmeasured = 0
         self.finished, self.first_tokens, self.itl_samples = [], [], []
         # A negative correction (usage below the chunks counted) is carried, never dropped.
         self.output_tokens = min(0, self.output_tokens)

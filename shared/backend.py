@@ -141,9 +141,11 @@ class WindowReport:
     quality: float = 1.0
     applied: dict[str, bool] = field(default_factory=dict)
     notes: dict[str, object] = field(default_factory=dict)
-    # prefix caching (sim only, and only for arrivals carrying prefix ids): prompt tokens of the
-    # requests first admitted in the window, those of them served from the cache, and the KV blocks
-    # holding cached units at the window's end (referenced or evictable)
+    # prefix caching (only for arrivals carrying prefix ids): prompt tokens of the requests first
+    # admitted in the window, those of them served from the cache, and the KV blocks holding cached
+    # units at the window's end (referenced or evictable). Real mode: the prompt and cached tokens the
+    # engines reported (usage / timings) for the requests that ended ok in the window, over those whose
+    # engine reported them (notes["prefix_hit_measured"]); cached blocks 0 (not observable)
     prefix_query_tokens: int = 0
     prefix_hit_tokens: int = 0
     prefix_cached_blocks: int = 0

@@ -17,11 +17,20 @@ active blocks:
 a = 0 is least outstanding work (the cost is the load alone, ties to the lower index, as the default
 router); a = 1 follows the cache alone (load only breaks ties). No weights are taken from llm-d's or
 Dynamo's defaults: the knob is the policy's to set.
+
+Real mode (gateway/dispatcher.py) routes over LLMSERVE_REAL_ENDPOINTS by the same rule: load is its
+exact outstanding work per endpoint, and overlap the leading units of the request it already sent to
+that endpoint in the episode (it sees no engine's cache, only what it sent).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+
+def hit_cap_units(prompt_tokens: int, unit: int) -> int:
+    """The most leading units of a prompt a cache may serve: at least one token is left to compute."""
+    return (prompt_tokens - 1) // unit
 
 
 def leading_overlap(keys: tuple[int, ...], routed: set[int]) -> int:

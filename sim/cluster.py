@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
-from llmserve_env.shared.prefix_routing import affinity_choice, leading_overlap
+from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.backend import _models_for
@@ -226,7 +226,7 @@ class ClusterBackend:
         if keys is None:
             return [0] * len(eligible)
         unit = a.prefix_block_tokens
-        cap = (a.prompt_tokens - 1) // unit
+        cap = hit_cap_units(a.prompt_tokens, unit)
         hits = []
         for r in eligible:
             eng = r.engine

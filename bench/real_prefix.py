@@ -1,0 +1,241 @@
+"""Cache-aware routing against real engines (issue 32 item 4): TTFT with and without prefix affinity over
+two llama-server processes (cache_prompt on, one thread each), against the simulator's prediction for the
+same run on a profile fitted to that engine.
+
+Opt-in (needs the engine: scripts/build_llama_server.sh, ~15-45 min to compile on 2 cores):
+
+    python bench/real_prefix.py [--conversations 8] [--turns 4] [--gap-s 15] [--out DIR]
+
+The workload is multiturn_cluster's shape, shrunk for a 135M model on one CPU thread: `--conversations`
+chats, each on one of two system prompts (`--system-tokens`), `--turns` turns `--gap-s` apart, each turn
+resending the whole history (its system prompt, earlier messages and answers) plus a new message of
+`--user-tokens`, answers of `--answer-tokens` (ignore_eos). It is written as a Mooncake-format trace with
+16-token prefix units and played as a trace task (2 replicas). Later turns share their history's units
+with the earlier turns' prompts, but not the answer's: the gateway resends its own text for an answer,
+never the engine's generated one, so only the earlier prompt can be cached (in the engine and in the
+simulator alike).
+
+Runs, each on fresh servers (empty caches):
+  1. calibration: a quarter of the conversations, no prefix ids (every prompt unique), on one server; its records
+     fit the simulator's profile (`calibrate records`, from h100-llama3.1-8b, affine step model);
+  2. least work: cache_affinity 0 over both servers;
+  3. affinity: cache_affinity `--affinity` (0.5) over both servers.
+Then runs 2 and 3 are played in the simulator (ClusterBackend, 2 replicas, the fitted profile, prefix
+caching on) and the TTFT reduction measured (1 - mean TTFT with affinity / at 0) is set against the
+simulator's (1 - at `--affinity` / at 0); the engines' own cache counts (usage / timings) give the measured hit rates. The last line
+is a JSON summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from llmserve_env.gateway.backend import GatewayBackend  # noqa: E402
+from llmserve_env.gateway.config import GatewayConfig, Secret  # noqa: E402
+from llmserve_env.gateway.pricing import TierPrice, TierTable  # noqa: E402
+from llmserve_env.shared.backend import Arrival, WindowReport  # noqa: E402
+from llmserve_env.shared.models import ServeAction  # noqa: E402
+from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows  # noqa: E402
+from llmserve_env.sim.calibration.calibrate import FitRefusedError, run_records  # noqa: E402
+from llmserve_env.sim.caps import RequestCaps  # noqa: E402
+from llmserve_env.sim.cluster import ClusterBackend  # noqa: E402
+from llmserve_env.sim.profiles import load_profile  # noqa: E402
+from real_engine import free_port, llama_dir, served_model, start_server  # noqa: E402
+
+UNIT = 16
+MODEL_ALIAS = "smollm2-135m"
+BASE_PROFILE = "h100-llama3.1-8b"
+DRAIN_WINDOWS = 30
+
+
+def action(affinity: float | None) -> ServeAction:
+    return ServeAction(batch_cap=4, kv_budget_fraction=1.0, speculation_depth=0, quantization_tier="FP16",
+                       prefill_decode_split=False, priority_routing=False, replicas=2, cache_affinity=affinity)
+
+
+def write_trace(path: Path, conversations: int, turns: int, gap_s: float, system_tokens: int, user_tokens: int,
+                answer_tokens: int, spread_s: float) -> None:
+    """Mooncake-format rows (timestamp ms, input/output lengths, 16-token hash_ids, prefix-unique)."""
+    rows = []
+    next_id = 0
+    systems = []
+    for _ in range(2):
+        systems.append(list(range(next_id, next_id + system_tokens // UNIT)))
+        next_id += system_tokens // UNIT
+    for c in range(conversations):
+        ids = list(systems[c % 2])
+        start = spread_s * c / conversations
+        for t in range(turns):
+            # the new message's units (and, after the first turn, the last answer's: never shared)
+            new = user_tokens // UNIT + (answer_tokens // UNIT if t else 0)
+            ids += list(range(next_id, next_id + new))
+            next_id += new
+            rows.append({"timestamp": round(1000 * (start + gap_s * t)), "input_length": UNIT * len(ids),
+                         "output_length": answer_tokens, "hash_ids": list(ids)})
+    rows.sort(key=lambda r: r["timestamp"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def play_real(urls: list[str], arrivals: list[Arrival], task: Any, affinity: float | None, record: Path,
+              replicas: int) -> list[WindowReport]:
+    tiers = TierTable({t: TierPrice(MODEL_ALIAS, 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "bench")
+    config = GatewayConfig(api_key=Secret("EMPTY"), base_url=urls[0], endpoints=tuple(urls), model=MODEL_ALIAS,
+                           ignore_eos=True, record_path=str(record), max_prompt_tokens=4096,
+                           max_completion_tokens=256)
+    backend = GatewayBackend(config, tiers=tiers)
+    act = action(affinity).model_copy(update={"replicas": replicas})
+    reports = []
+    try:
+        backend.begin(0, f"prefix-{affinity}", task.window_s, arrivals, initial_replicas=replicas)
+        dt = task.window_s
+        ws = windows(arrivals, task)
+        for k, w in enumerate(ws):
+            reports.append(backend.run_window(act, w, k * dt, dt))
+        k = len(ws)
+        done = {r.request_id for rep in reports for r in rep.finished}
+        while len(done) < len(arrivals) and k < len(ws) + DRAIN_WINDOWS:
+            reports.append(backend.run_window(act, [], k * dt, dt))
+            done |= {r.request_id for r in reports[-1].finished}
+            k += 1
+    finally:
+        backend.close()
+    return reports
+
+
+def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float | None) -> list[WindowReport]:
+    backend = ClusterBackend(profile, (2, 2), 2)
+    backend.reset(0)
+    dt = task.window_s
+    ws = windows(arrivals, task)
+    reports = [backend.run_window(action(affinity), w, k * dt, dt) for k, w in enumerate(ws)]
+    for k in range(len(ws), len(ws) + DRAIN_WINDOWS):
+        reports.append(backend.run_window(action(affinity), [], k * dt, dt))
+    return reports
+
+
+def summary(reports: list[WindowReport]) -> dict[str, Any]:
+    ttft = [t for rep in reports for _, _, t in rep.first_tokens]
+    query = sum(r.prefix_query_tokens for r in reports)
+    hit = sum(r.prefix_hit_tokens for r in reports)
+    measured = sum(int(r.notes.get("prefix_hit_measured") or 0) for r in reports)
+    ok = sum(1 for rep in reports for r in rep.finished if r.status == "ok")
+    return {"requests_ok": ok, "ttft_mean_ms": 1e3 * statistics.fmean(ttft) if ttft else None,
+            "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None,
+            "hit_rate": hit / query if query else None, "hit_measured_requests": measured}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conversations", type=int, default=8)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--gap-s", type=float, default=15.0)
+    ap.add_argument("--spread-s", type=float, default=30.0, help="conversations start over this span")
+    ap.add_argument("--system-tokens", type=int, default=256)
+    ap.add_argument("--user-tokens", type=int, default=48)
+    ap.add_argument("--answer-tokens", type=int, default=16)
+    ap.add_argument("--window-s", type=float, default=5.0)
+    ap.add_argument("--slots", type=int, default=8, help="llama-server -np (its cache holds a prompt per slot)")
+    ap.add_argument("--affinity", type=float, default=0.5,
+                    help="cache_affinity of the affinity run (1 follows the cache alone: a shared system prompt "
+                         "then sends every request to one server)")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args(argv)
+    folder = llama_dir()
+    if not (folder / "llama-server").exists():
+        print(json.dumps({"skipped": f"no llama-server in {folder} (scripts/build_llama_server.sh)"}))
+        return
+    out = a.out or Path(tempfile.mkdtemp(prefix="real_prefix-"))
+    out.mkdir(parents=True, exist_ok=True)
+    trace = out / "conversations.jsonl"
+    write_trace(trace, a.conversations, a.turns, a.gap_s, a.system_tokens, a.user_tokens, a.answer_tokens,
+                a.spread_s)
+    span = a.spread_s + a.gap_s * (a.turns - 1)
+    horizon = int(span // a.window_s) + 1
+    task = resolve_task(f"trace:{trace}?prefix_block_tokens={UNIT}&replicas=2&initial_replicas=2"
+                        f"&window_s={a.window_s:g}&horizon={horizon}")
+    arrivals = generate_arrivals(task, 0)
+    # the calibration run: a quarter of the conversations, prompts unique, on one server (about the load
+    # each of the two servers carries later, at full prefill: the whole run on one server saturated it)
+    calib = out / "calibration.jsonl"
+    write_trace(calib, max(1, a.conversations // 4), a.turns, a.gap_s, a.system_tokens, a.user_tokens,
+                a.answer_tokens, a.spread_s)
+    calib_task = resolve_task(f"trace:{calib}?prefix_block_tokens={UNIT}&replicas=2&initial_replicas=2"
+                              f"&window_s={a.window_s:g}&horizon={horizon}")
+    cold = [replace(x, prefix_ids=None, prefix_block_tokens=0) for x in generate_arrivals(calib_task, 0)]
+    print(f"{len(arrivals)} requests: {a.conversations} conversations x {a.turns} turns {a.gap_s:g} s apart, "
+          f"system {a.system_tokens}, user {a.user_tokens}, answer {a.answer_tokens} tokens (o200k); prompts "
+          f"{min(x.prompt_tokens for x in arrivals)}-{max(x.prompt_tokens for x in arrivals)} tokens; "
+          f"windows of {a.window_s:g} s x {horizon}")
+
+    def servers(n: int) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+        procs, urls = [], []
+        for i in range(n):
+            port = free_port()
+            log = out / f"llama{i}-{port}.log"
+            procs.append(start_server(folder, folder / "model.gguf", MODEL_ALIAS, port, log, [], slots=a.slots))
+            urls.append(f"http://127.0.0.1:{port}/v1")
+        return procs, urls
+
+    def stop(procs: list[subprocess.Popen[bytes]]) -> None:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(timeout=30)
+
+    results: dict[str, Any] = {}
+
+    def reduction(lo: dict[str, Any], hi: dict[str, Any]) -> float | None:
+        if not lo["ttft_mean_ms"] or hi["ttft_mean_ms"] is None:
+            return None
+        return 1.0 - hi["ttft_mean_ms"] / lo["ttft_mean_ms"]
+
+    runs = [("calibration", None, cold, 1), ("least_work", 0.0, arrivals, 2), ("affinity", a.affinity, arrivals, 2)]
+    for name, affinity, arr, n in runs:
+        procs, urls = servers(n)
+        try:
+            if name == "calibration":
+                print(f"engine: {served_model(urls[0])}, llama-server -np {a.slots} -t 1, cache_prompt on")
+            reports = play_real(urls, arr, task, affinity, out / f"records_{name}.jsonl", n)
+        finally:
+            stop(procs)
+        results[name] = summary(reports)
+        print(f"real {name:>12}: {json.dumps(results[name])}")
+    caps = RequestCaps(max_prompt_tokens=4096, max_completion_tokens=256)
+    fit_action = action(None).model_copy(update={"replicas": 1})
+    try:
+        prof, fit = run_records(BASE_PROFILE, out / "records_calibration.jsonl", [fit_action],
+                                out / "llama-fit.json", window_s=task.window_s, windows=None, caps=caps,
+                                step_model="affine")
+    except FitRefusedError as exc:
+        print(f"fit refused: {exc}")
+        print(json.dumps({"real_ttft_reduction": reduction(results["least_work"], results["affinity"]),
+                          "sim_ttft_reduction": None, "refused": str(exc), "out": str(out)}))
+        return
+    c = fit.coefficients
+    print(f"fitted (calibration run): {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
+          f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; fit TTFT err "
+          f"{fit.after_summary['ttft_err_pct']:.1f} %")
+    profile = load_profile(str(out / "llama-fit.json"))
+    for name, affinity in (("least_work", 0.0), ("affinity", a.affinity)):
+        results[f"sim_{name}"] = summary(play_sim(profile, arrivals, task, affinity))
+        print(f"sim  {name:>12}: {json.dumps(results[f'sim_{name}'])}")
+
+    real_red = reduction(results["least_work"], results["affinity"])
+    sim_red = reduction(results["sim_least_work"], results["sim_affinity"])
+    gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None
+    print(json.dumps({"real_ttft_reduction": real_red, "sim_ttft_reduction": sim_red,
+                      "reduction_gap_pct": None if gap is None else 100 * gap, "out": str(out)}))
+
+
+if __name__ == "__main__":
+    main()
