@@ -71,7 +71,7 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     for planner in PLANNERS:  # seconds to minutes an episode: they have their own table (--agents names them here)
         if planner in agents:
             agents.remove(planner)
-            skipped[planner] = ("plans on forks (~0.1 s a decision on a single server, 2.5-3.8 s on a cluster task): "
+            skipped[planner] = ("plans on forks (~0.1 s a decision on a single server, 4-26 s of CPU on a cluster task): "
                                 "bench/headroom.py plays it")
     return agents, skipped
 
