@@ -27,14 +27,10 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))  # train.py lives at the repository root, outside the package's import path
-
-from against import alternate, check_rev, compare  # noqa: E402
-from llmserve_env.gym_env import LLMServeGymEnv  # noqa: E402
-from llmserve_env.tools import cli  # noqa: E402
-from llmserve_env.tools.train_config import Args  # noqa: E402  (train.py's defaults, without torch)
+from against import alternate, check_rev, compare
+from llmserve_env.gym_env import LLMServeGymEnv
+from llmserve_env.tools import cli
+from llmserve_env.tools.train_config import Args  # train.py's defaults, without torch
 
 TARGET = 2000.0
 
@@ -91,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"train speed on {args.task}\n  single env, in process (steps per CPU s)  {single:>10,.0f}")
         print(json.dumps({"single_env_steps_per_s": round(single, 1), "task": args.task}))
         return 0
-    import train  # needs torch (the `train` extra); exits with the install command without it
+    from llmserve_env.tools import train  # needs torch (the `train` extra); exits with the install command
 
     if args.steps < args.num_envs * Args.rollout_steps:
         ap.error(f"argument --steps: expected at least one rollout, num_envs x {Args.rollout_steps} = "
