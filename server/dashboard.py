@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,7 @@ from pydantic import ValidationError
 
 # How many windows "Run to end" plays between screen updates: the plots grow while it runs.
 RUN_UPDATE_EVERY = 4
+FRESH_PAUSE_S = 0.3  # after a new episode clears the plots, before its first points (on_step / on_run say why)
 # An idle browser session's episode is dropped after this long.
 SESSION_TTL_S = 3600
 PLOT_HEIGHT = 240
@@ -237,6 +239,10 @@ def build_episode_dashboard(web_manager: Any, title: str) -> gr.Blocks:
 
     # A new episode first clears the plots: a plot rebuilt from empty takes the new episode's series
     # (another task's tenants and SLOs, a comparison); one updated in place keeps the series it had.
+    # The page must draw the cleared plots before the first points arrive: two streamed updates a few
+    # milliseconds apart can reach a plot in one render, which then never sees "no value", keeps its
+    # old spec and shows the last episode's titles and colours (tests/test_dashboard_browser.py caught
+    # the tenant plots still titled for static_workload after a run of adversarial_multitenant).
     def on_step(run, task_id, seed, policy_name, batch_cap, kv, spec, quant, split, prio,
                 request: gr.Request) -> Iterator[tuple[Any, ...]]:
         manual = knobs(batch_cap, kv, spec, quant, split, prio)
@@ -244,6 +250,7 @@ def build_episode_dashboard(web_manager: Any, title: str) -> gr.Blocks:
         run, fresh = current(run, task_id, seed, policy_name)
         if fresh:
             yield views(run, url)
+            time.sleep(FRESH_PAUSE_S)
         advance(run, manual)
         yield views(run, url)
 
@@ -254,6 +261,7 @@ def build_episode_dashboard(web_manager: Any, title: str) -> gr.Blocks:
         run, fresh = current(run, task_id, seed, policy_name)
         if fresh:
             yield views(run, url)
+            time.sleep(FRESH_PAUSE_S)
         while not run.done:
             advance(run, manual)
             if run.done or len(run.rows) % RUN_UPDATE_EVERY == 0:
