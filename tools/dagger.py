@@ -66,7 +66,7 @@ def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: Act
     while True:
         obs = env.last_observation
         assert obs is not None  # reset set it
-        label = view.encode(expert.act(obs))  # type: ignore[union-attr]  # the family view's encode
+        label = view.encode(expert.act(obs))
         if student is None:
             played = label
         else:

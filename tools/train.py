@@ -519,12 +519,12 @@ def train(args: Args) -> dict:
         # the task's view encodes it (a count head, an affinity head where it has them)
         keep = start_action.replicas or task.initial_replicas
         if args.advice:  # the advice grid: the plain action's indices, as the Advisor reads them
-            start = encode_action(start_action, task.replicas, keep)
+            start_idx = encode_action(start_action, task.replicas, keep)
         else:
             view = make_view(task, False, args.encoding)
             view.encoder.current_replicas = keep
-            start = view.encode(start_action)
-        agent.start_near(start, args.init_prob)
+            start_idx = view.encode(start_action)
+        agent.start_near(start_idx, args.init_prob)
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
 
