@@ -92,7 +92,8 @@ def decode_action(idx: Sequence[int] | np.ndarray, replicas: Replicas = SINGLE,
     return action
 
 
-def _nearest(choices: Sequence[float], value: float, log: bool = False) -> int:
+def nearest_index(choices: Sequence[float], value: float, log: bool = False) -> int:
+    """The index of the choice nearest `value` (the first on a tie; on a log scale with `log`)."""
     if log:
         return min(range(len(choices)), key=lambda i: abs(math.log(choices[i]) - math.log(value)))
     return min(range(len(choices)), key=lambda i: abs(choices[i] - value))
@@ -110,9 +111,9 @@ def encode_action(action: ServeAction, replicas: Replicas = SINGLE, current: int
         extra = [REPLICA_STEPS.index(int(np.sign(n - current)))]
     return np.array(
         [
-            _nearest(BATCH_CAPS, action.batch_cap, log=True),
-            _nearest(KV_FRACTIONS, action.kv_budget_fraction),
-            _nearest(SPEC_DEPTHS, action.speculation_depth),
+            nearest_index(BATCH_CAPS, action.batch_cap, log=True),
+            nearest_index(KV_FRACTIONS, action.kv_budget_fraction),
+            nearest_index(SPEC_DEPTHS, action.speculation_depth),
             QUANTIZATION_TIERS.index(action.quantization_tier),
             int(action.prefill_decode_split),
             int(action.priority_routing),

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.agents.advice import FeatureView
-from llmserve_env.agents.encoding import ObservationEncoder, feature_names
+from llmserve_env.agents.encoding import ObservationEncoder, feature_names, nearest_index
 from llmserve_env.agents.family_features import FamilyView
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import TaskSpec
@@ -72,8 +72,7 @@ class PrefixFeatureView:
     def encode(self, action: ServeAction) -> np.ndarray:
         """The wrapped view's indices plus the level nearest the action's cache_affinity (None: least work,
         as the router does without one). llm-d's 3/7 falls nearest 0.5."""
-        a = action.cache_affinity if action.cache_affinity is not None else 0.0
-        level = min(range(len(AFFINITY_LEVELS)), key=lambda i: (abs(AFFINITY_LEVELS[i] - a), i))
+        level = nearest_index(AFFINITY_LEVELS, action.cache_affinity if action.cache_affinity is not None else 0.0)
         return np.concatenate([self.base.encode(action), [level]]).astype(np.int64)
 
     def meta(self) -> dict[str, Any]:

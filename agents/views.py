@@ -42,12 +42,10 @@ def make_view(task: TaskSpec, advice: bool = False, encoding: str = "default") -
 
 
 def view_dims(task: TaskSpec, advice: bool = False, encoding: str = "default") -> tuple[tuple[int, ...], int]:
-    """(action grid, feature count) of `make_view(task, advice, encoding)`, without building it."""
-    if encoding == "family":
-        shape = family_shape([t.name for t in task.tenants], task.replicas)
-    else:
-        shape = view_shape(advice, task.replicas)
-    return with_prefix(shape) if uses_prefix_view(task) else shape
+    """(action grid, feature count) of `make_view(task, advice, encoding)`: read off the view itself, so the
+    choice of view lives in make_view alone."""
+    view = make_view(task, advice, encoding)
+    return tuple(view.nvec), view.dim
 
 
 def view_meta(view: View) -> dict[str, Any]:
