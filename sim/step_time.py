@@ -50,6 +50,11 @@ def _elementwise_bytes_per_token(shape: ModelShape, tp: int) -> float:
     return elems * BF16_BYTES
 
 
+def elementwise_s(p: Profile, tokens: int) -> float:
+    """Seconds (gpu_time_scale 1, whole GPU) of the elementwise kernels for `tokens` tokens, all layers."""
+    return p.model.layers * tokens * _elementwise_bytes_per_token(p.model, p.tp) / (p.gemm["bfloat16"].bw_gbs * 1e9)
+
+
 def _lane(fit: RooflineFit, cs: float, bs: float) -> RooflineFit:
     """The fit as seen by a lane with compute share `cs` and bandwidth share `bs`."""
     return RooflineFit(fit.c0_us, fit.bw_gbs * bs, fit.tflops * cs, fit.p)

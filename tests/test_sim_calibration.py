@@ -6,6 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
+from llmserve_env.sim.calibration.extra_steps import (
+    ExtraStep,
+    check_extras,
+    predict_extra,
+    read_extra_steps,
+    refitted,
+    tier_models,
+)
 from llmserve_env.sim.calibration.kernel_data import DATA_DIR
 from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
 from llmserve_env.sim.profiles import PROFILE_DIR, UnknownProfileError, list_profiles, load_profile
@@ -144,3 +152,37 @@ def test_malformed_steps_name_the_line(tmp_path):
     nohead.write_text("a,b\n1,2\n")
     with pytest.raises(ValueError, match=r"nohead.csv:1: header lacks phase"):
         read_steps(nohead)
+
+
+def test_gpu_extras_check_the_step_forms():
+    """Iterations measured on an H100 that no fit saw (scripts/measure_gpu_steps.py --extras), predicted
+    by the profile re-fitted to the same GPU's plain decode/prefill rows: the forms the engine relies on
+    (decode per tier, the draft step, a prefill after a prefix-cache hit, a mixed chunked iteration)
+    follow the measurement; FP8 weights are faster than bf16 at every batch, in the GPU and the model."""
+    base = DATA_DIR / "h100_llama3.1-8b_torch_steps.csv"
+    prof = refitted(load_profile("h100-llama3.1-8b"), base)
+    masked = check_extras(prof, read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra.csv")).groups()
+    flash = check_extras(prof, read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra_lower_right.csv")).groups()
+    assert masked[("decode", "FP16")][1] < 5 and flash[("decode", "FP16")][1] < 5
+    assert masked[("decode", "INT8")][1] < 10
+    assert masked[("draft", "FP16")][1] < 10
+    assert masked[("mixed", "FP16")][1] < 15
+    assert flash[("cached_prefill", "FP16")][1] < 15
+    rows = read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra.csv")
+    linear = {(s.tier, s.batch): s.latency_s for s in rows if s.phase == "linear"}
+    models = tier_models(prof)
+    for m in (1, 8, 32, 128, 512, 2048):
+        assert linear[("INT8", m)] < linear[("FP16", m)]
+        fp16 = predict_extra(models, ExtraStep("linear", "FP16", 0, m, 0, 0, 1.0))
+        assert predict_extra(models, ExtraStep("linear", "INT8", 0, m, 0, 0, 1.0)) < fp16
+    # INT4 at batch 1 (the memory-bound case tinygemm is built for): within 20 %
+    b1 = next(s for s in rows if (s.phase, s.tier, s.batch) == ("decode", "INT4", 1))
+    assert abs(predict_extra(models, b1) / b1.latency_s - 1) < 0.2
+
+
+def test_malformed_extra_steps_name_the_line(tmp_path):
+    bad = tmp_path / "x.csv"
+    bad.write_text("phase,tier,depth,batch,context,prompt,latency_ms\nverify,FP16,1,8,1024,0,9.5\n"
+                   "verify,FP32,1,8,1024,0,9.5\n")
+    with pytest.raises(ValueError, match=r"x.csv:3: phase must be one of"):
+        read_extra_steps(bad)
