@@ -238,7 +238,8 @@ def gpu_extras(out: dict) -> None:
     print("decode/prefill rows (sim/calibration/extra_steps.py); |model / measured - 1| median %, model/measured")
     print(f"{'phase':<16} {'tier':<5} {'attention':<10} {'rows':>5} {'median %':>9} {'model/meas':>11}")
     for label, name, key in (("mask", "h100_llama3.1-8b_torch_steps_extra.csv", "extra"),
-                             ("flash", "h100_llama3.1-8b_torch_steps_extra_lower_right.csv", "extra_flash")):
+                             ("flash", "h100_llama3.1-8b_torch_steps_extra_lower_right.csv", "extra_flash"),
+                             ("flex", "h100_llama3.1-8b_torch_steps_extra_flex.csv", "extra_flex")):
         for (phase, tier), (n, med, ratio) in check_extras(prof, read_extra_steps(DATA / name)).groups().items():
             out[f"{pid}_{key}_{phase}_{tier}_pct"] = round(med, 2)
             print(f"{phase:<16} {tier:<5} {label:<10} {n:>5} {med:>9.1f} {ratio:>11.3f}")

@@ -79,6 +79,17 @@ SHAPES = {
     "llama3.2-1b": Shape(16, 2048, 32, 8, 64, 8192, 128256),
 }
 LINEARS = ("qkv", "o", "gate_up", "down")
+_FLEX = []
+
+
+def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
+    """FlexAttention, compiled once (uncompiled it runs a slow reference path)."""
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        torch._dynamo.config.recompile_limit = 64  # one compile per shape; the grid has 20
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0](q, k, v, **kw)
 INT4_GROUP = 128
 
 
@@ -147,6 +158,8 @@ class Decoder:
         t = q.shape[2]
         kc[:, :, -t:].copy_(k)
         vc[:, :, -t:].copy_(v)
+        if mask is not None and type(mask).__name__ == "BlockMask":
+            return flex(q, kc, vc, block_mask=mask, enable_gqa=True)
         return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
 
     def mlp_residual(self, x: torch.Tensor, a: torch.Tensor, i: int) -> torch.Tensor:
@@ -302,10 +315,18 @@ def measure_prefill(m: Decoder, batch: int, prompt: int, repeats: int, dev: torc
     return [row("prefill", batch, 0, prompt, ms), row("prefill_eager", batch, 0, prompt, eager)]
 
 
-def new_token_mask(t: int, context: int, dev: torch.device, masked: bool = True):
+def new_token_mask(t: int, context: int, dev: torch.device, masked: bool | str = True):
     """Every cached key visible, causal among the t new tokens: a boolean [t, context + t] mask, or
     (masked False) PyTorch's lower-right causal bias, which SDPA runs on its flash / memory-efficient
-    kernels without building a mask (as a serving engine's attention does)."""
+    kernels without building a mask (as a serving engine's attention does), or (masked "flex") a block
+    mask for FlexAttention, whose compiled kernel splits the KV cache for short queries (flex decoding)."""
+    if masked == "flex":
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        def visible(b, h, q, k):
+            return k <= context + q
+
+        return create_block_mask(visible, None, None, t, context + t, device=dev)
     if not masked:
         return causal_lower_right(t, context + t)
     q = torch.arange(t, device=dev)[:, None]
@@ -314,7 +335,7 @@ def new_token_mask(t: int, context: int, dev: torch.device, masked: bool = True)
 
 
 def measure_cached(m: Decoder, phase: str, batch: int, context: int, t: int, repeats: int, dev: torch.device,
-                   masked: bool = True, **extra: object) -> dict:
+                   masked: bool | str = True, **extra: object) -> dict:
     """`batch` sequences, each running t new tokens after `context` cached ones: the verify pass
     (t = depth + 1, every row samples) or a cached prefill (batch 1, t = the prompt, one row samples)."""
     caches = kv_caches(m, batch, context + t, dev)
@@ -372,7 +393,7 @@ EXTRA_FIELDS = ["phase", "tier", "depth", "batch", "context", "prompt", "tokens"
 
 
 def extras(m: Decoder, draft: Decoder | None, repeats: int, quick: bool, dev: torch.device, emit,
-           phases: frozenset[str] = frozenset(EXTRA_PHASES), masked: bool = True) -> None:
+           phases: frozenset[str] = frozenset(EXTRA_PHASES), masked: bool | str = True) -> None:
     """The extra phases, most wanted first (a run cut short keeps what it measured); a phase whose kernel
     this GPU or PyTorch lacks is reported and skipped."""
     ctx = 1024
@@ -398,8 +419,9 @@ def extras(m: Decoder, draft: Decoder | None, repeats: int, quick: bool, dev: to
             attempt(f"tier_prefill {tier} p={n}", measure_cached, m, "cached_prefill", 1, 0, n, repeats, dev, masked,
                     tier=tier, depth=0)
     m.tier = "FP16"
+    flexed = masked == "flex"  # depth 0 too: the decode baseline through the same kernel
     for b in [1, 32] if quick else [1, 8, 32, 64]:
-        for d in [1, 4] if quick else [1, 2, 4, 8]:
+        for d in [1, 4] if quick else [0, 1, 2, 4, 8] if flexed else [1, 2, 4, 8]:
             attempt(f"verify b={b} depth={d}", measure_cached, m, "verify", b, ctx, d + 1, repeats, dev, masked,
                     tier="FP16", depth=d)
     if draft is not None:
@@ -429,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lower-right", action="store_true",
                     help="with --extras, verify and cached_prefill attend through PyTorch's lower-right causal bias "
                          "(flash / memory-efficient kernels) instead of a boolean mask")
+    ap.add_argument("--flex", action="store_true",
+                    help="with --extras, verify and cached_prefill attend through compiled FlexAttention (split-KV "
+                         "decoding kernel for short queries); verify also at depth 0, the decode baseline")
     args = ap.parse_args(argv)
     unknown = set(args.phases.split(",")) - set(EXTRA_PHASES)
     if unknown:
@@ -459,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"prompt={r['prompt']:5d} depth={r['depth']}: {r['latency_ms']:9.3f} ms", flush=True)
 
                 extras(m, draft, args.repeats, args.quick, dev, emit, frozenset(args.phases.split(",")),
-                       not args.lower_right)
+                       "flex" if args.flex else not args.lower_right)
             rows_written = count
         else:
             m = Decoder(s, dev)
@@ -499,8 +524,10 @@ def main(argv: list[str] | None = None) -> int:
             "tiers": {"INT8": "FP8 e4m3 weights and activations, per-tensor scales, torch._scaled_mm",
                       "INT4": f"4-bit weights, group {INT4_GROUP}, bf16 activations, torch._weight_int4pack_mm"},
             "kv_cache": "bfloat16 in every tier",
-            "masked_attention": ("verify and cached_prefill: torch.nn.attention.bias.causal_lower_right" if args.lower_right
-                                 else "verify and cached_prefill pass a boolean [t, ctx + t] mask to SDPA"),
+            "masked_attention": ("verify and cached_prefill: compiled FlexAttention with a block mask" if args.flex
+                                 else "verify and cached_prefill: torch.nn.attention.bias.causal_lower_right"
+                                 if args.lower_right else
+                                 "verify and cached_prefill pass a boolean [t, ctx + t] mask to SDPA"),
             "phases": args.phases,
         })
     args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")

@@ -157,8 +157,9 @@ def test_malformed_steps_name_the_line(tmp_path):
 def test_gpu_extras_check_the_step_forms():
     """Iterations measured on an H100 that no fit saw (scripts/measure_gpu_steps.py --extras), predicted
     by the profile re-fitted to the same GPU's plain decode/prefill rows: the forms the engine relies on
-    (decode per tier, the draft step, a prefill after a prefix-cache hit, a mixed chunked iteration)
-    follow the measurement; FP8 weights are faster than bf16 at every batch, in the GPU and the model."""
+    (decode per tier, the draft step, a prefill after a prefix-cache hit, a mixed chunked iteration, the
+    verify pass) follow the measurement; FP8 weights are faster than bf16 at every batch, in the GPU and
+    the model."""
     base = DATA_DIR / "h100_llama3.1-8b_torch_steps.csv"
     prof = refitted(load_profile("h100-llama3.1-8b"), base)
     masked = check_extras(prof, read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra.csv")).groups()
@@ -168,6 +169,10 @@ def test_gpu_extras_check_the_step_forms():
     assert masked[("draft", "FP16")][1] < 10
     assert masked[("mixed", "FP16")][1] < 15
     assert flash[("cached_prefill", "FP16")][1] < 15
+    # speculation's verify pass, priced as decode attention plus (depth + 1) rows through the GEMMs, holds
+    # on a kernel that splits the KV cache for short queries (FlexAttention), depth 0-8
+    flex = check_extras(prof, read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra_flex.csv")).groups()
+    assert flex[("verify", "FP16")][0] == 20 and flex[("verify", "FP16")][1] < 10
     rows = read_extra_steps(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra.csv")
     linear = {(s.tier, s.batch): s.latency_s for s in rows if s.phase == "linear"}
     models = tier_models(prof)
