@@ -205,6 +205,7 @@ class PlannerPolicy:
         self._pool: list[tuple[list[list[Arrival]], np.ndarray]] | None = None
         self.shadow: Episode | None = None
         self._expected: ServeObservation | None = None  # what the mirror saw after the last action
+        self._decided: ServeAction | None = None  # decide()'s action, until commit() plays one
         self.bases: list[Policy] = []
         self.incumbent: Branch | None = None
         self._true_ref: tuple[int, References] | None = None  # clairvoyant: (seed, the true references)
@@ -219,6 +220,12 @@ class PlannerPolicy:
             b.reset()
 
     def act(self, obs: ServeObservation) -> ServeAction:
+        return self.commit(self.decide(obs))
+
+    def decide(self, obs: ServeObservation) -> ServeAction:
+        """The planner's action for this window, without playing it: `commit` then plays the action the
+        episode really took (its own in `act`; another policy's when the planner labels the states that
+        policy visits, as DAgger's expert does: tools/dagger.py)."""
         c0 = time.process_time()
         self._sync(obs)
         ep = self.shadow
@@ -271,6 +278,21 @@ class PlannerPolicy:
         self.last_decision, self.last_candidates = values, cands
         self.stats.decisions += 1
         self.stats.changed += action not in own
+        self._decided = action
+        self.stats.cpu_s += time.process_time() - c0
+        return action
+
+    def commit(self, action: ServeAction) -> ServeAction:
+        """Play `action` in the mirror (the action the episode took after the last `decide`); returns it."""
+        c0 = time.process_time()
+        ep = self.shadow
+        if ep is None or self._decided is None:
+            raise PlannerError("commit() follows decide(): the planner has not decided this window")
+        action = self._complete(action)
+        if action != self._decided:
+            # another policy acted: the incumbent's branch no longer starts from the played episode
+            self.incumbent = None
+        self._decided = None
         self._expected = ep.step(action)
         add_window(self._done_totals, self._done_met, ep.steps[-1].metrics)
         self.stats.cpu_s += time.process_time() - c0

@@ -18,7 +18,7 @@ from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeObservation
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import get_task
-from llmserve_env.tools.dagger import label_episodes
+from llmserve_env.tools.dagger import label_episode, label_episodes
 from llmserve_env.tools.train_config import parse_args
 
 FAMILIES = list(SHIFTED_TASKS)
@@ -111,10 +111,33 @@ def test_dagger_labels_the_states_the_student_visits():
     assert student.agreement < 1.0
 
 
+def test_the_planner_labels_the_students_states_through_decide_and_commit():
+    """The planner as DAgger's expert: it decides on each state the student reached, then plays the
+    student's action in its mirror (`commit`), so it follows an episode it did not choose to the end
+    (a mirror that diverged would raise). The cheapest planner keeps the test short."""
+    task = get_task("multitenant_family")
+    view = FamilyView(task)
+    nvec, dim = family_shape(list(view.tenants), task.replicas)
+    rng = np.random.default_rng(1)
+    arrays = {"actor_w0": rng.normal(size=(dim, 8)).astype(np.float32), "actor_b0": np.zeros(8, np.float32),
+              "actor_w1": rng.normal(size=(8, sum(nvec))).astype(np.float32),
+              "actor_b1": np.zeros(sum(nvec), np.float32), "nvec": np.asarray(nvec)}
+    meta = {"obs_norm": {"mean": [0.0] * dim, "var": [1.0] * dim, "clip": 10.0, "epsilon": 1e-8},
+            "replicas_range": list(task.replicas), **view.meta()}
+    env = LLMServeGymEnv("multitenant_family", grade_on_done=False, encoding="family")
+    cheap = {"bases": ("operator",), "samples": 1, "keep": 0, "bridging": False}
+    ep = label_episode(env, "planner", 7, ActorWeights.from_arrays(arrays, meta), 0.99, cheap)
+    assert ep.labels.shape == (task.horizon, len(nvec)) and ep.agreement < 1.0
+    # its labels are the planner's own decisions: on the planner's own episode it agrees with itself
+    own = label_episode(env, "planner", 7, None, 0.99, cheap)
+    assert own.agreement == 1.0
+    env.close()
+
+
 def test_dagger_needs_the_family_view_and_an_expert_that_labels_others_states(tmp_path, capsys):
     for argv, named in ((["--task", "diurnal_family", "--init", "dagger", "--teacher", "operator"], "--init"),
                         (["--task", "diurnal_family", "--init", "dagger", "--encoding", "family", "--teacher",
-                          "planner"], "--teacher"),
+                          "tuned_static"], "--teacher"),
                         (["--task", "bursty_workload", "--encoding", "family", "--init", "dagger"], "--encoding")):
         with pytest.raises(SystemExit):
             parse_args([*argv, "--run-dir", str(tmp_path)])

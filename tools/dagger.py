@@ -12,23 +12,28 @@ This module plays those episodes with numpy alone (in train.py's worker processe
 The expert: any registry policy (`agents.registry.make_policy`) that decides from the observation it
 is shown, whoever acted before. The day-plan rules (`operator`, `schedule`) do: their state (level,
 releases, emergency step) is built from the observations alone. The rollout planner (agents/planner.py)
-does not: it mirrors the episode in its own simulator by replaying its own actions, so it cannot label a
-state the student reached (it raises on the mismatch), and it costs 1.5-5 s of CPU a decision (README,
-Headroom) where these episodes cost ~0.3 s each.
+mirrors the episode in its own simulator, so it labels through `decide` (its action, not played) and
+then `commit`s the action the episode took (the student's), keeping its mirror on the student's
+episode. It is the expert the learning issue names, and the costly one: 4-14 s of CPU a decision at its
+defaults on the families (docs/benchmarks.md), where these episodes cost ~0.3 s each, so a round of
+1,536 labelled states is hours of CPU on one core.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from llmserve_env.agents.planner import PlannerPolicy
 from llmserve_env.agents.ppo_policy import ActorWeights
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.gym_env import LLMServeGymEnv
+from llmserve_env.shared.models import ServeAction
 
 # the experts that label states they did not choose (see the module docstring)
-EXPERTS = ("operator", "schedule", "least_work", "llmd_scorer", "dynamo_kv")
+EXPERTS = ("operator", "schedule", "planner", "least_work", "llmd_scorer", "dynamo_kv")
 
 
 @dataclass
@@ -54,19 +59,20 @@ def discounted_returns(rewards: Sequence[float], gamma: float) -> np.ndarray:
 
 
 def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: ActorWeights | None,
-                  gamma: float) -> Labelled:
+                  gamma: float, expert_options: Mapping[str, Any] | None = None) -> Labelled:
     """Play episode `seed` of `env`'s task with the student's greedy action (the expert's own where
     `student` is None), the expert labelling every state. `env` must have the family view
     (`LLMServeGymEnv(task, encoding="family", grade_on_done=False)`)."""
-    expert = make_policy(expert_name, env.task_id, seed=seed)
+    expert = make_policy(expert_name, env.task_id, seed=seed, **(expert_options or {}))
     expert.reset()
+    follows = isinstance(expert, PlannerPolicy)  # labels with decide(), then plays what the episode took
     x, _ = env.reset(options={"episode_seed": seed})
     view = env.view
     feats, labels, rewards, agree = [], [], [], 0
     while True:
         obs = env.last_observation
         assert obs is not None  # reset set it
-        label = view.encode(expert.act(obs))
+        label = view.encode(expert.decide(obs) if follows else expert.act(obs))
         if student is None:
             played = label
         else:
@@ -75,6 +81,8 @@ def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: Act
         feats.append(x)
         labels.append(label)
         x, r, terminated, truncated, _ = env.step(played)
+        if follows:
+            expert.commit(ServeAction.model_validate(env.runtime.episode.steps[-1].action))
         rewards.append(r)
         if terminated or truncated:
             break

@@ -29,7 +29,7 @@ ROUTING_TEACHERS = ("least_work", "llmd_scorer", "dynamo_kv")
 TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule",
             *ROUTING_TEACHERS)
 # DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
-DAGGER_EXPERTS = ("operator", "schedule", *ROUTING_TEACHERS)
+DAGGER_EXPERTS = ("operator", "schedule", "planner", *ROUTING_TEACHERS)
 
 
 @dataclass
@@ -282,7 +282,7 @@ def parse_args(argv: list[str]) -> Args:
         ap.error("argument --dagger-episodes: the rounds need more training seeds than there are")
     if values["init"] == "dagger" and values["teacher"] not in DAGGER_EXPERTS:
         ap.error(f"argument --teacher: DAgger's expert must label states it did not choose: one of "
-                 f"{', '.join(DAGGER_EXPERTS)} (tools/dagger.py says why not the planner)")
+                 f"{', '.join(DAGGER_EXPERTS)} (tools/dagger.py)")
     if values["teacher"] in ("hpa", "dynamo_planner", "operator", "schedule") and not task.is_cluster:
         ap.error(f"argument --teacher: {values['teacher']} autoscales the cluster tasks "
                  f"({', '.join(CLUSTER_TASKS)}); {values['task']!r} is a single-server task")
