@@ -21,7 +21,10 @@ are the task's (64 x 1 s).
 The episodes of all seeds but the last --held-out are fitted (`calibrate records`, starting from
 h100-llama3.1-8b; with two fit seeds or more it also fits the measured step table and keeps it only
 if it replays the last third of the fit seeds better than the affine model, starting the table's
-decode values from --probe's measurements when given, and says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
+decode values from --probe's measurements when given; with --probe, the table whose context cost
+depends on the slots decoding is started from the probe's two prompt sizes and fitted to the probe and
+the records together; the held-out episode(s) choose among affine, the table with one context cost and
+the table with a context cost by slots, and it says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
 on the starting one, for scale). Prints, per episode, the load average around it, the gateway's
 worst event-loop lag and the engine's own speed from its timing log (and how far the gateway's
 TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
@@ -66,7 +69,7 @@ from llmserve_env.sim.calibration.calibrate_engine_log import (
 )
 from llmserve_env.sim.calibration.record_fit import load_runs
 from llmserve_env.sim.calibration.replay import by_concurrency, concurrency_table, pooled, replay
-from llmserve_env.sim.calibration.table_fit import write_probe
+from llmserve_env.sim.calibration.table_fit import write_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
@@ -385,14 +388,18 @@ def main(argv: list[str] | None = None) -> None:
               f"{p['load_start']:>5.1f}-{p['load_end']:<5.1f} {p['loop_lag_p99_max_ms']:>14.1f} ms  "
               f"{engine_check(rows, timings[s]) if proc is not None else '(no engine log)'}")
     try:
-        # the engine's own decode step by slots (the first prompt size probed) starts the table's fit
+        # the engine's own decode step by slots: the first prompt size probed starts the one-context-cost table,
+        # both sizes (the slope in context at each slot count) start the context-by-slots table and are
+        # fitted beside the records
         first = next(iter(probes.values()), [])
         probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
         probe_ctx = {r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2) for r in first}
-        if probe:  # kept for `calibrate records --decode-probe`
-            write_probe(out / "decode_probe.csv", probe, probe_ctx)
+        points = [(r.batch, r.batch * (r.prompt_tokens + a.max_completion_tokens / 2), r.eval_ms_per_token / 1e3)
+                  for prows in probes.values() for r in prows]
+        if points:  # kept for `calibrate records --decode-probe`
+            write_probe_points(out / "decode_probe.csv", points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
-                                probe=probe or None, probe_ctx=probe_ctx)
+                                probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))
@@ -404,14 +411,20 @@ def main(argv: list[str] | None = None) -> None:
           f"(fit runs: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
     if "choice" in records_fit:
         held = records_fit["choice"]["held_out"]
-        print(f"step model kept: {records_fit['step_model']} (on the fit seeds' held-out episode(s): affine TTFT / "
-              f"TPOT {held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
-              f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+        one, by = held["table_one_context"], held["table_context_by_slots"]
+        kept = records_fit["step_model"] + (f" (context cost {records_fit['table_context']})"
+                                            if records_fit["step_model"] == "table" else "")
+        print(f"step model kept: {kept} (on the fit seeds' held-out episode(s): affine TTFT / TPOT "
+              f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table with one "
+              f"context cost {one['ttft_err_pct']:.1f} / {one['tpot_err_pct']:.1f} %, table with a context cost "
+              f"by slots {by['ttft_err_pct']:.1f} / {by['tpot_err_pct']:.1f} %)")
     if records_fit["step_model"] == "table":
         t = prof["engine"]["measured_table"]
+        ctx = (f"{[round(y * 1e6, 2) for y in t['ctx_by_slots_s']]} us per context token at those slots"
+               if t.get("ctx_by_slots_s") else f"{t['ctx_s'] * 1e6:.3f} us per context token")
         print(f"measured table: {t['step_s'] * 1e3:.2f} ms per iteration + decode at {t['slots']} slots "
               f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
-              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {t['ctx_s'] * 1e6:.3f} us per context token")
+              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {ctx}")
     fitted, base = load_profile(str(out / "llama-cpu-fit.json")), load_profile(BASE_PROFILE)
     held_runs = [run for s in held_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
     base_cmp = pooled([replay(r, base) for r in held_runs])
