@@ -198,48 +198,92 @@ def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestC
 
 @dataclass(frozen=True, slots=True)
 class ProbeRow:
-    """b requests sent at once (same prompt size, ignore_eos): their prompts share one batch, then b
-    sequences decode together, so the engine's eval ms per token is its decode step at b slots."""
+    """b requests sent at once (same prompt size, ignore_eos, streamed): once the last of them has its first
+    token, every prompt is through and the b sequences decode together until the first one ends. The
+    decode step at b slots is the gap between tokens in that span (median over the b streams), and its
+    context the b prompts plus the tokens each had produced by the span's middle.
+
+    The engine's own `timings` (predicted_ms / predicted_n) are not that step: a request's decode time also
+    holds the iterations that prefilled the requests sent beside it but taken after it, a cost that grows
+    with the slots and with the prompts' length. They are kept beside it for comparison (the probe
+    table's "(timings)" column)."""
 
     batch: int
-    prompt_tokens: int          # per request, as the engine counted them
-    eval_ms_per_token: float    # median over the b requests (the engine's `timings`)
+    prompt_tokens: int          # per request, as the engine counted them (median)
+    eval_ms_per_token: float    # the decode step at `batch` slots, from the streams (see above)
+    context_tokens: float       # decode context summed over the b sequences in the middle of that span
+    timings_ms_per_token: float  # median over the b requests of the engine's predicted_ms / predicted_n
 
 
 async def _probe_one(client: httpx.AsyncClient, base_url: str, model: str, words: int, tokens: int,
-                     rng: random.Random) -> dict[str, Any]:
+                     rng: random.Random) -> tuple[list[float], dict[str, Any]]:
+    """One streamed completion: the arrival time of each token's chunk and the engine's final `timings`."""
     prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(words))  # fresh: no cached prefix
-    r = await client.post(f"{base_url}/completions", json={"model": model, "prompt": prompt, "max_tokens": tokens,
-                                                          "ignore_eos": True})
-    r.raise_for_status()
-    return r.json()["timings"]
+    times: list[float] = []
+    timings: dict[str, Any] = {}
+    async with client.stream("POST", f"{base_url}/completions",
+                             json={"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True,
+                                   "stream": True, "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if d.get("timings"):
+                timings = dict(d["timings"])
+            if isinstance(d.get("usage"), dict) and "prompt_n" not in timings:
+                timings["usage_prompt_tokens"] = d["usage"].get("prompt_tokens")
+            choices = d.get("choices") or []
+            if choices and choices[0].get("text") is not None and choices[0].get("finish_reason") is None:
+                times.append(time.monotonic())
+    return times, timings
+
+
+def lockstep_step(streams: list[list[float]]) -> tuple[float, list[int]] | None:
+    """(the decode step in s, tokens each stream had produced by the span's middle) over the span in which
+    every stream has had its first token and none has ended; None when it holds under three tokens."""
+    t0, t1 = max(ts[0] for ts in streams), min(ts[-1] for ts in streams)
+    steps = []
+    for ts in streams:
+        inside = [t for t in ts if t0 <= t <= t1]
+        if len(inside) >= 3:
+            steps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    if len(steps) < len(streams):
+        return None
+    mid = 0.5 * (t0 + t1)
+    return float(np.median(steps)), [sum(1 for t in ts if t <= mid) for ts in streams]
 
 
 def decode_probe(base_url: str, model: str, batches: list[int], words: int, tokens: int = 32) -> list[ProbeRow]:
-    """llama-server's decode step by slots in use, from its own `timings` (llama.cpp's /completions)."""
+    """llama-server's decode step by slots in use, from the token streams of b requests sent at once."""
     rng = random.Random(0x9B)
 
     async def run() -> list[ProbeRow]:
         rows = []
         async with httpx.AsyncClient(timeout=300.0) as client:
             for b in batches:
-                ts = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
-                rows.append(ProbeRow(b, int(np.median([t["prompt_n"] for t in ts])),
-                                     float(np.median([t["predicted_ms"] / t["predicted_n"] for t in ts]))))
+                got = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
+                ts = [t for _, t in got]
+                prompt_n = [int(t.get("prompt_n") or t.get("usage_prompt_tokens") or 0) for t in ts]
+                timed_all = [t["predicted_ms"] / t["predicted_n"] for t in ts if t.get("predicted_n")]
+                timed = float(np.median(timed_all)) if timed_all else float("nan")
+                span = lockstep_step([times for times, _ in got])
+                step_ms, made = (span[0] * 1e3, span[1]) if span else (timed, [tokens // 2] * b)
+                rows.append(ProbeRow(b, int(np.median(prompt_n)), step_ms, float(sum(prompt_n) + sum(made)), timed))
         return rows
 
     return asyncio.run(run())
 
 
-def probe_table(rows: list[ProbeRow], prof: Profile, tokens: int) -> str:
-    """The engine's decode step against the fitted profile's, at the probe's batch and mean context."""
+def probe_table(rows: list[ProbeRow], prof: Profile) -> str:
+    """The engine's decode step against the fitted profile's, at the probe's batch and context."""
     model = measured_models(prof)[("FP16", "unified")]  # the table or the affine model, as the fit chose
-    lines = [f"{'slots':>5} {'prompt tok':>10} {'engine ms/step':>14} {'fitted ms/step':>14} {'error %':>8}"]
+    lines = [f"{'slots':>5} {'prompt tok':>10} {'context':>7} {'engine ms/step':>14} {'(timings)':>9} "
+             f"{'fitted ms/step':>14} {'error %':>8}"]
     for r in rows:
-        ctx = r.batch * (r.prompt_tokens + tokens / 2)
-        sim = model.iteration_s(r.batch, ctx, 0, [], 0, 0) * 1e3
-        lines.append(f"{r.batch:>5} {r.prompt_tokens:>10} {r.eval_ms_per_token:>14.1f} {sim:>14.1f} "
-                     f"{(sim / r.eval_ms_per_token - 1) * 100:>+8.1f}")
+        sim = model.iteration_s(r.batch, r.context_tokens, 0, [], 0, 0) * 1e3
+        lines.append(f"{r.batch:>5} {r.prompt_tokens:>10} {r.context_tokens:>7.0f} {r.eval_ms_per_token:>14.1f} "
+                     f"{r.timings_ms_per_token:>9.1f} {sim:>14.1f} {(sim / r.eval_ms_per_token - 1) * 100:>+8.1f}")
     return "\n".join(lines)
 
 
@@ -393,9 +437,8 @@ def main(argv: list[str] | None = None) -> None:
         # fitted beside the records
         first = next(iter(probes.values()), [])
         probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
-        probe_ctx = {r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2) for r in first}
-        points = [(r.batch, r.batch * (r.prompt_tokens + a.max_completion_tokens / 2), r.eval_ms_per_token / 1e3)
-                  for prows in probes.values() for r in prows]
+        probe_ctx = {r.batch: r.context_tokens for r in first}
+        points = [(r.batch, r.context_tokens, r.eval_ms_per_token / 1e3) for prows in probes.values() for r in prows]
         if points:  # kept for `calibrate records --decode-probe`
             write_probe_points(out / "decode_probe.csv", points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
@@ -440,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")
     for words, prows in probes.items():
         print(f"decode step by slots in use ({words}-word prompts, {a.max_completion_tokens} tokens each, sent at once):")
-        print(probe_table(prows, fitted, a.max_completion_tokens))
+        print(probe_table(prows, fitted))
     print(f"records, engine log and profile: {out}")
     print(json.dumps(total.summary()))
 
