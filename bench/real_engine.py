@@ -69,7 +69,7 @@ from llmserve_env.sim.calibration.calibrate_engine_log import (
 )
 from llmserve_env.sim.calibration.record_fit import load_runs
 from llmserve_env.sim.calibration.replay import by_concurrency, concurrency_table, pooled, replay
-from llmserve_env.sim.calibration.table_fit import write_probe_points
+from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points, write_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
@@ -344,6 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--probe", default=None, metavar="B,B,...",
                     help="after the episodes, send B requests at once for each B (two prompt sizes) and compare the "
                     "engine's decode step at B slots with the fitted profile's, e.g. 1,2,4,8")
+    ap.add_argument("--refit", type=Path, default=None, metavar="DIR",
+                    help="play nothing: fit and replay the records (and decode probe) an earlier run kept in DIR "
+                    "(its --out-dir, or the folder its last lines name), with the same --seeds and --held-out")
     ap.add_argument("--priority", choices=("none", "nice", "rt"), default="none",
                     help="raise llama-server (nice: -10; rt: SCHED_FIFO 50) and this process (nice -10); "
                     "needs root [%(default)s]")
@@ -379,47 +382,55 @@ def main(argv: list[str] | None = None) -> None:
     gguf = a.gguf or folder / "model.gguf"
     if a.gguf is not None and not a.gguf.is_file():
         ap.error(f"--gguf {a.gguf}: no such file")
-    if a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
+    if a.refit is not None:
+        missing = [s for s in seeds if not (a.refit / f"records_seed{s}.jsonl").is_file()]
+        if missing:
+            ap.error(f"--refit {a.refit}: no records_seed{missing[0]}.jsonl (the seeds must be the run's)")
+    elif a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
         reason = f"no llama-server/{gguf.name} in {folder}; run scripts/build_llama_server.sh first"
         print(f"skipped: {reason}")
         print(json.dumps({"skipped": reason}))
         return
     caps = RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)
-    out = a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = a.refit or a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
     nice0 = os.getpriority(os.PRIO_PROCESS, 0)
-    isolate_self(a.gateway_cpus, a.priority)
     proc = None
-    base_url = a.base_url
-    log = out / "llama-server.log"
-    if base_url is None:
-        port = a.port or free_port()
-        proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
-        base_url = f"http://127.0.0.1:{port}/v1"
-    served = served_model(base_url)
-    played, timings = [], {}
+    played: list[dict[str, float]] = []
+    timings: dict[int, list[EngineTiming]] = {}
     probes: dict[int, list[ProbeRow]] = {}
-    try:
-        for seed in seeds:
-            rec = out / f"records_seed{seed}.jsonl"
-            rec.unlink(missing_ok=True)
-            seen = len(engine_lines(log))
-            played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
-            wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
-            timings[seed] = engine_lines(log)[seen:]
-        if probe_batches and proc is not None:
-            probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+    served = base_url = ""
+    if a.refit is None:
+        out.mkdir(parents=True, exist_ok=True)
+        isolate_self(a.gateway_cpus, a.priority)
+        base_url = a.base_url
+        log = out / "llama-server.log"
+        if base_url is None:
+            port = a.port or free_port()
+            proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
+            base_url = f"http://127.0.0.1:{port}/v1"
+        served = served_model(base_url)
+        try:
+            for seed in seeds:
+                rec = out / f"records_seed{seed}.jsonl"
+                rec.unlink(missing_ok=True)
+                seen = len(engine_lines(log))
+                played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
+                wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
+                timings[seed] = engine_lines(log)[seen:]
+            if probe_batches and proc is not None:
+                probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
     os.setpriority(os.PRIO_PROCESS, 0, nice0)  # the fit is ours, not the measurement's
     task = get_task("static_workload")
     fit_rec = out / "records_fit.jsonl"
     fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in fit_seeds))
     kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
     engine = (f"llama-server (-np 8 -t 1) serving {gguf.name} as {served}" if proc is not None
-              else f"{served} at {base_url}")
+              else f"{served} at {base_url}" if a.refit is None
+              else f"the records an earlier run kept in {out} (refit: nothing played)")
     iso = (f"engine CPUs {a.engine_cpus or 'any'}, gateway CPUs {a.gateway_cpus or 'any'}, priority {a.priority}")
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g}, prompts <= {a.max_prompt_tokens}, "
           f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs")
@@ -439,8 +450,11 @@ def main(argv: list[str] | None = None) -> None:
         probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
         probe_ctx = {r.batch: r.context_tokens for r in first}
         points = [(r.batch, r.context_tokens, r.eval_ms_per_token / 1e3) for prows in probes.values() for r in prows]
-        if points:  # kept for `calibrate records --decode-probe`
+        if points:  # kept for `calibrate records --decode-probe` and --refit
             write_probe_points(out / "decode_probe.csv", points)
+        elif a.refit is not None and (out / "decode_probe.csv").is_file():
+            points = read_probe_points(out / "decode_probe.csv")
+            probe, probe_ctx = probe_dicts(points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
                                 probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None)
     except FitRefusedError as exc:
@@ -484,6 +498,12 @@ def main(argv: list[str] | None = None) -> None:
     for words, prows in probes.items():
         print(f"decode step by slots in use ({words}-word prompts, {a.max_completion_tokens} tokens each, sent at once):")
         print(probe_table(prows, fitted))
+    if not probes and points:
+        model = measured_models(fitted)[("FP16", "unified")]
+        print("the kept decode probe (slots, context, engine ms/step) against the fitted profile's step:")
+        for b, ctx, step in points:
+            sim = model.iteration_s(b, ctx, 0, [], 0, 0)
+            print(f"{b:>5} {ctx:>7.0f} {step * 1e3:>8.1f} {sim * 1e3:>8.1f} {(sim / step - 1) * 100:>+7.1f} %")
     print(f"records, engine log and profile: {out}")
     print(json.dumps(total.summary()))
 
