@@ -21,7 +21,10 @@ are the task's (64 x 1 s).
 The episodes of all seeds but the last --held-out are fitted (`calibrate records`, starting from
 h100-llama3.1-8b; with two fit seeds or more it also fits the measured step table and keeps it only
 if it replays the last third of the fit seeds better than the affine model, starting the table's
-decode values from --probe's measurements when given, and says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
+decode values from --probe's measurements when given; with --probe, the table whose context cost
+depends on the slots decoding is started from the probe's two prompt sizes and fitted to the probe and
+the records together; the held-out episode(s) choose among affine, the table with one context cost and
+the table with a context cost by slots, and it says which it kept); the held-out ones are replayed through the simulator on the fitted profile (and
 on the starting one, for scale). Prints, per episode, the load average around it, the gateway's
 worst event-loop lag and the engine's own speed from its timing log (and how far the gateway's
 TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
@@ -66,7 +69,7 @@ from llmserve_env.sim.calibration.calibrate_engine_log import (
 )
 from llmserve_env.sim.calibration.record_fit import load_runs
 from llmserve_env.sim.calibration.replay import by_concurrency, concurrency_table, pooled, replay
-from llmserve_env.sim.calibration.table_fit import write_probe
+from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points, write_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile
@@ -195,48 +198,92 @@ def play(base_url: str, model: str, seed: int, rate_scale: float, caps: RequestC
 
 @dataclass(frozen=True, slots=True)
 class ProbeRow:
-    """b requests sent at once (same prompt size, ignore_eos): their prompts share one batch, then b
-    sequences decode together, so the engine's eval ms per token is its decode step at b slots."""
+    """b requests sent at once (same prompt size, ignore_eos, streamed): once the last of them has its first
+    token, every prompt is through and the b sequences decode together until the first one ends. The
+    decode step at b slots is the gap between tokens in that span (median over the b streams), and its
+    context the b prompts plus the tokens each had produced by the span's middle.
+
+    The engine's own `timings` (predicted_ms / predicted_n) are not that step: a request's decode time also
+    holds the iterations that prefilled the requests sent beside it but taken after it, a cost that grows
+    with the slots and with the prompts' length. They are kept beside it for comparison (the probe
+    table's "(timings)" column)."""
 
     batch: int
-    prompt_tokens: int          # per request, as the engine counted them
-    eval_ms_per_token: float    # median over the b requests (the engine's `timings`)
+    prompt_tokens: int          # per request, as the engine counted them (median)
+    eval_ms_per_token: float    # the decode step at `batch` slots, from the streams (see above)
+    context_tokens: float       # decode context summed over the b sequences in the middle of that span
+    timings_ms_per_token: float  # median over the b requests of the engine's predicted_ms / predicted_n
 
 
 async def _probe_one(client: httpx.AsyncClient, base_url: str, model: str, words: int, tokens: int,
-                     rng: random.Random) -> dict[str, Any]:
+                     rng: random.Random) -> tuple[list[float], dict[str, Any]]:
+    """One streamed completion: the arrival time of each token's chunk and the engine's final `timings`."""
     prompt = " ".join(f"w{rng.randrange(10**6)}" for _ in range(words))  # fresh: no cached prefix
-    r = await client.post(f"{base_url}/completions", json={"model": model, "prompt": prompt, "max_tokens": tokens,
-                                                          "ignore_eos": True})
-    r.raise_for_status()
-    return r.json()["timings"]
+    times: list[float] = []
+    timings: dict[str, Any] = {}
+    async with client.stream("POST", f"{base_url}/completions",
+                             json={"model": model, "prompt": prompt, "max_tokens": tokens, "ignore_eos": True,
+                                   "stream": True, "stream_options": {"include_usage": True}}) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line.strip() == "data: [DONE]":
+                continue
+            d = json.loads(line[6:])
+            if d.get("timings"):
+                timings = dict(d["timings"])
+            if isinstance(d.get("usage"), dict) and "prompt_n" not in timings:
+                timings["usage_prompt_tokens"] = d["usage"].get("prompt_tokens")
+            choices = d.get("choices") or []
+            if choices and choices[0].get("text") is not None and choices[0].get("finish_reason") is None:
+                times.append(time.monotonic())
+    return times, timings
+
+
+def lockstep_step(streams: list[list[float]]) -> tuple[float, list[int]] | None:
+    """(the decode step in s, tokens each stream had produced by the span's middle) over the span in which
+    every stream has had its first token and none has ended; None when it holds under three tokens."""
+    t0, t1 = max(ts[0] for ts in streams), min(ts[-1] for ts in streams)
+    steps = []
+    for ts in streams:
+        inside = [t for t in ts if t0 <= t <= t1]
+        if len(inside) >= 3:
+            steps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+    if len(steps) < len(streams):
+        return None
+    mid = 0.5 * (t0 + t1)
+    return float(np.median(steps)), [sum(1 for t in ts if t <= mid) for ts in streams]
 
 
 def decode_probe(base_url: str, model: str, batches: list[int], words: int, tokens: int = 32) -> list[ProbeRow]:
-    """llama-server's decode step by slots in use, from its own `timings` (llama.cpp's /completions)."""
+    """llama-server's decode step by slots in use, from the token streams of b requests sent at once."""
     rng = random.Random(0x9B)
 
     async def run() -> list[ProbeRow]:
         rows = []
         async with httpx.AsyncClient(timeout=300.0) as client:
             for b in batches:
-                ts = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
-                rows.append(ProbeRow(b, int(np.median([t["prompt_n"] for t in ts])),
-                                     float(np.median([t["predicted_ms"] / t["predicted_n"] for t in ts]))))
+                got = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
+                ts = [t for _, t in got]
+                prompt_n = [int(t.get("prompt_n") or t.get("usage_prompt_tokens") or 0) for t in ts]
+                timed_all = [t["predicted_ms"] / t["predicted_n"] for t in ts if t.get("predicted_n")]
+                timed = float(np.median(timed_all)) if timed_all else float("nan")
+                span = lockstep_step([times for times, _ in got])
+                step_ms, made = (span[0] * 1e3, span[1]) if span else (timed, [tokens // 2] * b)
+                rows.append(ProbeRow(b, int(np.median(prompt_n)), step_ms, float(sum(prompt_n) + sum(made)), timed))
         return rows
 
     return asyncio.run(run())
 
 
-def probe_table(rows: list[ProbeRow], prof: Profile, tokens: int) -> str:
-    """The engine's decode step against the fitted profile's, at the probe's batch and mean context."""
+def probe_table(rows: list[ProbeRow], prof: Profile) -> str:
+    """The engine's decode step against the fitted profile's, at the probe's batch and context."""
     model = measured_models(prof)[("FP16", "unified")]  # the table or the affine model, as the fit chose
-    lines = [f"{'slots':>5} {'prompt tok':>10} {'engine ms/step':>14} {'fitted ms/step':>14} {'error %':>8}"]
+    lines = [f"{'slots':>5} {'prompt tok':>10} {'context':>7} {'engine ms/step':>14} {'(timings)':>9} "
+             f"{'fitted ms/step':>14} {'error %':>8}"]
     for r in rows:
-        ctx = r.batch * (r.prompt_tokens + tokens / 2)
-        sim = model.iteration_s(r.batch, ctx, 0, [], 0, 0) * 1e3
-        lines.append(f"{r.batch:>5} {r.prompt_tokens:>10} {r.eval_ms_per_token:>14.1f} {sim:>14.1f} "
-                     f"{(sim / r.eval_ms_per_token - 1) * 100:>+8.1f}")
+        sim = model.iteration_s(r.batch, r.context_tokens, 0, [], 0, 0) * 1e3
+        lines.append(f"{r.batch:>5} {r.prompt_tokens:>10} {r.context_tokens:>7.0f} {r.eval_ms_per_token:>14.1f} "
+                     f"{r.timings_ms_per_token:>9.1f} {sim:>14.1f} {(sim / r.eval_ms_per_token - 1) * 100:>+8.1f}")
     return "\n".join(lines)
 
 
@@ -297,6 +344,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--probe", default=None, metavar="B,B,...",
                     help="after the episodes, send B requests at once for each B (two prompt sizes) and compare the "
                     "engine's decode step at B slots with the fitted profile's, e.g. 1,2,4,8")
+    ap.add_argument("--refit", type=Path, default=None, metavar="DIR",
+                    help="play nothing: fit and replay the records (and decode probe) an earlier run kept in DIR "
+                    "(its --out-dir, or the folder its last lines name), with the same --seeds and --held-out")
     ap.add_argument("--priority", choices=("none", "nice", "rt"), default="none",
                     help="raise llama-server (nice: -10; rt: SCHED_FIFO 50) and this process (nice -10); "
                     "needs root [%(default)s]")
@@ -332,47 +382,55 @@ def main(argv: list[str] | None = None) -> None:
     gguf = a.gguf or folder / "model.gguf"
     if a.gguf is not None and not a.gguf.is_file():
         ap.error(f"--gguf {a.gguf}: no such file")
-    if a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
+    if a.refit is not None:
+        missing = [s for s in seeds if not (a.refit / f"records_seed{s}.jsonl").is_file()]
+        if missing:
+            ap.error(f"--refit {a.refit}: no records_seed{missing[0]}.jsonl (the seeds must be the run's)")
+    elif a.base_url is None and not ((folder / "llama-server").exists() and gguf.exists()):
         reason = f"no llama-server/{gguf.name} in {folder}; run scripts/build_llama_server.sh first"
         print(f"skipped: {reason}")
         print(json.dumps({"skipped": reason}))
         return
     caps = RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)
-    out = a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = a.refit or a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
     nice0 = os.getpriority(os.PRIO_PROCESS, 0)
-    isolate_self(a.gateway_cpus, a.priority)
     proc = None
-    base_url = a.base_url
-    log = out / "llama-server.log"
-    if base_url is None:
-        port = a.port or free_port()
-        proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
-        base_url = f"http://127.0.0.1:{port}/v1"
-    served = served_model(base_url)
-    played, timings = [], {}
+    played: list[dict[str, float]] = []
+    timings: dict[int, list[EngineTiming]] = {}
     probes: dict[int, list[ProbeRow]] = {}
-    try:
-        for seed in seeds:
-            rec = out / f"records_seed{seed}.jsonl"
-            rec.unlink(missing_ok=True)
-            seen = len(engine_lines(log))
-            played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
-            wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
-            timings[seed] = engine_lines(log)[seen:]
-        if probe_batches and proc is not None:
-            probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(timeout=30)
+    served = base_url = ""
+    if a.refit is None:
+        out.mkdir(parents=True, exist_ok=True)
+        isolate_self(a.gateway_cpus, a.priority)
+        base_url = a.base_url
+        log = out / "llama-server.log"
+        if base_url is None:
+            port = a.port or free_port()
+            proc = start_server(folder, gguf, a.model, port, log, isolation_prefix(a.engine_cpus, a.priority))
+            base_url = f"http://127.0.0.1:{port}/v1"
+        served = served_model(base_url)
+        try:
+            for seed in seeds:
+                rec = out / f"records_seed{seed}.jsonl"
+                rec.unlink(missing_ok=True)
+                seen = len(engine_lines(log))
+                played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
+                wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
+                timings[seed] = engine_lines(log)[seen:]
+            if probe_batches and proc is not None:
+                probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(timeout=30)
     os.setpriority(os.PRIO_PROCESS, 0, nice0)  # the fit is ours, not the measurement's
     task = get_task("static_workload")
     fit_rec = out / "records_fit.jsonl"
     fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in fit_seeds))
     kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
     engine = (f"llama-server (-np 8 -t 1) serving {gguf.name} as {served}" if proc is not None
-              else f"{served} at {base_url}")
+              else f"{served} at {base_url}" if a.refit is None
+              else f"the records an earlier run kept in {out} (refit: nothing played)")
     iso = (f"engine CPUs {a.engine_cpus or 'any'}, gateway CPUs {a.gateway_cpus or 'any'}, priority {a.priority}")
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g}, prompts <= {a.max_prompt_tokens}, "
           f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs")
@@ -385,14 +443,20 @@ def main(argv: list[str] | None = None) -> None:
               f"{p['load_start']:>5.1f}-{p['load_end']:<5.1f} {p['loop_lag_p99_max_ms']:>14.1f} ms  "
               f"{engine_check(rows, timings[s]) if proc is not None else '(no engine log)'}")
     try:
-        # the engine's own decode step by slots (the first prompt size probed) starts the table's fit
+        # the engine's own decode step by slots: the first prompt size probed starts the one-context-cost table,
+        # both sizes (the slope in context at each slot count) start the context-by-slots table and are
+        # fitted beside the records
         first = next(iter(probes.values()), [])
         probe = {r.batch: r.eval_ms_per_token / 1e3 for r in first}
-        probe_ctx = {r.batch: r.batch * (r.prompt_tokens + a.max_completion_tokens / 2) for r in first}
-        if probe:  # kept for `calibrate records --decode-probe`
-            write_probe(out / "decode_probe.csv", probe, probe_ctx)
+        probe_ctx = {r.batch: r.context_tokens for r in first}
+        points = [(r.batch, r.context_tokens, r.eval_ms_per_token / 1e3) for prows in probes.values() for r in prows]
+        if points:  # kept for `calibrate records --decode-probe` and --refit
+            write_probe_points(out / "decode_probe.csv", points)
+        elif a.refit is not None and (out / "decode_probe.csv").is_file():
+            points = read_probe_points(out / "decode_probe.csv")
+            probe, probe_ctx = probe_dicts(points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
-                                probe=probe or None, probe_ctx=probe_ctx)
+                                probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))
@@ -404,14 +468,20 @@ def main(argv: list[str] | None = None) -> None:
           f"(fit runs: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
     if "choice" in records_fit:
         held = records_fit["choice"]["held_out"]
-        print(f"step model kept: {records_fit['step_model']} (on the fit seeds' held-out episode(s): affine TTFT / "
-              f"TPOT {held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
-              f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+        one, by = held["table_one_context"], held["table_context_by_slots"]
+        kept = records_fit["step_model"] + (f" (context cost {records_fit['table_context']})"
+                                            if records_fit["step_model"] == "table" else "")
+        print(f"step model kept: {kept} (on the fit seeds' held-out episode(s): affine TTFT / TPOT "
+              f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table with one "
+              f"context cost {one['ttft_err_pct']:.1f} / {one['tpot_err_pct']:.1f} %, table with a context cost "
+              f"by slots {by['ttft_err_pct']:.1f} / {by['tpot_err_pct']:.1f} %)")
     if records_fit["step_model"] == "table":
         t = prof["engine"]["measured_table"]
+        ctx = (f"{[round(y * 1e6, 2) for y in t['ctx_by_slots_s']]} us per context token at those slots"
+               if t.get("ctx_by_slots_s") else f"{t['ctx_s'] * 1e6:.3f} us per context token")
         print(f"measured table: {t['step_s'] * 1e3:.2f} ms per iteration + decode at {t['slots']} slots "
               f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
-              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {t['ctx_s'] * 1e6:.3f} us per context token")
+              f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {ctx}")
     fitted, base = load_profile(str(out / "llama-cpu-fit.json")), load_profile(BASE_PROFILE)
     held_runs = [run for s in held_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
     base_cmp = pooled([replay(r, base) for r in held_runs])
@@ -427,7 +497,13 @@ def main(argv: list[str] | None = None) -> None:
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")
     for words, prows in probes.items():
         print(f"decode step by slots in use ({words}-word prompts, {a.max_completion_tokens} tokens each, sent at once):")
-        print(probe_table(prows, fitted, a.max_completion_tokens))
+        print(probe_table(prows, fitted))
+    if not probes and points:
+        model = measured_models(fitted)[("FP16", "unified")]
+        print("the kept decode probe (slots, context, engine ms/step) against the fitted profile's step:")
+        for b, ctx, step in points:
+            sim = model.iteration_s(b, ctx, 0, [], 0, 0)
+            print(f"{b:>5} {ctx:>7.0f} {step * 1e3:>8.1f} {sim * 1e3:>8.1f} {(sim / step - 1) * 100:>+7.1f} %")
     print(f"records, engine log and profile: {out}")
     print(json.dumps(total.summary()))
 

@@ -705,7 +705,7 @@ class Engine:
         g = self.depth
         context, per_iter = self.decode_context_tokens, self.decode_tokens_per_iter
         a = model.iteration_s(n, context, g, [], 0, 0)
-        b = model.decode_slope(g) * per_iter
+        b = model.decode_slope(g, n) * per_iter
         it = self.decode_iter
         kcap = max(1, h[0][0] - it) if h else 1
         fresh = self.fresh

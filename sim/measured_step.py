@@ -83,7 +83,7 @@ class MeasuredStepModel:
             t += c.seq_s * decode_seqs + c.ctx_s * ctx_sum
         return t * self.slow
 
-    def decode_slope(self, depth: int) -> float:
+    def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:
         return self.c.ctx_s * self.slow
 
     def transfer_s(self, tokens: int) -> float:

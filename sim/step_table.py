@@ -12,14 +12,20 @@ measured and tabulates the one that is not:
                                         one extended along its last segment (never below its last value)
       + prefill(m)                      m = prompt tokens through the model; piecewise linear between
                                         the measured token counts, 0 at m = 0, extended the same way
-      + ctx_s * summed decode context   attention reading the KV cache
+      + ctx(b) * summed decode context  attention reading the KV cache: one coefficient ctx_s, or (a
+                                        table with `ctx_by_slots_s`) a coefficient per slot count,
+                                        piecewise linear in b like decode(b)
 
 stored in the profile as `engine.measured_table`:
 
     {"step_s": s, "ctx_s": c, "slots": [1, 2, 4, 8], "decode_s": [...], "prefill_tokens": [...], "prefill_s": [...]}
+    (+ "ctx_by_slots_s": [...], one per slot count, when the context cost depends on the batch)
 
-The context term stays one coefficient, not a table axis: the engine sums runs of identical decode
-iterations in closed form (t_j = A + B * j), which needs the step affine in context (`decode_slope`).
+The context cost by slots is what llama-server showed (issue 29, SmolLM2 probe at 8- and 48-word
+prompts): a context token cost ~15 us a step with one slot decoding and 72-82 us with 2-8. It stays
+compatible with the engine's closed form for runs of identical decode iterations (t_j = A + B * j):
+within a run the batch does not change, so the step is affine in context with the slope ctx(b)
+(`decode_slope(depth, decode_seqs)`).
 The interface is the engine's IterationModel (sim/step_time.py), so every knob works unchanged, with the
 measured model's limits (one model measured: tiers and speculation are timed like it; a lane with share
 s runs 1/s slower; KV transfers use the base profile's link).
@@ -60,6 +66,7 @@ class StepTable:
     decode_s: tuple[float, ...]
     prefill_tokens: tuple[float, ...]
     prefill_s: tuple[float, ...]
+    ctx_by_slots_s: tuple[float, ...] = ()  # empty: ctx_s for every batch
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepTable:
@@ -68,7 +75,15 @@ class StepTable:
                 raise ValueError(f"engine.{KEY}.{k} must be a number >= 0, got {d.get(k)!r}")
         slots, decode = _points(d, "slots", "decode_s")
         tokens, prefill = _points(d, "prefill_tokens", "prefill_s")
-        return cls(float(d["step_s"]), float(d["ctx_s"]), slots, decode, tokens, prefill)
+        by_slots: tuple[float, ...] = ()
+        if d.get("ctx_by_slots_s") is not None:
+            _, by_slots = _points({"slots": d["slots"], "ctx_by_slots_s": d["ctx_by_slots_s"]}, "slots",
+                                  "ctx_by_slots_s")
+        return cls(float(d["step_s"]), float(d["ctx_s"]), slots, decode, tokens, prefill, by_slots)
+
+    def ctx_at(self, rows: float) -> float:
+        """Seconds per token of summed decode context with `rows` decoding rows."""
+        return interpolate(rows, self.slots, self.ctx_by_slots_s) if self.ctx_by_slots_s else self.ctx_s
 
     def to_dict(self) -> dict[str, Any]:
         def r(v: float) -> float:
@@ -76,7 +91,8 @@ class StepTable:
 
         return {"step_s": r(self.step_s), "ctx_s": r(self.ctx_s), "slots": [r(x) for x in self.slots],
                 "decode_s": [r(y) for y in self.decode_s], "prefill_tokens": [r(x) for x in self.prefill_tokens],
-                "prefill_s": [r(y) for y in self.prefill_s]}
+                "prefill_s": [r(y) for y in self.prefill_s]} | (
+                    {"ctx_by_slots_s": [r(y) for y in self.ctx_by_slots_s]} if self.ctx_by_slots_s else {})
 
 
 def interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -112,11 +128,13 @@ class TableStepModel:
         tb = self.table
         t = tb.step_s + interpolate(prefill_tokens, tb.prefill_tokens, tb.prefill_s)
         if decode_seqs:
-            t += interpolate(decode_seqs * (depth + 1), tb.slots, tb.decode_s) + tb.ctx_s * ctx_sum
+            rows = decode_seqs * (depth + 1)
+            t += interpolate(rows, tb.slots, tb.decode_s) + tb.ctx_at(rows) * ctx_sum
         return t * self.slow
 
-    def decode_slope(self, depth: int) -> float:
-        return self.table.ctx_s * self.slow
+    def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:
+        """d(iteration time)/d(summed context) of a decode iteration of `decode_seqs` sequences."""
+        return self.table.ctx_at(decode_seqs * (depth + 1)) * self.slow
 
     def transfer_s(self, tokens: int) -> float:
         return self.xfer_c0 + tokens * self.xfer_per_token

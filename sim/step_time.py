@@ -184,8 +184,9 @@ class StepTimeModel:
             t += self.prefill_attention_s(chunks)
         return t
 
-    def decode_slope(self, depth: int) -> float:
-        """d(iteration time)/d(summed context) of a decode iteration (target + draft KV streams)."""
+    def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:
+        """d(iteration time)/d(summed context) of a decode iteration (target + draft KV streams); the same
+        for any batch (`decode_seqs`, which a measured table's context cost may depend on)."""
         return self.dec_ctx + (depth * self.ddec_ctx if depth > 0 else 0.0)
 
     def transfer_s(self, tokens: int) -> float:
@@ -200,7 +201,7 @@ class IterationModel(Protocol):
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
                     prefill_tokens: int, sampled_prefills: int) -> float: ...
 
-    def decode_slope(self, depth: int) -> float: ...
+    def decode_slope(self, depth: int, decode_seqs: int = 1) -> float: ...
 
     def transfer_s(self, tokens: int) -> float: ...
 

@@ -79,3 +79,32 @@ def test_the_real_engine_bench_names_the_model_the_server_says_it_serves():
     with BackgroundStandin(StandinConfig(served_model="gemma-3-270m")) as s:
         assert served_model(s.base_url) == "gemma-3-270m, owned by llmserve-standin"
     assert served_model("http://127.0.0.1:9/v1").startswith("(GET http://127.0.0.1:9/v1/models failed: ")
+
+
+def test_the_decode_probe_times_the_span_in_which_every_slot_decodes():
+    """The probe's step at b slots is the token gap while all b sequences decode (after the last first token,
+    before the first end): the engine's own per-request timings also hold the other requests' prefills."""
+    from test_cli import bench_main
+
+    lockstep_step = bench_main("real_engine").__globals__["lockstep_step"]
+    # a first: token every 10 ms from 0, but b's prompt (taken after a's) stalls a from 0.05 to 0.45 s;
+    # then both decode at 20 ms a step
+    a = [0.0, 0.01, 0.02, 0.03, 0.04, 0.45] + [0.45 + 0.02 * k for k in range(1, 20)]
+    b = [0.46 + 0.02 * k for k in range(25)]
+    step, made = lockstep_step([a, b])
+    assert step == pytest.approx(0.02)
+    assert made[0] > made[1] > 0  # a had produced more tokens by the span's middle
+    assert lockstep_step([[0.0, 1.0], [2.0, 3.0]]) is None  # never both decoding
+
+
+def test_the_decode_probe_reads_streamed_completions():
+    from llmserve_env.sim.standin.app import StandinConfig
+    from llmserve_env.tools.standin_harness import BackgroundStandin
+    from test_cli import bench_main
+
+    decode_probe = bench_main("real_engine").__globals__["decode_probe"]
+    with BackgroundStandin(StandinConfig(served_model="probe-me")) as s:
+        rows = decode_probe(s.base_url, "probe-me", [1, 2], words=8, tokens=12)
+    assert [r.batch for r in rows] == [1, 2]
+    assert all(r.eval_ms_per_token > 0 and r.prompt_tokens > 0 for r in rows)
+    assert rows[1].context_tokens > rows[0].context_tokens > rows[0].prompt_tokens

@@ -305,3 +305,14 @@ def test_errors_by_concurrency_find_where_a_profile_is_wrong(tmp_path):
     flat = by_concurrency(runs, with_coefficients(load_profile(BASE), dataclasses.replace(CPU, seq_s=0.0)))
     bias = [r.tpot_bias_pct for r in flat]
     assert all(b < -10 for b in bias) and bias[-1] < bias[0] - 10
+
+
+def test_the_replayed_prefill_is_what_the_engine_computed_less_its_prompt_cache():
+    """llama-server serves the opening of a prompt from the slot's last one (25-40 of ~100 tokens in the
+    bench's episodes, `cached_tokens`): the replay prefills the rest, the engine's own count less its hit."""
+    from llmserve_env.sim.calibration.replay import engine_prompt
+
+    assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": 100, "cached_tokens": 40}) == 60
+    assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": 100, "cached_tokens": None}) == 100
+    assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": 100, "cached_tokens": 100}) == 1  # never 0
+    assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": None}, ratio=1.5) == 96

@@ -20,7 +20,16 @@ from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.calibration.record_fit import load_runs, with_coefficients
 from llmserve_env.sim.calibration.replay import pooled, replay
-from llmserve_env.sim.calibration.table_fit import choose, probe_start, read_probe, with_table, write_probe
+from llmserve_env.sim.calibration.table_fit import (
+    choose,
+    ctx_by_slots_start,
+    probe_start,
+    read_probe,
+    read_probe_points,
+    with_table,
+    write_probe,
+    write_probe_points,
+)
 from llmserve_env.sim.measured_step import StepCoefficients, measured_models
 from llmserve_env.sim.profiles import InvalidProfileError, load_profile
 from llmserve_env.sim.standin.app import StandinConfig, StandinState
@@ -169,3 +178,112 @@ def test_a_decode_probe_starts_the_table_and_bad_probe_files_are_named(tmp_path,
     assert calibrate.main(["records", "--profile", BASE, "--records", str(path), "--action", ACTION_JSON,
                            "--decode-probe", str(path)]) == 2
     assert "missing column(s) context_tokens" in capsys.readouterr().err
+
+
+# The context cost by slots (llama-server, SmolLM2, issue 29's probe at 8- and 48-word prompts: ~15 us a
+# context token with one slot decoding, 72-82 us with 2-8).
+BY_SLOTS = StepTable(0.002, 15e-6, (1.0, 2.0, 4.0, 8.0), (0.011, 0.022, 0.050, 0.080), (100.0, 300.0),
+                     (0.5, 1.5), (15e-6, 80e-6, 80e-6, 72e-6))
+
+
+def probe_of(table: StepTable, prompts=(56.0, 280.0), tokens: int = 32) -> list[tuple[int, float, float]]:
+    """What bench/real_engine.py --probe measures on an engine timed by `table`: the step at b slots and
+    two prompt sizes (their mean decode context summed over the b slots)."""
+    model = TableStepModel(load_profile(BASE), "FP16", table)
+    out = []
+    for b in (1, 2, 4, 8):
+        for p in prompts:
+            ctx = b * (p + tokens / 2)
+            out.append((b, ctx, model.iteration_s(b, ctx, 0, [], 0, 0)))
+    return out
+
+
+def test_a_context_cost_by_slots_is_read_checked_and_interpolated(tmp_path):
+    d = BY_SLOTS.to_dict()
+    assert d["ctx_by_slots_s"] == [15e-6, 80e-6, 80e-6, 72e-6]
+    assert StepTable.from_dict(d) == BY_SLOTS
+    assert "ctx_by_slots_s" not in SATURATING.to_dict()  # one coefficient: the dict as before
+    assert BY_SLOTS.ctx_at(1) == 15e-6 and BY_SLOTS.ctx_at(3) == pytest.approx(80e-6)
+    assert BY_SLOTS.ctx_at(6) == pytest.approx(76e-6) and BY_SLOTS.ctx_at(16) == pytest.approx(72e-6)
+    prof = with_table(load_profile(BASE), BY_SLOTS, "by-slots")
+    model = measured_models(prof)[("FP16", "unified")]
+    assert model.iteration_s(2, 500.0, 0, [], 0, 0) == pytest.approx(0.002 + 0.022 + 80e-6 * 500)
+    assert model.iteration_s(1, 500.0, 0, [], 0, 0) == pytest.approx(0.002 + 0.011 + 15e-6 * 500)
+    assert model.decode_slope(0, 1) == 15e-6 and model.decode_slope(0, 8) == 72e-6
+    assert model.decode_slope(1, 2) == pytest.approx(80e-6)  # 2 sequences verifying 2 tokens: 4 rows
+    bad = json.loads(json.dumps(prof.raw))
+    bad["engine"]["measured_table"]["ctx_by_slots_s"] = [1e-5, 2e-5]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(InvalidProfileError, match="ctx_by_slots_s must be lists of the same"):
+        load_profile(str(path))
+
+
+def test_the_closed_form_decode_runs_equal_the_step_by_step_sums(monkeypatch):
+    """The engine sums a run of decode iterations in closed form (k a + b k (k-1) / 2, with b the context
+    slope at the run's batch); with runs cut to one iteration each it adds iteration_s step by step. Both
+    must give every request the same times on a table whose context cost depends on the slots."""
+    table = dataclasses.replace(BY_SLOTS, prefill_s=(0.02, 0.06))  # prefills cheap enough to keep 2-8 decoding
+    prof = with_table(load_profile(BASE), table, "by-slots")
+    model = measured_models(prof)[("FP16", "unified")]
+    for n in (1, 2, 3, 5, 8):  # the model itself: affine in context for a fixed batch
+        a, b, ctx0, k = model.iteration_s(n, 300.0, 0, [], 0, 0), model.decode_slope(0, n) * n, 300.0, 17
+        steps = sum(model.iteration_s(n, ctx0 + j * n, 0, [], 0, 0) for j in range(k))
+        assert k * a + b * k * (k - 1) / 2 == pytest.approx(steps, rel=1e-12)
+    task = TaskSpec("burst", "x", "x", (TenantSpec("chat", 1, 1.0, 1000.0, 100.0, (60, 0.5), (24, 0.5)),),
+                    workload={"kind": "poisson", "rate_rps": 3.0}, horizon=12)
+
+    def served() -> list[tuple[str, float, float]]:
+        backend = SimBackend(prof)
+        backend.reset(4)
+        out = []
+        for k, w in enumerate(windows(generate_arrivals(task, 4), task)):
+            out += [(r.request_id, r.first_token_s, r.finish_s) for r in backend.run_window(ACTION, w, k, 1.0).finished]
+        return sorted(out)
+
+    closed = served()
+    from llmserve_env.sim import engine
+
+    batches = []
+    iteration_s = TableStepModel.iteration_s
+    monkeypatch.setattr(TableStepModel, "iteration_s",
+                        lambda self, n, *a: batches.append(n) or iteration_s(self, n, *a))
+
+    monkeypatch.setattr(engine, "steps_to_cover", lambda a, b, span: 1)
+    stepwise = served()
+    assert len(closed) == len(stepwise) > 20
+    assert {1, 2, 3, 4} <= set(batches)  # runs at several batch sizes, each with its own context slope
+    for (i, f1, e1), (j, f2, e2) in zip(closed, stepwise, strict=True):
+        assert i == j and f1 == pytest.approx(f2, abs=1e-9) and e1 == pytest.approx(e2, abs=1e-9)
+
+
+def test_a_probe_at_two_contexts_gives_the_context_cost_by_slots(tmp_path):
+    points = probe_of(BY_SLOTS)
+    path = tmp_path / "probe.csv"
+    write_probe_points(path, points)
+    got = read_probe_points(path)
+    assert [(b, c) for b, c, _ in got] == [(b, c) for b, c, _ in sorted(points)]
+    assert [s for _, _, s in got] == pytest.approx([s for _, _, s in sorted(points)], rel=1e-5)
+    steps, ctx = read_probe(path)  # the one-coefficient table's start: the smallest context per slot count
+    assert ctx == {b: b * 72.0 for b in (1, 2, 4, 8)}
+    one = dataclasses.replace(BY_SLOTS, decode_s=(0.03, 0.03, 0.03, 0.03), ctx_s=1e-6, ctx_by_slots_s=())
+    start = ctx_by_slots_start(one, got)
+    assert start.ctx_by_slots_s == pytest.approx(BY_SLOTS.ctx_by_slots_s, rel=1e-3)
+    assert start.decode_s == pytest.approx(BY_SLOTS.decode_s, rel=1e-3)
+    assert ctx_by_slots_start(one).ctx_by_slots_s == (1e-6,) * 4  # no probe: its own coefficient everywhere
+
+
+@pytest.mark.slow
+def test_the_fit_recovers_a_known_context_cost_by_slots_and_held_out_episodes_keep_it(tmp_path):
+    fit = [run for s in (1, 2) for run in load_runs(records(BY_SLOTS, tmp_path / f"s{s}.jsonl", s, n=30, rate=1.5),
+                                                     [ACTION], windows=30)]
+    held = load_runs(records(BY_SLOTS, tmp_path / "s3.jsonl", 3, n=30, rate=1.5), [ACTION], windows=30)
+    c = choose(load_profile(BASE), fit, held, [ACTION], iters=150, probe_points=probe_of(BY_SLOTS))
+    assert c.model == "table" and c.context == "by slots" and c.kept == "table (context cost by slots)"
+    got = c.table.table
+    assert got.ctx_by_slots_s == pytest.approx(BY_SLOTS.ctx_by_slots_s, rel=0.15)
+    # a decode iteration pays the fixed cost and decode(b) together: their sum is what is measured
+    assert [got.step_s + d for d in got.decode_s] == pytest.approx([0.002 + d for d in BY_SLOTS.decode_s], rel=0.1)
+    t = c.held_slots.summary()
+    assert t["ttft_err_pct"] < 5 and t["tpot_err_pct"] < 5
+    assert "table with a context cost by slots" in c.line()

@@ -27,7 +27,7 @@ from llmserve_env.sim.calibration.calibrate import (
 from llmserve_env.sim.calibration.profile_specs import SPECS
 from llmserve_env.sim.calibration.record_fit import load_runs, read_actions
 from llmserve_env.sim.calibration.replay import replay
-from llmserve_env.sim.calibration.table_fit import read_probe
+from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.profiles import UnknownProfileError, load_profile, user_profile_dir
 from llmserve_env.tools import cli
@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="episodes (the last ones) held out to choose the step model [a third, at least 1]")
     r.add_argument("--decode-probe", type=Path, default=None, metavar="CSV",
                    help="the engine's decode step by slots (columns slots,step_ms,context_tokens, as "
-                   "bench/real_engine.py --probe writes it): starts the table's decode values")
+                   "bench/real_engine.py --probe writes it; two prompt sizes per slot count give the context "
+                   "cost by slots): starts the table's decode values and is fitted beside the records")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -115,11 +116,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "records":
                 base_id = load_profile(args.profile).id
                 out = out_path(args.out, f"{base_id}-records")
-                probe, probe_ctx = read_probe(args.decode_probe) if args.decode_probe else (None, None)
+                points = read_probe_points(args.decode_probe) if args.decode_probe else None
+                probe, probe_ctx = probe_dicts(points) if points else (None, None)
                 prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
                                         windows=args.windows, caps=caps, episode=args.episode,
                                         step_model=args.step_model, held_out=args.held_out, probe=probe,
-                                        probe_ctx=probe_ctx)
+                                        probe_ctx=probe_ctx, probe_points=points)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,
@@ -142,9 +144,14 @@ def main(argv: list[str] | None = None) -> int:
             records = prof["fit_error"]["records"]
             if "choice" in records:
                 held = records["choice"]["held_out"]
+                one, by = held["table_one_context"], held["table_context_by_slots"]
                 print(f"step model: {records['step_model']} (held-out TTFT / TPOT median error: affine "
                       f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table "
-                      f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %)")
+                      f"{held['table']['ttft_err_pct']:.1f} / {held['table']['tpot_err_pct']:.1f} %: with one "
+                      f"context cost {one['ttft_err_pct']:.1f} / {one['tpot_err_pct']:.1f} %, with a context cost "
+                      f"by slots {by['ttft_err_pct']:.1f} / {by['tpot_err_pct']:.1f} %)")
+                if records["step_model"] == "table":
+                    print(f"table kept: context cost {records['table_context']}")
             else:
                 print(f"step model: {records['step_model']} (one episode recorded: none held out to choose on)")
             if "table_after" in records:

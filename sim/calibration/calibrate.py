@@ -54,7 +54,7 @@ from llmserve_env.sim.calibration.record_fit import (
     load_runs,
 )
 from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
-from llmserve_env.sim.calibration.table_fit import Choice, choose, fit_table
+from llmserve_env.sim.calibration.table_fit import Choice, ProbePoint, choose, fit_table
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.forms import RooflineFit
 from llmserve_env.sim.measured_step import KEY as MEASURED_KEY
@@ -305,14 +305,17 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                 window_s: float = 1.0, windows: int | None = None, caps: RequestCaps | None = None,
                 episode: str | None = None, step_model: str = "auto", held_out: int | None = None,
                 probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
-                ) -> tuple[dict[str, Any], RecordFit]:
+                probe_points: list[ProbePoint] | None = None) -> tuple[dict[str, Any], RecordFit]:
     """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile.
 
     The step model (`step_model`): "affine" (sim/measured_step.py) or "table" (sim/step_table.py); "auto"
     fits both to all but the last `held_out` episodes (a third by default), replays the held-out ones on
     each, and keeps the table only if it beats the affine model there; the model kept is then fitted to
     every episode. With one episode "auto" keeps the affine model (nothing to hold out). `probe`: the
-    engine's decode step (s) by slots, from bench/real_engine.py's probe, starts the table's decode values.
+    engine's decode step (s) by slots, from bench/real_engine.py's probe, starts the table's decode values;
+    `probe_points` (that probe at each context it measured) start the table whose context cost is by slots
+    and are fitted beside the records. The held-out episodes choose between the table's two forms (one
+    context cost, or one per slot count) as between table and affine.
     The profile also records how the engine counts prompts (engine.prompt_tokens, record_fit.py), which
     the stand-in serving it counts by."""
     if step_model not in STEP_MODELS:
@@ -328,13 +331,14 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
         if not 1 <= h < len(runs):
             raise ValueError(f"choosing the step model holds out 1..{len(runs) - 1} of the {len(runs)} episodes "
                              f"recorded (one at least is fitted, one at least held out), got {h}")
-        choice = choose(base, runs[:-h], runs[-h:], actions, probe, probe_ctx)
+        choice = choose(base, runs[:-h], runs[-h:], actions, probe, probe_ctx, probe_points=probe_points)
     chosen = "table" if step_model == "table" else (choice.model if choice is not None else "affine")
     result = fit_records(base, runs)
     table = None
     if chosen == "table":
         assert choice is not None
-        table = fit_table(base, runs, choice.table.table)
+        table = fit_table(base, runs, choice.table.table,
+                          probe_points=probe_points if choice.context == "by slots" else None)
     after = table.after_summary if table is not None else result.after_summary
     b = result.before_summary
     if after["ttft_err_pct"] + after["tpot_err_pct"] >= b["ttft_err_pct"] + b["tpot_err_pct"]:
@@ -363,6 +367,7 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     fit_error = result.to_dict()
     fit_error["step_model"] = chosen
     if table is not None:
+        fit_error["table_context"] = "by slots" if table.table.ctx_by_slots_s else "one"
         fit_error["table_after"] = {k: round(v, 2) for k, v in table.after_summary.items()}
     if choice is not None:
         fit_error["choice"] = choice.to_dict()
@@ -380,7 +385,9 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                    f"{', '.join(f'{y * 1e3:.2f}' for y in t.decode_s)} |\n"
                    f"| prefill of {', '.join(f'{x:g}' for x in t.prefill_tokens)} tokens (ms) | "
                    f"{', '.join(f'{y * 1e3:.2f}' for y in t.prefill_s)} |\n"
-                   f"| per token of decode context (us) | {t.ctx_s * 1e6:.4f} |\n"
+                   + (f"| per token of decode context at {', '.join(f'{x:g}' for x in t.slots)} slots (us) | "
+                      f"{', '.join(f'{y * 1e6:.3f}' for y in t.ctx_by_slots_s)} |\n" if t.ctx_by_slots_s else
+                      f"| per token of decode context (us) | {t.ctx_s * 1e6:.4f} |\n") +
                    f"\nThe profile is timed by the table: replay TTFT / TPOT median error "
                    f"{after['ttft_err_pct']:.1f} / {after['tpot_err_pct']:.1f} %.\n")
     out.with_name(f"{out.stem}.records_fit.md").write_text(report)

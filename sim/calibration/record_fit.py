@@ -26,7 +26,15 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.sim.calibration.replay import Comparison, RecordedRun, pooled, real_side, replay, sim_side
+from llmserve_env.sim.calibration.replay import (
+    Comparison,
+    RecordedRun,
+    engine_prompt,
+    pooled,
+    real_side,
+    replay,
+    sim_side,
+)
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import KEY, StepCoefficients
 from llmserve_env.sim.profiles import Profile, profile_from_dict
@@ -196,7 +204,7 @@ def initial_guess(runs: list[RecordedRun]) -> StepCoefficients:
         for r in run.rows:
             if r["status"] != "ok":
                 continue
-            prompt = r.get("usage_prompt_tokens") or r["prompt_tokens"] * ratio
+            prompt = engine_prompt(r, ratio)
             if r["first_token_s"] > r["dispatch_s"]:
                 per_token.append((r["first_token_s"] - r["dispatch_s"]) / prompt)
             if r["output_tokens"] >= 2 and r["finish_s"] > r["first_token_s"]:

@@ -4,7 +4,10 @@
 
 A recording (gateway/recorder.py: one request a line) holds each request's arrival, the prompt
 the server counted (`usage_prompt_tokens`; the project tokenizer's count when the server sent no
-usage, scaled by the run's median server/tokenizer ratio), the tokens it produced and when its first
+usage, scaled by the run's median server/tokenizer ratio) less the tokens it said it served from its
+prompt cache (`cached_tokens`: llama-server keeps each slot's last prompt, and prompts of one episode
+share their opening, so 25-40 of ~100 tokens were not computed; the prefill replayed is what the
+engine computed), the tokens it produced and when its first
 token and its end came. The replay sends the same arrivals, window by window, under the same actions
 and real mode's caps (sim/caps.py) through the simulator on profile P, and compares per request and
 per window:
@@ -62,7 +65,7 @@ class RecordedRun:
         ratio = self.prompt_ratio()
         out = []
         for row in self.rows:
-            prompt = row.get("usage_prompt_tokens") or max(1, round(row["prompt_tokens"] * ratio))
+            prompt = engine_prompt(row, ratio)
             if row["status"] == "ok":
                 output = max(1, int(row["output_tokens"]))
             else:  # never finished: what it asked for
@@ -71,6 +74,16 @@ class RecordedRun:
                                row.get("tenant", "default"), int(row.get("priority", 1))))
         out.sort(key=lambda a: (a.arrival_s, a.request_id))
         return out
+
+
+def engine_prompt(row: dict[str, Any], ratio: float = 1.0) -> int:
+    """The prompt tokens the engine computed for a request: its count less what it served from its prompt
+    cache (when it said), or the tokenizer's count times `ratio` when it sent no usage."""
+    usage = row.get("usage_prompt_tokens")
+    if not usage:
+        return max(1, round(row["prompt_tokens"] * ratio))
+    cached = row.get("cached_tokens") or 0
+    return max(1, int(usage) - int(cached)) if 0 < cached <= usage else int(usage)
 
 
 @dataclass

@@ -9,16 +9,24 @@ by Nelder-Mead on the logs of the values, started from the affine fit (so the ta
 straight line ended and can only bend away from it where the records ask), or from a decode probe
 (the engine's own step at b slots) when one is given.
 
-`choose` replays held-out episodes on both fitted profiles and keeps the table only when it beats the
-affine model there (the sum of the TTFT and TPOT median errors): a table has more values to fit, and
-must earn them on episodes it never saw.
+The table comes in two forms: one context coefficient for every batch, or a context coefficient per
+slot count (`ctx_by_slots_s`: llama-server's cost per context token grows with the slots decoding). The
+second is fitted from the one-coefficient table's result, or, given a decode probe at two context
+sizes per slot count (bench/real_engine.py --probe), started from the probe's own slope and level at
+each slot count, and fitted to the records and the probe together (the probe's steps are a second term
+of the objective: each slot count's step at each context, the soft-L1 log error as for requests).
+
+`choose` replays held-out episodes on the three fitted profiles and keeps a table only when it beats the
+affine model there (the sum of the TTFT and TPOT median errors), and the context-by-slots form only when
+it beats the one-coefficient table: more values to fit must be earned on episodes the fit never saw.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +43,9 @@ from llmserve_env.sim.calibration.replay import Comparison, RecordedRun, pooled,
 from llmserve_env.sim.measured_step import KEY as AFFINE_KEY
 from llmserve_env.sim.measured_step import StepCoefficients
 from llmserve_env.sim.profiles import Profile, profile_from_dict
-from llmserve_env.sim.step_table import KEY, StepTable
+from llmserve_env.sim.step_table import KEY, StepTable, interpolate
+
+ProbePoint = tuple[int, float, float]  # (slots decoding, decode context summed over them, the engine's step s)
 
 
 def with_table(base: Profile, table: StepTable, out_id: str | None = None) -> Profile:
@@ -94,17 +104,35 @@ class TableFit:
         return pooled(self.after).summary()
 
 
-def fit_table(base: Profile, runs: list[RecordedRun], start: StepTable, iters: int = 300) -> TableFit:
+def probe_loss(table: StepTable, points: list[ProbePoint]) -> float:
+    """Mean soft-L1 log error of the table's decode step against a probe's measured steps (the scale of
+    replay_objective's request term)."""
+    if not points:
+        return 0.0
+    res = []
+    for b, ctx, step in points:
+        t = table.step_s + interpolate(b, table.slots, table.decode_s) + table.ctx_at(b) * ctx
+        res.append(math.log(t / step) if t > 0 and step > 0 else 3.0)
+    r = np.asarray(res)
+    return float(np.mean(2.0 * (np.sqrt(1.0 + (r / 0.1) ** 2) - 1.0)))
+
+
+def fit_table(base: Profile, runs: list[RecordedRun], start: StepTable, iters: int = 300,
+              probe_points: list[ProbePoint] | None = None) -> TableFit:
     """Fit every value of the table (step, decode at each slot count, prefill at each token count, the
-    context coefficient) to `runs`, from `start`."""
+    context coefficient, or one per slot count when `start` has them) to `runs`, from `start`; with
+    `probe_points` (the engine's step at b slots and a summed context), to those steps as well."""
     if not runs:
         raise ValueError("no recorded runs to fit")
     k, j = len(start.slots), len(start.prefill_tokens)
+    by_slots = bool(start.ctx_by_slots_s)
+    points = list(probe_points or [])
 
     def table(x: np.ndarray) -> StepTable:
         v = np.exp(x)
-        return StepTable(float(v[0]), float(v[-1]), start.slots, tuple(float(y) for y in v[1:1 + k]),
-                         start.prefill_tokens, tuple(float(y) for y in v[1 + k:1 + k + j]))
+        ctx = tuple(float(y) for y in v[1 + k + j:]) if by_slots else ()
+        return StepTable(float(v[0]), float(v[1 + k + j]), start.slots, tuple(float(y) for y in v[1:1 + k]),
+                         start.prefill_tokens, tuple(float(y) for y in v[1 + k:1 + k + j]), ctx)
 
     f = replay_objective(runs, lambda x: with_table(base, table(x)))
     calls = 0
@@ -112,13 +140,18 @@ def fit_table(base: Profile, runs: list[RecordedRun], start: StepTable, iters: i
     def counted(x: np.ndarray) -> float:
         nonlocal calls
         calls += 1
-        return f(x)
+        return f(x) + (probe_loss(table(x), points) if points else 0.0)
 
     floor = 1e-7  # a value of 0 (the context term of an engine that shows none) has no logarithm
-    x0 = np.log(np.maximum(floor, [start.step_s, *start.decode_s, *start.prefill_s, start.ctx_s]))
-    x, _ = nelder_mead(counted, x0, step=0.3, iters=iters)
-    x, _ = nelder_mead(counted, x, step=0.1, iters=iters)
+    ctx0 = list(start.ctx_by_slots_s) if by_slots else [start.ctx_s]
+    x0 = np.log(np.maximum(floor, [start.step_s, *start.decode_s, *start.prefill_s, *ctx0]))
+    # the context-by-slots table starts from a fitted table or a probe: it is searched near its start
+    for step in ((0.1, 0.03) if by_slots else (0.3, 0.1)):
+        x, _ = nelder_mead(counted, x0, step=step, iters=iters)
+        x0 = x
     fitted = table(x)
+    if by_slots:  # ctx_s is unused beside ctx_by_slots_s: the one-slot value, for a reader
+        fitted = replace(fitted, ctx_s=fitted.ctx_by_slots_s[0])
     prof = with_table(base, fitted)
     return TableFit(fitted, [replay(r, prof) for r in runs], calls)
 
@@ -133,15 +166,39 @@ def probe_start(c: StepCoefficients, slots: tuple[float, ...], tokens: tuple[flo
     return StepTable(base.step_s, base.ctx_s, slots, decode, tokens, base.prefill_s)
 
 
+def ctx_by_slots_start(table: StepTable, points: list[ProbePoint] | None = None) -> StepTable:
+    """`table` with a context coefficient per slot count: its own one everywhere, or, at each slot count a
+    probe measured at two contexts or more, the probe's slope (least squares, >= 0) and its decode value
+    the probe's step at no context less the fixed cost. The records alone do not split the fixed cost from
+    decode(b) (both are paid by every decode iteration), so a fixed cost above half the probe's smallest
+    step at no context is lowered to that half and the prefill values raised by as much (a prefill-only
+    iteration keeps its time)."""
+    ctx = [table.ctx_at(b) for b in table.slots]
+    level: dict[int, float] = {}
+    for i, b in enumerate(table.slots):
+        pts = [(c, s) for n, c, s in points or [] if n == int(b)]
+        if len({c for c, _ in pts}) < 2:
+            continue
+        cs, ss = np.array(pts).T
+        slope = max(0.0, float(np.polyfit(cs, ss, 1)[0]))
+        ctx[i], level[i] = slope, float(np.mean(ss - slope * cs))
+    step = table.step_s
+    if level and step > 0.5 * min(level.values()):
+        step = 0.5 * min(level.values())
+    lift = table.step_s - step
+    decode = tuple(max(1e-6, level[i] - step) if i in level else d for i, d in enumerate(table.decode_s))
+    return replace(table, step_s=step, decode_s=decode, prefill_s=tuple(p + lift for p in table.prefill_s),
+                   ctx_by_slots_s=tuple(ctx))
+
+
 PROBE_COLUMNS = ("slots", "step_ms", "context_tokens")
 
 
-def read_probe(path: Path) -> tuple[dict[int, float], dict[int, float]]:
+def read_probe_points(path: Path) -> list[ProbePoint]:
     """A decode probe (bench/real_engine.py --probe writes one): CSV rows of slots, the engine's step in ms
-    at that many slots, and the decode context summed over them. ({slots: step s}, {slots: context});
-    ValueError naming the line on malformed input."""
-    steps: dict[int, float] = {}
-    ctx: dict[int, float] = {}
+    at that many slots, and the decode context summed over them, one row or more per slot count (one per
+    prompt size probed). [(slots, context, step s)]; ValueError naming the line on malformed input."""
+    out: list[ProbePoint] = []
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in PROBE_COLUMNS if c not in (reader.fieldnames or [])]
@@ -155,18 +212,39 @@ def read_probe(path: Path) -> tuple[dict[int, float], dict[int, float]]:
                                  f"numbers, got {row}") from None
             if b < 1 or not ms > 0 or not c >= 0:
                 raise ValueError(f"{path}:{lineno}: want slots >= 1, step_ms > 0, context_tokens >= 0, got {row}")
-            steps[b], ctx[b] = ms / 1e3, c
-    if not steps:
+            out.append((b, c, ms / 1e3))
+    if not out:
         raise ValueError(f"{path}: no probe rows")
+    return out
+
+
+def probe_dicts(points: list[ProbePoint]) -> tuple[dict[int, float], dict[int, float]]:
+    """({slots: step s}, {slots: context}) at the smallest context probed per slot count (what starts the
+    one-coefficient table)."""
+    steps: dict[int, float] = {}
+    ctx: dict[int, float] = {}
+    for b, c, s in sorted(points, key=lambda p: (p[0], p[1])):
+        if b not in steps:
+            steps[b], ctx[b] = s, c
     return steps, ctx
 
 
+def read_probe(path: Path) -> tuple[dict[int, float], dict[int, float]]:
+    """A decode probe's ({slots: step s}, {slots: context}), the smallest context per slot count;
+    ValueError naming the line on malformed input."""
+    return probe_dicts(read_probe_points(path))
+
+
 def write_probe(path: Path, steps: dict[int, float], ctx: dict[int, float]) -> None:
+    write_probe_points(path, [(b, ctx.get(b, 0.0), steps[b]) for b in sorted(steps)])
+
+
+def write_probe_points(path: Path, points: list[ProbePoint]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(PROBE_COLUMNS)
-        for b in sorted(steps):
-            w.writerow([b, f"{steps[b] * 1e3:.4f}", f"{ctx.get(b, 0.0):g}"])
+        for b, c, s in sorted(points, key=lambda p: (p[0], p[1])):
+            w.writerow([b, f"{s * 1e3:.4f}", f"{c:g}"])
 
 
 def held_out_error(c: Comparison) -> float:
@@ -176,41 +254,76 @@ def held_out_error(c: Comparison) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The two fits and their held-out replays; `model` is "table" or "affine"."""
+    """The three fits and their held-out replays; `model` is "table" or "affine", `context` which table
+    ("one": one context coefficient, "by slots": one per slot count) is kept when it is the table."""
 
     affine: RecordFit
-    table: TableFit
+    table_one: TableFit
+    table_slots: TableFit
     held_affine: Comparison
-    held_table: Comparison
+    held_one: Comparison
+    held_slots: Comparison
+
+    @property
+    def context(self) -> str:
+        return "by slots" if held_out_error(self.held_slots) < held_out_error(self.held_one) else "one"
+
+    @property
+    def table(self) -> TableFit:
+        """The better table on the held-out episodes."""
+        return self.table_slots if self.context == "by slots" else self.table_one
+
+    @property
+    def held_table(self) -> Comparison:
+        return self.held_slots if self.context == "by slots" else self.held_one
 
     @property
     def model(self) -> str:
         return "table" if held_out_error(self.held_table) < held_out_error(self.held_affine) else "affine"
 
+    @property
+    def kept(self) -> str:
+        """What is kept, in words: affine, table (one context cost) or table (context cost by slots)."""
+        if self.model == "affine":
+            return "affine"
+        return "table (context cost by slots)" if self.context == "by slots" else "table (one context cost)"
+
     def to_dict(self) -> dict[str, Any]:
-        return {"chosen": self.model,
-                "held_out": {"affine": {k: round(v, 2) for k, v in self.held_affine.summary().items()},
-                             "table": {k: round(v, 2) for k, v in self.held_table.summary().items()}},
-                "table": self.table.table.to_dict(), "table_evaluations": self.table.evaluations}
+        def r(c: Comparison) -> dict[str, float]:
+            return {k: round(v, 2) for k, v in c.summary().items()}
+
+        return {"chosen": self.model, "table_context": self.context,
+                "held_out": {"affine": r(self.held_affine), "table": r(self.held_table),
+                             "table_one_context": r(self.held_one), "table_context_by_slots": r(self.held_slots)},
+                "table": self.table.table.to_dict(),
+                "table_evaluations": self.table_one.evaluations + self.table_slots.evaluations}
 
     def line(self) -> str:
-        a, t = self.held_affine.summary(), self.held_table.summary()
-        return (f"step model chosen on held-out episodes: {self.model} (TTFT / TPOT median error: affine "
-                f"{a['ttft_err_pct']:.1f} / {a['tpot_err_pct']:.1f} %, table {t['ttft_err_pct']:.1f} / "
-                f"{t['tpot_err_pct']:.1f} %)")
+        a, o, t = self.held_affine.summary(), self.held_one.summary(), self.held_slots.summary()
+        return (f"step model chosen on held-out episodes: {self.kept} (TTFT / TPOT median error: affine "
+                f"{a['ttft_err_pct']:.1f} / {a['tpot_err_pct']:.1f} %, table with one context cost "
+                f"{o['ttft_err_pct']:.1f} / {o['tpot_err_pct']:.1f} %, table with a context cost by slots "
+                f"{t['ttft_err_pct']:.1f} / {t['tpot_err_pct']:.1f} %)")
 
 
 def choose(base: Profile, fit_runs: list[RecordedRun], held_runs: list[RecordedRun], actions: list[ServeAction],
            probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
-           iters: int = 300) -> Choice:
-    """Fit both models to `fit_runs`, replay `held_runs` on each."""
+           iters: int = 300, probe_points: list[ProbePoint] | None = None) -> Choice:
+    """Fit the three models to `fit_runs`, replay `held_runs` on each. `probe`/`probe_ctx` start the
+    one-coefficient table's decode values; `probe_points` (the probe at every context it measured) start
+    the context-by-slots table and are fitted beside the records."""
     if not held_runs:
         raise ValueError("choosing a step model needs held-out episodes")
+    if probe is None and probe_points:
+        probe, probe_ctx = probe_dicts(probe_points)
     affine = fit_records(base, fit_runs, iters=iters)
     slots, tokens = knots(fit_runs, actions)
     start = (probe_start(affine.coefficients, slots, tokens, probe, probe_ctx or {}) if probe
              else table_from_affine(affine.coefficients, slots, tokens))
-    table = fit_table(base, fit_runs, start, iters=iters)
-    a_prof, t_prof = with_coefficients(base, affine.coefficients), with_table(base, table.table)
-    return Choice(affine, table, pooled([replay(r, a_prof) for r in held_runs]),
-                  pooled([replay(r, t_prof) for r in held_runs]))
+    one = fit_table(base, fit_runs, start, iters=iters)
+    slots_fit = fit_table(base, fit_runs, ctx_by_slots_start(one.table, probe_points), iters=iters,
+                          probe_points=probe_points)
+    a_prof = with_coefficients(base, affine.coefficients)
+    o_prof, s_prof = with_table(base, one.table), with_table(base, slots_fit.table)
+    return Choice(affine, one, slots_fit, pooled([replay(r, a_prof) for r in held_runs]),
+                  pooled([replay(r, o_prof) for r in held_runs]), pooled([replay(r, s_prof) for r in held_runs]))
