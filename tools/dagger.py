@@ -65,14 +65,15 @@ def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: Act
     (`LLMServeGymEnv(task, encoding="family", grade_on_done=False)`)."""
     expert = make_policy(expert_name, env.task_id, seed=seed, **(expert_options or {}))
     expert.reset()
-    follows = isinstance(expert, PlannerPolicy)  # labels with decide(), then plays what the episode took
+    # the planner labels with decide(), then plays in its mirror what the episode took
+    planner = expert if isinstance(expert, PlannerPolicy) else None
     x, _ = env.reset(options={"episode_seed": seed})
     view = env.view
     feats, labels, rewards, agree = [], [], [], 0
     while True:
         obs = env.last_observation
         assert obs is not None  # reset set it
-        label = view.encode(expert.decide(obs) if follows else expert.act(obs))
+        label = view.encode(planner.decide(obs) if planner is not None else expert.act(obs))
         if student is None:
             played = label
         else:
@@ -81,8 +82,8 @@ def label_episode(env: LLMServeGymEnv, expert_name: str, seed: int, student: Act
         feats.append(x)
         labels.append(label)
         x, r, terminated, truncated, _ = env.step(played)
-        if follows:
-            expert.commit(ServeAction.model_validate(env.runtime.episode.steps[-1].action))
+        if planner is not None:
+            planner.commit(ServeAction.model_validate(env.runtime.episode.steps[-1].action))
         rewards.append(r)
         if terminated or truncated:
             break
