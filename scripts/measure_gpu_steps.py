@@ -47,6 +47,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import functools
 import json
 import math
 import statistics
@@ -79,17 +80,13 @@ SHAPES = {
     "llama3.2-1b": Shape(16, 2048, 32, 8, 64, 8192, 128256),
 }
 LINEARS = ("qkv", "o", "gate_up", "down")
-_FLEX = []
-
-
-def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
+@functools.cache
+def compiled_flex():
     """FlexAttention, compiled once (uncompiled it runs a slow reference path)."""
-    if not _FLEX:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        torch._dynamo.config.recompile_limit = 64  # one compile per shape; the grid has 20
-        _FLEX.append(torch.compile(flex_attention, dynamic=False))
-    return _FLEX[0](q, k, v, **kw)
+    torch._dynamo.config.recompile_limit = 64  # one compile per shape; the grid has 20
+    return torch.compile(flex_attention, dynamic=False)
 INT4_GROUP = 128
 
 
@@ -159,7 +156,7 @@ class Decoder:
         kc[:, :, -t:].copy_(k)
         vc[:, :, -t:].copy_(v)
         if mask is not None and type(mask).__name__ == "BlockMask":
-            return flex(q, kc, vc, block_mask=mask, enable_gqa=True)
+            return compiled_flex()(q, kc, vc, block_mask=mask, enable_gqa=True)
         return F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
 
     def mlp_residual(self, x: torch.Tensor, a: torch.Tensor, i: int) -> torch.Tensor:
@@ -256,10 +253,9 @@ def timed(fn, repeats: int, warmup: int = 3) -> list[float]:
 def row(phase: str, batch: int, context: int, prompt: int, ms: list[float], **extra: object) -> dict:
     ms = sorted(ms)
     q = statistics.quantiles(ms, n=10) if len(ms) >= 2 else [ms[0]] * 9
-    tokens = batch * (prompt if phase == "prefill" else 1)
-    if "depth" in extra:  # the extras' token count: every row the GEMMs see
-        tokens = {"verify": batch * (int(extra["depth"]) + 1), "cached_prefill": prompt, "mixed": batch + prompt,
-                  "linear": batch}.get(phase, tokens)
+    # every row the GEMMs see (prefill_eager keeps the count its 2026-11-23 rows were written with)
+    tokens = {"prefill": batch * prompt, "verify": batch * (int(str(extra.get("depth", 0))) + 1),
+              "cached_prefill": prompt, "mixed": batch + prompt}.get(phase, batch)
     out = {"phase": phase, "batch": batch, "context": context, "prompt": prompt, "tokens": tokens}
     out.update(extra)
     out.update({"latency_ms": round(statistics.median(ms), 4), "p10_ms": round(q[0], 4),
@@ -315,19 +311,19 @@ def measure_prefill(m: Decoder, batch: int, prompt: int, repeats: int, dev: torc
     return [row("prefill", batch, 0, prompt, ms), row("prefill_eager", batch, 0, prompt, eager)]
 
 
-def new_token_mask(t: int, context: int, dev: torch.device, masked: bool | str = True):
-    """Every cached key visible, causal among the t new tokens: a boolean [t, context + t] mask, or
-    (masked False) PyTorch's lower-right causal bias, which SDPA runs on its flash / memory-efficient
-    kernels without building a mask (as a serving engine's attention does), or (masked "flex") a block
-    mask for FlexAttention, whose compiled kernel splits the KV cache for short queries (flex decoding)."""
-    if masked == "flex":
+def new_token_mask(t: int, context: int, dev: torch.device, attention: str = "mask"):
+    """Every cached key visible, causal among the t new tokens: a boolean [t, context + t] mask ("mask"),
+    PyTorch's lower-right causal bias ("lower_right"), which SDPA runs on its flash / memory-efficient
+    kernels without building a mask (as a serving engine's attention does), or a block mask for
+    FlexAttention ("flex"), whose compiled kernel splits the KV cache for short queries (flex decoding)."""
+    if attention == "flex":
         from torch.nn.attention.flex_attention import create_block_mask
 
         def visible(b, h, q, k):
             return k <= context + q
 
         return create_block_mask(visible, None, None, t, context + t, device=dev)
-    if not masked:
+    if attention == "lower_right":
         return causal_lower_right(t, context + t)
     q = torch.arange(t, device=dev)[:, None]
     k = torch.arange(context + t, device=dev)[None, :]
@@ -335,13 +331,13 @@ def new_token_mask(t: int, context: int, dev: torch.device, masked: bool | str =
 
 
 def measure_cached(m: Decoder, phase: str, batch: int, context: int, t: int, repeats: int, dev: torch.device,
-                   masked: bool | str = True, **extra: object) -> dict:
+                   attention: str = "mask", **extra: object) -> dict:
     """`batch` sequences, each running t new tokens after `context` cached ones: the verify pass
     (t = depth + 1, every row samples) or a cached prefill (batch 1, t = the prompt, one row samples)."""
     caches = kv_caches(m, batch, context + t, dev)
     ids = torch.randint(0, m.s.vocab, (batch, t), device=dev)
     pos = (context + torch.arange(t, device=dev)).expand(batch, t)
-    mask = new_token_mask(t, context, dev, masked)
+    mask = new_token_mask(t, context, dev, attention)
     rows = (torch.arange(batch * t, device=dev) if phase == "verify"
             else torch.arange(batch, device=dev) * t + (t - 1))
     ms = graphed_ms(lambda: m.forward(ids, pos, caches, rows, mask), repeats)
@@ -393,7 +389,7 @@ EXTRA_FIELDS = ["phase", "tier", "depth", "batch", "context", "prompt", "tokens"
 
 
 def extras(m: Decoder, draft: Decoder | None, repeats: int, quick: bool, dev: torch.device, emit,
-           phases: frozenset[str] = frozenset(EXTRA_PHASES), masked: bool | str = True) -> None:
+           phases: frozenset[str] = frozenset(EXTRA_PHASES), attention: str = "mask") -> None:
     """The extra phases, most wanted first (a run cut short keeps what it measured); a phase whose kernel
     this GPU or PyTorch lacks is reported and skipped."""
     ctx = 1024
@@ -416,13 +412,13 @@ def extras(m: Decoder, draft: Decoder | None, repeats: int, quick: bool, dev: to
         for b in batches:
             attempt(f"tier_decode {tier} b={b}", measure_decode, m, b, ctx, repeats, dev, tier=tier, depth=0)
         for n in [512] if quick else [512, 2048]:
-            attempt(f"tier_prefill {tier} p={n}", measure_cached, m, "cached_prefill", 1, 0, n, repeats, dev, masked,
+            attempt(f"tier_prefill {tier} p={n}", measure_cached, m, "cached_prefill", 1, 0, n, repeats, dev, attention,
                     tier=tier, depth=0)
     m.tier = "FP16"
-    flexed = masked == "flex"  # depth 0 too: the decode baseline through the same kernel
+    flexed = attention == "flex"  # depth 0 too: the decode baseline through the same kernel
     for b in [1, 32] if quick else [1, 8, 32, 64]:
         for d in [1, 4] if quick else [0, 1, 2, 4, 8] if flexed else [1, 2, 4, 8]:
-            attempt(f"verify b={b} depth={d}", measure_cached, m, "verify", b, ctx, d + 1, repeats, dev, masked,
+            attempt(f"verify b={b} depth={d}", measure_cached, m, "verify", b, ctx, d + 1, repeats, dev, attention,
                     tier="FP16", depth=d)
     if draft is not None:
         for b, c in [(1, ctx), (32, ctx)] if quick else [(1, ctx), (8, ctx), (32, ctx), (64, ctx), (128, ctx),
@@ -432,7 +428,7 @@ def extras(m: Decoder, draft: Decoder | None, repeats: int, quick: bool, dev: to
     for n in [512] if quick else [128, 512, 2048]:
         for c in [0, 4096] if quick else [1024, 4096, 16384]:
             attempt(f"cached_prefill p={n} ctx={c}", measure_cached, m, "cached_prefill", 1, c, n, repeats, dev,
-                    masked, tier="FP16", depth=0)
+                    attention, tier="FP16", depth=0)
     for b, n in [(32, 512)] if quick else [(8, 2040), (32, 2016), (128, 1920), (8, 512), (32, 512), (128, 512)]:
         attempt(f"mixed b={b} p={n}", measure_mixed, m, b, ctx, n, repeats, dev)
 
@@ -448,12 +444,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-model", choices=sorted(SHAPES), default="llama3.2-1b")
     ap.add_argument("--phases", default=",".join(EXTRA_PHASES),
                     help=f"with --extras, which of {', '.join(EXTRA_PHASES)} (comma-separated)")
-    ap.add_argument("--lower-right", action="store_true",
-                    help="with --extras, verify and cached_prefill attend through PyTorch's lower-right causal bias "
-                         "(flash / memory-efficient kernels) instead of a boolean mask")
-    ap.add_argument("--flex", action="store_true",
-                    help="with --extras, verify and cached_prefill attend through compiled FlexAttention (split-KV "
-                         "decoding kernel for short queries); verify also at depth 0, the decode baseline")
+    how = ap.add_mutually_exclusive_group()  # how verify and cached_prefill attend (default: a boolean mask)
+    how.add_argument("--lower-right", dest="attention", action="store_const", const="lower_right", default="mask",
+                     help="with --extras, verify and cached_prefill attend through PyTorch's lower-right causal bias "
+                          "(flash / memory-efficient kernels) instead of a boolean mask")
+    how.add_argument("--flex", dest="attention", action="store_const", const="flex",
+                     help="with --extras, verify and cached_prefill attend through compiled FlexAttention (split-KV "
+                          "decoding kernel for short queries); verify also at depth 0, the decode baseline")
     args = ap.parse_args(argv)
     unknown = set(args.phases.split(",")) - set(EXTRA_PHASES)
     if unknown:
@@ -484,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
                           f"prompt={r['prompt']:5d} depth={r['depth']}: {r['latency_ms']:9.3f} ms", flush=True)
 
                 extras(m, draft, args.repeats, args.quick, dev, emit, frozenset(args.phases.split(",")),
-                       "flex" if args.flex else not args.lower_right)
+                       args.attention)
             rows_written = count
         else:
             m = Decoder(s, dev)
@@ -524,10 +521,10 @@ def main(argv: list[str] | None = None) -> int:
             "tiers": {"INT8": "FP8 e4m3 weights and activations, per-tensor scales, torch._scaled_mm",
                       "INT4": f"4-bit weights, group {INT4_GROUP}, bf16 activations, torch._weight_int4pack_mm"},
             "kv_cache": "bfloat16 in every tier",
-            "masked_attention": ("verify and cached_prefill: compiled FlexAttention with a block mask" if args.flex
-                                 else "verify and cached_prefill: torch.nn.attention.bias.causal_lower_right"
-                                 if args.lower_right else
-                                 "verify and cached_prefill pass a boolean [t, ctx + t] mask to SDPA"),
+            "masked_attention": {
+                "flex": "verify and cached_prefill: compiled FlexAttention with a block mask",
+                "lower_right": "verify and cached_prefill: torch.nn.attention.bias.causal_lower_right",
+                "mask": "verify and cached_prefill pass a boolean [t, ctx + t] mask to SDPA"}[args.attention],
             "phases": args.phases,
         })
     args.out.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
