@@ -254,7 +254,7 @@ def row(phase: str, batch: int, context: int, prompt: int, ms: list[float], **ex
     ms = sorted(ms)
     q = statistics.quantiles(ms, n=10) if len(ms) >= 2 else [ms[0]] * 9
     # every row the GEMMs see (prefill_eager keeps the count its 2026-11-23 rows were written with)
-    tokens = {"prefill": batch * prompt, "verify": batch * (int(str(extra.get("depth", 0))) + 1),
+    tokens = {"prefill": batch * prompt, "verify": batch * (int(extra.get("depth", 0)) + 1),
               "cached_prefill": prompt, "mixed": batch + prompt}.get(phase, batch)
     out = {"phase": phase, "batch": batch, "context": context, "prompt": prompt, "tokens": tokens}
     out.update(extra)
