@@ -201,11 +201,11 @@ def holt_forecast(series: Sequence[float], alpha: float, beta: float) -> float:
     x = [float(v) for v in series]
     alphac, betac = 1 - alpha, 1 - beta
     level, trend = x[0], 0.0
-    for y in x:
+    for y in x:  # statsmodels multiplies the trend by the damping factor 1.0 here: exact, so left out
         last = level
-        level = alpha * y + alphac * (last + trend * 1.0)
-        trend = beta * (level - last) + betac * (trend * 1.0)
-    return level + trend * 1
+        level = alpha * y + alphac * (last + trend)
+        trend = beta * (level - last) + betac * trend
+    return level + trend
 
 
 class PlannerController:

@@ -21,9 +21,10 @@ stored in the profile as `engine.measured_table`:
     {"step_s": s, "ctx_s": c, "slots": [1, 2, 4, 8], "decode_s": [...], "prefill_tokens": [...], "prefill_s": [...]}
     (+ "ctx_by_slots_s": [...], one per slot count, when the context cost depends on the batch)
 
-The context cost by slots is what llama-server showed (issue 29, SmolLM2 probe at 8- and 48-word
-prompts): a context token cost ~15 us a step with one slot decoding and 72-82 us with 2-8. It stays
-compatible with the engine's closed form for runs of identical decode iterations (t_j = A + B * j):
+The context cost by slots is for an engine whose attention cost per context token changes with the
+batch (issue 29 suspected llama-server of it; read from its token streams, SmolLM2's cost stayed 11-22 us
+a token at 1-8 slots, docs/real-mode.md), and held-out replay keeps it only where it replays better. It
+stays compatible with the engine's closed form for runs of identical decode iterations (t_j = A + B * j):
 within a run the batch does not change, so the step is affine in context with the slope ctx(b)
 (`decode_slope(depth, decode_seqs)`).
 The interface is the engine's IterationModel (sim/step_time.py), so every knob works unchanged, with the

@@ -143,7 +143,8 @@ HELP: dict[str, str] = {
     "teacher": "--init bc: whom to imitate: heuristic, tuned_static, hpa, dynamo_planner, operator or schedule "
                "(the last four on cluster tasks), least_work, llmd_scorer or dynamo_kv (the routing rules, on the "
                "prefix-caching tasks), or planner (the sampled rollout planner, 0.1-5 s a decision); "
-               "--init dagger: the expert labelling the student's states, operator or schedule",
+               "--init dagger: the expert labelling the student's states, operator, schedule, planner (decides "
+               "on each state, then follows the student's action; seconds a decision) or a routing rule",
     "init_prob": "follow / tuned_static / vllm_default: initial probability of that choice per knob, in (0, 1)",
     "bc_episodes": "--init bc: the teacher's episodes to imitate (training seeds)",
     "bc_epochs": "--init bc: passes over the demonstrations; --init dagger: passes over the data set each round",
