@@ -31,9 +31,10 @@ from llmserve_env.agents.ppo_policy import ActorWeights
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.gym_env import LLMServeGymEnv
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.tools.train_config import DAGGER_EXPERTS
 
-# the experts that label states they did not choose (see the module docstring)
-EXPERTS = ("operator", "schedule", "planner", "least_work", "llmd_scorer", "dynamo_kv")
+# the experts that label states they did not choose (see the module docstring): one list, train.py's
+EXPERTS = DAGGER_EXPERTS
 
 
 @dataclass

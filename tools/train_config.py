@@ -28,7 +28,7 @@ INITS = ("bc", "heuristic", "follow", "tuned_static", "vllm_default", "uniform",
 ROUTING_TEACHERS = ("least_work", "llmd_scorer", "dynamo_kv")
 TEACHERS = ("heuristic", "tuned_static", "hpa", "dynamo_planner", "planner", "operator", "schedule",
             *ROUTING_TEACHERS)
-# DAgger's experts label states they did not choose (tools/dagger.py: EXPERTS, kept here without its imports)
+# DAgger's experts: the policies that label states they did not choose (tools/dagger.py says how)
 DAGGER_EXPERTS = ("operator", "schedule", "planner", *ROUTING_TEACHERS)
 
 
