@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.agents.base import Policy
+from llmserve_env.agents.forecast import DayForecast
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
@@ -70,11 +71,13 @@ from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.scenarios import announced_jobs, is_family
 from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from llmserve_env.sim.cluster import ClusterBackend
 
 MODES = ("sampled", "clairvoyant")
+FORECASTS = ("posterior", "nearest")
 # What a learner or the planner is judged against on cluster tasks (bench/score_table.py, bench/headroom.py,
 # `<task>.best_rival`), and the planner's base policies there. The heuristic is not among them: it sets
 # knobs only and holds the starting replicas all day (0.13 on diurnal_autoscale); a queue-feedback replica
@@ -169,7 +172,7 @@ class PlannerPolicy:
 
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
-                 seed: int = 0, fast_rollouts: bool = True):
+                 seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -187,6 +190,16 @@ class PlannerPolicy:
             raise ValueError(f"bases must be registered policies other than the planner, got {unknown}")
         self.mode = mode
         self.samples = 1 if mode == "clairvoyant" else samples
+        # how sampled futures are drawn: `posterior` (scenario families: agents/forecast.py, the day's posterior
+        # given the episode so far) or `nearest` (other days, nearest in their last `match_windows` counts)
+        self.forecast = forecast or ("posterior" if is_family(self.task) else "nearest")
+        if self.forecast not in FORECASTS:
+            raise ValueError(f"forecast must be one of {', '.join(FORECASTS)}, got {forecast!r}")
+        if self.forecast == "posterior" and not is_family(self.task):
+            raise ValueError(f"forecast 'posterior' needs a scenario family task, {task_id!r} is not one")
+        self._day_forecast = DayForecast(self.task, seed=seed) if self.forecast == "posterior" and mode == "sampled" \
+            else None
+        self._seed = seed
         self.match_windows = match_windows
         self.keep = keep
         self.bridging = bridging
@@ -398,18 +411,27 @@ class PlannerPolicy:
                 self._true_ref = (ep.seed, compute_references(self.task, ep.seed, arrivals=self._true_arrivals))
             return [(None, self._true_ref[1])]
         k = ep.step_count
+        past = [a for w in ep.windows[:k] for a in w]
+        return [(wins, compute_references(self.task, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]))
+                for wins in self.future_windows(ep.seed, ep.windows[:k])]
+
+    def future_windows(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
+        """The sampled futures after the windows `seen` of the episode with `seed`: each the whole episode's
+        windows, the seen ones as they were, the rest drawn by `forecast` (only the announced jobs of the
+        seed's day are read, as the observation shows them)."""
+        k = len(seen)
+        if self._day_forecast is not None:
+            names = [t.name for t in self.task.tenants]
+            counts = {n: np.array([sum(a.tenant == n for a in w) for w in seen], dtype=float) for n in names}
+            fut = self._day_forecast.futures(k, counts, announced_jobs(self.task, seed, k), self.samples,
+                                             self._seed, SAMPLE_ID_BASE)
+            return [seen + wins for wins in fut]
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)
-        seen = np.array([len(w) for w in ep.windows[lo:k]], dtype=float)
-        dist = [float(np.abs(counts[lo:k] - seen).sum()) for _, counts in pool]
+        counts_seen = np.array([len(w) for w in seen[lo:k]], dtype=float)
+        dist = [float(np.abs(counts[lo:k] - counts_seen).sum()) for _, counts in pool]
         order = sorted(range(len(pool)), key=lambda i: (dist[i], i))[: self.samples]
-        past = [a for w in ep.windows[:k] for a in w]
-        out: list[Future] = []
-        for i in order:
-            wins, _ = pool[i]
-            future = [a for w in wins[k:] for a in w]
-            out.append((wins, compute_references(self.task, ep.seed, arrivals=past + future)))
-        return out
+        return [seen + pool[i][0][k:] for i in order]
 
     def _sample_pool(self) -> list[tuple[list[list[Arrival]], np.ndarray]]:
         if self._pool is None:

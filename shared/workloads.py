@@ -317,6 +317,39 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     ]
 
 
+def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window: int, rng: np.random.Generator,
+                      first_id: int = 0) -> list[list[Arrival]]:
+    """Windows `first_window`..horizon-1 of Poisson arrivals at `rates` (tenant name -> requests/s of each
+    of those windows), each tenant's lengths drawn as `generate_arrivals` draws them: a forecast's day
+    turned into requests (agents/forecast.py). Ids count up from `first_id`."""
+    names = [t.name for t in task.tenants]
+    unknown = sorted(set(rates) - set(names))
+    if unknown:
+        raise ValueError(f"task {task.task_id!r} has no tenant {unknown[0]!r} (tenants: {', '.join(names)})")
+    out: list[list[Arrival]] = []
+    next_id = first_id
+    for j, k in enumerate(range(first_window, task.horizon)):
+        t0, t1 = k * task.window_s, (k + 1) * task.window_s
+        win: list[tuple[float, int, int, int]] = []
+        for i, tenant in enumerate(task.tenants):
+            r = rates.get(tenant.name)
+            if r is None:
+                continue
+            ts = _poisson_times(rng, float(r[j]), t0, t1)
+            m = ts.shape[0]
+            if m:
+                p = _lognormal_tokens(rng, m, tenant.prompt_tokens, tenant.prompt_clip)
+                o = _lognormal_tokens(rng, m, tenant.output_tokens, tenant.output_clip)
+                win += [(t, i, int(pp), int(oo)) for t, pp, oo in zip(ts.tolist(), p, o, strict=True)]
+        win.sort()
+        arrivals = []
+        for t, i, pp, oo in win:
+            arrivals.append(Arrival(next_id, t, pp, oo, names[i], task.tenants[i].priority))
+            next_id += 1
+        out.append(arrivals)
+    return out
+
+
 def high_load_regime(task: TaskSpec, seed: int) -> np.ndarray:
     """The hidden state of the arrival process, per window: the fraction of the window spent in the
     highest-rate MMPP phase, or 1.0 for a window inside a spike; zeros for Poisson and traces.

@@ -1,0 +1,228 @@
+"""Futures of a scenario family's day conditioned on what the episode has shown (the sampled planner's forecast).
+
+A family task (shared/scenarios.py) draws each day's cycle (peak window, level, peak-to-trough), an AR(1)
+log-rate noise per cycled tenant, flash crowds and batch jobs (scheduled, some announced, plus ad-hoc
+ones). Drawing other days from the family and keeping the ones whose last two windows look like today's
+(the planner's `nearest` forecast) forgets everything the morning said about this day, and plays jobs
+that are not today's. `DayForecast` is the posterior of the same model given the episode so far:
+
+- **The cycle**: particles (peak, level, ratio) drawn from the family's ranges, weighted by the likelihood
+  of each cycled tenant's observed per-window counts: the log-rate residual against the particle's cycle
+  is the AR(1) noise plus Poisson error (variance 1 / expected count), scored innovation by innovation
+  with a Student-t (4 degrees of freedom) so that a flash crowd's jump does not rule a particle out.
+- **The noise ahead**: its expected path from the last window's residual (shrunk by its Poisson share),
+  decaying at the family's phi, not a sampled path: with the planner's 2 futures a sampled path's noise
+  was most of a forecast's error (bench/forecast_error.py). No flash crowds ahead: at the families' 0.5 a
+  day they add ~3 % to the expected rate, and one drawn at the wrong time was a large error.
+- **The jobs** (tenants with jobs only, no cycle): the announced jobs the observation shows, as
+  announced; a job running unannounced (arrivals no announced job explains) continues at its observed rate
+  for a length drawn from its scheduled slot's range (or the ad-hoc range), at least what it has run; each
+  scheduled job not yet seen starts in what is left of its start range; ad-hoc jobs at the family's rate.
+
+Only what the observation carries is read: past arrivals (counted per tenant and window) and the
+announced jobs. Deterministic for (seed, window). Futures are turned into requests by
+`shared.workloads.arrivals_at_rates`, each tenant's lengths drawn as the task draws them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.scenarios import is_family, raised_cosine
+from llmserve_env.shared.tasks import TaskSpec
+from llmserve_env.shared.workloads import arrivals_at_rates
+
+FORECAST_STREAM = 0x464F5245  # "FORE"
+STUDENT_NU = 4.0
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A batch job as the forecast plays it: `rate_rps` over windows [start, start + windows)."""
+
+    tenant: str
+    start: int
+    windows: int
+    rate_rps: float
+
+
+def _uniform(rng: np.random.Generator, bounds: Any) -> float:
+    lo, hi = (float(x) for x in bounds)
+    return float(rng.uniform(lo, hi)) if hi > lo else lo
+
+
+def _integer(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(rng.integers(lo, hi + 1)) if hi > lo else lo
+
+
+def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
+    """[first, last] window of each run of windows with arrivals."""
+    out: list[tuple[int, int]] = []
+    start = None
+    for i, c in enumerate(counts.tolist()):
+        if c > 0 and start is None:
+            start = i
+        elif c <= 0 and start is not None:
+            out.append((start, i - 1))
+            start = None
+    if start is not None:
+        out.append((start, len(counts) - 1))
+    return out
+
+
+class DayForecast:
+    """The posterior over a family task's day given the episode so far (module docstring)."""
+
+    def __init__(self, task: TaskSpec, particles: int = 2048, seed: int = 0):
+        if not is_family(task):
+            raise ValueError(f"task {task.task_id!r} is not a scenario family: its day has no distribution to condition")
+        if particles < 1:
+            raise ValueError(f"particles must be >= 1, got {particles}")
+        self.task = task
+        w = task.workload
+        fam = w["family"]
+        self.horizon, self.window_s = task.horizon, task.window_s
+        self.phi, self.sigma = float(fam["noise"]["phi"]), float(fam["noise"]["sigma"])
+        rng = np.random.default_rng([int(seed), FORECAST_STREAM])
+        peak, level, ratio = (rng.uniform(float(fam[key][0]), float(fam[key][1]), particles)
+                              for key in ("peak_window", "level", "peak_to_trough"))
+        k = np.arange(self.horizon, dtype=np.float64)
+        n = int(w["cycle_windows"])
+        shape = np.stack([raised_cosine(k, n, p) for p in peak])  # (particles, horizon)
+        # each cycled tenant's expected rate per particle and window, as shared.scenarios._draw builds it
+        self.cycle: dict[str, np.ndarray] = {}
+        for name, spec in w["tenants"].items():
+            mean = 0.5 * (float(spec["trough_rps"]) + float(spec["peak_rps"]))
+            trough = 2.0 * mean * level / (1.0 + ratio)
+            self.cycle[name] = trough[:, None] * (1.0 + (ratio[:, None] - 1.0) * shape)
+        self.job_tenants = [t.name for t in task.tenants if t.name not in self.cycle]
+        self.specs = list(fam.get("jobs", []))
+        self.extra = fam.get("extra_jobs")
+        for spec in self.specs:
+            if spec["tenant"] in self.cycle:
+                raise ValueError(f"task {task.task_id!r}: jobs on a cycled tenant ({spec['tenant']!r}) are not modelled")
+
+    # ------------------------------------------------------------------------------ the cycle
+
+    def log_weights(self, counts: dict[str, np.ndarray]) -> np.ndarray:
+        """Log-likelihood of every particle given each cycled tenant's counts of the windows served so far."""
+        s2 = self.sigma ** 2
+        ll = np.zeros(next(iter(self.cycle.values())).shape[0])
+        for name, m in self.cycle.items():
+            c = np.asarray(counts.get(name, ()), dtype=np.float64)
+            k = c.shape[0]
+            if k == 0:
+                continue
+            z, p = self._residuals(m[:, :k], c)
+            v = np.empty_like(z)
+            e = np.empty_like(z)
+            e[:, 0], v[:, 0] = z[:, 0], s2 + p[:, 0]
+            e[:, 1:] = z[:, 1:] - self.phi * z[:, :-1]
+            v[:, 1:] = s2 * (1.0 - self.phi ** 2) + p[:, 1:] + self.phi ** 2 * p[:, :-1]
+            nu = STUDENT_NU
+            ll += (-0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))).sum(axis=1)
+        return ll
+
+    def _residuals(self, m: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The log-rate residual (the AR(1) noise plus Poisson error) and that error's variance."""
+        expected = m * self.window_s
+        z = np.log((c[None, :] + 0.5) / (expected + 0.5)) + 0.5 * self.sigma ** 2
+        return z, 1.0 / (expected + 0.5)
+
+    # ------------------------------------------------------------------------------ futures
+
+    def futures(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]], samples: int,
+                seed: int, first_id: int) -> list[list[list[Arrival]]]:
+        """`samples` futures: arrival windows k..horizon-1 each, drawn from the posterior given the counts
+        of windows 0..k-1 (tenant -> counts) and the jobs announced before window k."""
+        if not 0 <= k < self.horizon:
+            raise ValueError(f"window k must be in 0..{self.horizon - 1}, got {k}")
+        rng = np.random.default_rng([int(seed), FORECAST_STREAM, k])
+        lw = self.log_weights(counts)
+        w = np.exp(lw - lw.max())
+        w /= w.sum()
+        picks = rng.choice(w.shape[0], size=samples, p=w)
+        out = []
+        next_id = first_id
+        for j in picks.tolist():
+            rates = self._cycle_ahead(int(j), k, counts, rng)
+            for job in self._jobs_ahead(k, counts, announced, rng):
+                lo, hi = max(job.start, k), min(job.start + job.windows, self.horizon)
+                if hi > lo:
+                    r = rates.setdefault(job.tenant, np.zeros(self.horizon - k))
+                    r[lo - k:hi - k] += job.rate_rps
+            wins = arrivals_at_rates(self.task, rates, k, rng, next_id)
+            next_id += sum(len(x) for x in wins)
+            out.append(wins)
+        return out
+
+    def _cycle_ahead(self, j: int, k: int, counts: dict[str, np.ndarray],
+                     rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Each cycled tenant's expected rate over windows k.. under particle j, given the last residual: with
+        x the AR(1) noise, E[exp(x_{k-1+h} - s2/2) | x_{k-1}] = exp(phi^h x_{k-1} - phi^(2h) s2/2)."""
+        s2 = self.sigma ** 2
+        decay = self.phi ** np.arange(1, self.horizon - k + 1, dtype=np.float64)
+        rates: dict[str, np.ndarray] = {}
+        for name, m in self.cycle.items():
+            c = np.asarray(counts.get(name, ()), dtype=np.float64)
+            if k > 0 and c.shape[0] == k:
+                z, p = self._residuals(m[j:j + 1, k - 1:k], c[k - 1:k])
+                x = float(z[0, 0]) * s2 / (s2 + float(p[0, 0]))  # the last window's noise, less its Poisson share
+                rates[name] = m[j, k:] * np.exp(decay * x - 0.5 * s2 * decay * decay)
+            else:
+                rates[name] = m[j, k:].copy()  # the stationary noise's mean factor is 1
+        return rates
+
+    def _jobs_ahead(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]],
+                    rng: np.random.Generator) -> list[Job]:
+        jobs = [Job(str(a["tenant"]), int(a["start_window"]), int(a["windows"]), float(a["rate_rps"]))
+                for a in announced]
+        used: set[int] = set()
+
+        def slot(tenant: str, start: int) -> int | None:
+            for i, spec in enumerate(self.specs):
+                lo, hi = (int(x) for x in spec["start_window"])
+                if i not in used and spec["tenant"] == tenant and lo <= start <= hi:
+                    return i
+            return None
+
+        for job in jobs:
+            i = slot(job.tenant, job.start)
+            if i is not None:
+                used.add(i)
+        for tenant in self.job_tenants:
+            c = np.asarray(counts.get(tenant, ()), dtype=np.float64)
+            for first, last in _runs(c):
+                if any(j.tenant == tenant and j.start == first for j in jobs):
+                    continue  # an announced job's own arrivals
+                i = slot(tenant, first)
+                if i is not None:
+                    used.add(i)
+                if last < k - 1:
+                    continue  # ran and ended before this window
+                ran = k - first
+                explained = sum(j.rate_rps for j in jobs if j.tenant == tenant and j.start <= k - 1 < j.start + j.windows)
+                rate = max(0.0, float(c[max(first, k - 3):k].mean()) / self.window_s - explained)
+                if rate <= 0.0:
+                    continue
+                bounds = self.specs[i]["windows"] if i is not None else (self.extra["windows"] if self.extra else (ran, ran))
+                lo, hi = (int(x) for x in bounds)
+                length = _integer(rng, max(lo, ran), max(hi, ran))
+                jobs.append(Job(tenant, first, length, rate))
+        for i, spec in enumerate(self.specs):
+            lo, hi = (int(x) for x in spec["start_window"])
+            if i in used or hi < k:
+                continue
+            wlo, whi = (int(x) for x in spec["windows"])
+            start = _integer(rng, max(lo, k), hi)
+            jobs.append(Job(spec["tenant"], start, _integer(rng, wlo, whi), _uniform(rng, spec["rate_rps"])))
+        if self.extra:
+            left = self.horizon - k
+            for _ in range(int(rng.poisson(float(self.extra["per_day"]) * left / self.horizon))):
+                wlo, whi = (int(x) for x in self.extra["windows"])
+                jobs.append(Job(self.extra["tenant"], k + _integer(rng, 0, left - 1), _integer(rng, wlo, whi),
+                                _uniform(rng, self.extra["rate_rps"])))
+        return jobs

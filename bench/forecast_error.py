@@ -1,0 +1,74 @@
+"""How far the sampled planner's futures are from the day that came: each forecast against the truth.
+
+    python bench/forecast_error.py [--tasks diurnal_family,multitenant_family] [--seeds 20] [--every 4]
+
+For each validation seed (500,000 + i; never a test seed) and each window k = 2, 2 + every, ... the planner's
+forecasts (`nearest`: other days of the family nearest in their last 2 windows' counts, the planner's
+forecast before agents/forecast.py; `posterior`: the day's posterior given the episode so far) draw
+their 2 futures after the true windows 0..k-1, and each future's arrivals per window are compared with
+the true ones: the mean absolute error per window, as a share of the true total's mean, over the
+next 9 windows (one cold start: what a replica asked for now will serve) and over the rest of the day;
+for multitenant, the batch tenant's (the jobs) on its own too. Costs no simulation: seconds a task.
+Last line: {"<task>.<forecast>.next9_err_pct", "<task>.<forecast>.rest_err_pct", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+from llmserve_env.agents.planner import FORECASTS, PlannerPolicy
+from llmserve_env.agents.seeds import validation_seeds
+from llmserve_env.shared.tasks import get_task
+from llmserve_env.shared.workloads import generate_arrivals, windows
+
+LOOKAHEAD = 9  # windows: one cold start (87 s) of 10 s windows
+
+
+def counts(wins: list, tenants: list[str] | None) -> np.ndarray:
+    return np.array([sum(1 for a in w if tenants is None or a.tenant in tenants) for w in wins], dtype=float)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tasks", default="diurnal_family,multitenant_family")
+    ap.add_argument("--seeds", type=int, default=20, help="validation seeds per task [%(default)s]")
+    ap.add_argument("--every", type=int, default=4, help="windows between forecasts [%(default)s]")
+    a = ap.parse_args(argv)
+    if a.seeds < 1 or a.every < 1:
+        ap.error("--seeds and --every must be >= 1")
+    out: dict[str, float] = {}
+    print(f"{'task':<20} {'forecast':<10} {'part':<8} {'next 9 err %':>12} {'rest err %':>11} {'s':>6}")
+    for task_id in a.tasks.split(","):
+        task = get_task(task_id)
+        parts: dict[str, list[str] | None] = {"total": None}
+        if len(task.tenants) > 1:
+            parts.update({t.name: [t.name] for t in task.tenants})
+        truth = {s: windows(generate_arrivals(task, s), task) for s in validation_seeds(a.seeds)}
+        for forecast in FORECASTS:
+            t0 = time.process_time()
+            planner = PlannerPolicy(task_id, forecast=forecast)
+            err: dict[str, tuple[list[float], list[float]]] = {p: ([], []) for p in parts}
+            for seed, wins in truth.items():
+                for k in range(2, task.horizon - 1, a.every):
+                    scale = max(counts(wins[k:], None).mean(), 1.0)  # every part against the total's mean
+                    for fut in planner.future_windows(seed, wins[:k]):
+                        for part, tenants in parts.items():
+                            true, got = counts(wins[k:], tenants), counts(fut[k:], tenants)
+                            nxt = slice(0, LOOKAHEAD)
+                            err[part][0].append(float(np.abs(got[nxt] - true[nxt]).mean() / scale))
+                            err[part][1].append(float(np.abs(got - true).mean() / scale))
+            dt = time.process_time() - t0
+            for part, (e9, er) in err.items():
+                n9, nr = 100 * float(np.mean(e9)), 100 * float(np.mean(er))
+                print(f"{task_id:<20} {forecast:<10} {part:<8} {n9:>12.1f} {nr:>11.1f} {dt:>6.1f}")
+                key = f"{task_id}.{forecast}" + ("" if part == "total" else f".{part}")
+                out[f"{key}.next9_err_pct"] = round(n9, 2)
+                out[f"{key}.rest_err_pct"] = round(nr, 2)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
