@@ -7,7 +7,7 @@ Opt-in (not in CI: the engine compiles for 15-45 minutes). Build it once, from P
     python bench/real_engine.py [--rate-scale 0.004] [--seeds 1,2,3] [--held-out 1]
     # on a shared machine, as root (see the end of --help):
     python bench/real_engine.py --rate-scale 0.01 --seeds 1,2,3,4,5,6 --held-out 3 \
-        --engine-cpus 1 --gateway-cpus 0 --priority rt
+        --engine-cpus 1 --gateway-cpus 0 --priority rt-compute
 
 It starts `llama-server -c 8192 -np 8 -t 1 --metrics --no-webui` on loopback and plays
 static_workload in real mode (GatewayBackend, a fixed action: batch_cap 8 = the server's slots,
@@ -81,13 +81,13 @@ On a shared machine the engine's speed moves with everyone else's work (one thre
 token unpinned under a load average of 11, and at 11 ms pinned at real-time priority), and no profile
 predicts that. As root, pin and raise the engine and the gateway apart:
 
-    python bench/real_engine.py --engine-cpus 1 --gateway-cpus 0 --priority rt ...
+    python bench/real_engine.py --engine-cpus 1 --gateway-cpus 0 --priority rt-compute ...
 
-runs llama-server as `taskset -c 1 chrt -f 50 llama-server ...` and this process (the gateway's clock)
-pinned to CPU 0 at nice -10. `--priority rt-compute` (with --engine-cpus) raises only the engine's compute
-thread (SCHED_FIFO 50 on the engine's CPUs) and runs its HTTP threads at nice -10 on the other CPUs: under
-`rt` they share the engine's CPU at real-time priority and take a new request up only when the main loop
-lets go, a wait that grows with the slots decoding. Each episode's line shows the load average around it, the gateway's
+raises only llama-server's compute (main) thread, SCHED_FIFO 50 on CPU 1, runs its HTTP threads at nice
+-10 on CPU 0, and pins this process (the gateway's clock) to CPU 0 at nice -10. `--priority rt` runs the
+whole server as `taskset -c 1 chrt -f 50 llama-server ...`: its HTTP threads then share the engine's CPU
+at real-time priority and take a new request up only when the main loop lets go, a wait that grows with
+the slots decoding (docs/real-mode.md). Each episode's line shows the load average around it, the gateway's
 worst event-loop lag and the engine's own speed from its timing log (prompt/eval ms per token), so a
 run on a busy machine can be told apart. A quiet machine needs none of it.
 """

@@ -59,6 +59,8 @@ def test_records_match_the_log_in_completion_order_and_a_foreign_log_is_refused(
     (["--port", "70000"], "--port must be in 1..65535"),
     (["--gguf", "/nonexistent/model.gguf"], "no such file"),
     (["--base-url", "http://127.0.0.1:9/v1", "--port", "8080"], "with --base-url the server is already running"),
+    (["--priority", "rt-compute"], "rt-compute pins the server's compute thread: it needs --engine-cpus"),
+    (["--priority", "rt-compute", "--engine-cpus", "0", "--base-url", "http://127.0.0.1:9/v1"], "a server it starts"),
 ])
 def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engine(argv, says, capsys):
     """Checked first, so a bad command line says so even where the engine is not built (CI)."""
@@ -108,3 +110,14 @@ def test_the_decode_probe_reads_streamed_completions():
     assert [r.batch for r in rows] == [1, 2]
     assert all(r.eval_ms_per_token > 0 and r.prompt_tokens > 0 for r in rows)
     assert rows[1].context_tokens > rows[0].context_tokens > rows[0].prompt_tokens
+
+
+def test_rt_compute_starts_the_server_plainly_and_raises_its_compute_thread_after():
+    """`rt-compute` puts no taskset/chrt before llama-server (its threads are set apart once it runs);
+    `rt` and `nice` raise the whole process."""
+    from test_cli import bench_main
+
+    prefix = bench_main("real_engine").__globals__["isolation_prefix"]
+    assert prefix("1", "rt-compute") == []
+    assert prefix("1", "rt") == ["taskset", "-c", "1", "chrt", "-f", "50"]
+    assert prefix("1", "nice") == ["taskset", "-c", "1", "nice", "-n", "-10"]
