@@ -7,6 +7,7 @@ import pytest
 from llmserve_env.agents.planner import (
     LIGHT_VIEW_BASES,
     RIVALS_TO_BEAT,
+    Branch,
     PlannerError,
     PlannerPolicy,
     bridging_variants,
@@ -145,6 +146,32 @@ def test_sampled_planner_leaves_the_base_proposals_only_by_its_margin() -> None:
     never = PlannerPolicy(SHORT_CLUSTER, "sampled", bases=SHORT_BASES, samples=1, pool=2, margin=2.0)
     play_episode(env, never, SHORT_CLUSTER, 0)
     assert never.stats.decisions == 6 and never.stats.changed == 0
+
+
+def test_fortified_sampled_planner_changes_base_only_by_its_margin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """fortify: the base policy last followed keeps the window unless another's proposal is valued `margin`
+    higher (values scripted per base: the rollouts' noise is what the margin guards against)."""
+    script = [{0: 0.50, 1: 0.40}, {0: 0.50, 1: 0.505}, {0: 0.50, 1: 0.52}, {0: 0.50, 1: 0.515}]
+    step = {"k": 0}
+
+    def scripted(self: PlannerPolicy, cand: ServeAction, j: int, futures: list) -> tuple[float, Branch]:
+        v = script[step["k"]][j]
+        return v, Branch(v, 0, [cand])
+
+    monkeypatch.setattr(PlannerPolicy, "_value", scripted)
+    env = InProcessEnv()
+    policy = PlannerPolicy(SHORT_CLUSTER, bases=SHORT_BASES, samples=1, pool=2, keep=0, bridging=False, fortify=True)
+    policy.reset()
+    obs = env.reset(SHORT_CLUSTER, 5)
+    followed = []
+    for k in range(len(script)):
+        step["k"] = k
+        action = policy.act(obs)
+        assert len(policy.last_candidates) == 2  # the two bases' proposals differ: there is a choice
+        followed.append(policy._followed)
+        obs = env.step(action)
+    # window 0: base 0 is best; 1: base 1 by 0.005 < margin, base 0 kept; 2: by 0.02, base 1; 3: base 1 held
+    assert followed == [0, 0, 1, 1]
 
 
 def _decisions(planner: PlannerPolicy, task_id: str, n: int) -> list[tuple[ServeAction, dict]]:
