@@ -23,8 +23,10 @@ from llmserve_env.agents.planner import FORECASTS, PlannerPolicy
 from llmserve_env.agents.seeds import validation_seeds
 from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.tools import cli
 
 LOOKAHEAD = 9  # windows: one cold start (87 s) of 10 s windows
+FAMILIES = ("diurnal_family", "multitenant_family")  # the training families (their shifted tests are not planned)
 
 
 def counts(wins: list, tenants: list[str] | None) -> np.ndarray:
@@ -32,16 +34,16 @@ def counts(wins: list, tenants: list[str] | None) -> np.ndarray:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tasks", default="diurnal_family,multitenant_family")
-    ap.add_argument("--seeds", type=int, default=20, help="validation seeds per task [%(default)s]")
-    ap.add_argument("--every", type=int, default=4, help="windows between forecasts [%(default)s]")
+    ap = argparse.ArgumentParser(prog="python bench/forecast_error.py", description=__doc__,
+                                 formatter_class=cli.HelpFormatter)
+    ap.add_argument("--tasks", type=cli.names_from(FAMILIES), default=list(FAMILIES),
+                    help="comma-separated scenario families (%(default)s)")
+    ap.add_argument("--seeds", type=cli.int_at_least(1), default=20, help="validation seeds per task")
+    ap.add_argument("--every", type=cli.int_at_least(1), default=4, help="windows between forecasts")
     a = ap.parse_args(argv)
-    if a.seeds < 1 or a.every < 1:
-        ap.error("--seeds and --every must be >= 1")
     out: dict[str, float] = {}
     print(f"{'task':<20} {'forecast':<10} {'part':<8} {'next 9 err %':>12} {'rest err %':>11} {'s':>6}")
-    for task_id in a.tasks.split(","):
+    for task_id in a.tasks:
         task = get_task(task_id)
         parts: dict[str, list[str] | None] = {"total": None}
         if len(task.tenants) > 1:

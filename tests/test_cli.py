@@ -131,6 +131,7 @@ def bench_main(script: str):
     ("fork", ["--tasks", "nope"], "--tasks"),
     ("gateway_accuracy", ["--levels", "0"], "--levels"),
     ("sim_fidelity", ["--trace-seconds", "0"], "--trace-seconds"),
+    ("forecast_error", ["--tasks", "diurnal_autoscale"], "--tasks"),  # a fixed day has no posterior
 ])
 def test_bench_scripts_refuse_bad_arguments(script, argv, named, capsys):
     line = refused(bench_main(script), argv, capsys)
