@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
-from llmserve_env.shared.scenarios import is_family, raised_cosine
+from llmserve_env.shared.scenarios import draw_integer, draw_uniform, is_family, raised_cosine
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import arrivals_at_rates
 
@@ -49,13 +49,9 @@ class Job:
     rate_rps: float
 
 
-def _uniform(rng: np.random.Generator, bounds: Any) -> float:
-    lo, hi = (float(x) for x in bounds)
-    return float(rng.uniform(lo, hi)) if hi > lo else lo
-
-
-def _integer(rng: np.random.Generator, lo: int, hi: int) -> int:
-    return int(rng.integers(lo, hi + 1)) if hi > lo else lo
+def tenant_counts(task: TaskSpec, wins: list[list[Arrival]]) -> dict[str, np.ndarray]:
+    """Each tenant's arrivals per window: what `DayForecast` conditions on."""
+    return {t.name: np.array([sum(a.tenant == t.name for a in w) for w in wins], dtype=float) for t in task.tenants}
 
 
 def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
@@ -145,11 +141,12 @@ class DayForecast:
         w = np.exp(lw - lw.max())
         w /= w.sum()
         picks = rng.choice(w.shape[0], size=samples, p=w)
+        known, running, unseen = self._jobs_seen(k, counts, announced)
         out = []
         next_id = first_id
         for j in picks.tolist():
-            rates = self._cycle_ahead(int(j), k, counts, rng)
-            for job in self._jobs_ahead(k, counts, announced, rng):
+            rates = self._cycle_ahead(int(j), k, counts)
+            for job in known + self._jobs_drawn(k, running, unseen, rng):
                 lo, hi = max(job.start, k), min(job.start + job.windows, self.horizon)
                 if hi > lo:
                     r = rates.setdefault(job.tenant, np.zeros(self.horizon - k))
@@ -159,8 +156,7 @@ class DayForecast:
             out.append(wins)
         return out
 
-    def _cycle_ahead(self, j: int, k: int, counts: dict[str, np.ndarray],
-                     rng: np.random.Generator) -> dict[str, np.ndarray]:
+    def _cycle_ahead(self, j: int, k: int, counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each cycled tenant's expected rate over windows k.. under particle j, given the last residual: with
         x the AR(1) noise, E[exp(x_{k-1+h} - s2/2) | x_{k-1}] = exp(phi^h x_{k-1} - phi^(2h) s2/2)."""
         s2 = self.sigma ** 2
@@ -176,10 +172,13 @@ class DayForecast:
                 rates[name] = m[j, k:].copy()  # the stationary noise's mean factor is 1
         return rates
 
-    def _jobs_ahead(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]],
-                    rng: np.random.Generator) -> list[Job]:
-        jobs = [Job(str(a["tenant"]), int(a["start_window"]), int(a["windows"]), float(a["rate_rps"]))
-                for a in announced]
+    def _jobs_seen(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]]
+                   ) -> tuple[list[Job], list[tuple[Job, Any]], list[dict[str, Any]]]:
+        """What the episode has shown of the jobs before window k: the announced ones; each job running
+        unannounced, with the length range it is drawn from (its scheduled slot's, else the ad-hoc one's,
+        at least what it has run; the Job holds its run so far); the scheduled slots not yet seen."""
+        known = [Job(str(a["tenant"]), int(a["start_window"]), int(a["windows"]), float(a["rate_rps"]))
+                 for a in announced]
         used: set[int] = set()
 
         def slot(tenant: str, start: int) -> int | None:
@@ -189,40 +188,44 @@ class DayForecast:
                     return i
             return None
 
-        for job in jobs:
+        for job in known:
             i = slot(job.tenant, job.start)
             if i is not None:
                 used.add(i)
+        running: list[tuple[Job, Any]] = []
         for tenant in self.job_tenants:
             c = np.asarray(counts.get(tenant, ()), dtype=np.float64)
             for first, last in _runs(c):
-                if any(j.tenant == tenant and j.start == first for j in jobs):
+                if any(j.tenant == tenant and j.start == first for j in known):
                     continue  # an announced job's own arrivals
                 i = slot(tenant, first)
                 if i is not None:
                     used.add(i)
                 if last < k - 1:
                     continue  # ran and ended before this window
-                ran = k - first
-                explained = sum(j.rate_rps for j in jobs if j.tenant == tenant and j.start <= k - 1 < j.start + j.windows)
-                rate = max(0.0, float(c[max(first, k - 3):k].mean()) / self.window_s - explained)
-                if rate <= 0.0:
-                    continue
-                bounds = self.specs[i]["windows"] if i is not None else (self.extra["windows"] if self.extra else (ran, ran))
-                lo, hi = (int(x) for x in bounds)
-                length = _integer(rng, max(lo, ran), max(hi, ran))
-                jobs.append(Job(tenant, first, length, rate))
-        for i, spec in enumerate(self.specs):
-            lo, hi = (int(x) for x in spec["start_window"])
-            if i in used or hi < k:
-                continue
-            wlo, whi = (int(x) for x in spec["windows"])
-            start = _integer(rng, max(lo, k), hi)
-            jobs.append(Job(spec["tenant"], start, _integer(rng, wlo, whi), _uniform(rng, spec["rate_rps"])))
+                explained = sum(j.rate_rps for j in known if j.tenant == tenant and j.start <= k - 1 < j.start + j.windows)
+                rate = float(c[max(first, k - 3):k].mean()) / self.window_s - explained
+                if rate > 0.0:
+                    bounds = (self.specs[i]["windows"] if i is not None
+                              else self.extra["windows"] if self.extra else (k - first, k - first))
+                    running.append((Job(tenant, first, k - first, rate), bounds))
+        unseen = [spec for i, spec in enumerate(self.specs) if i not in used and int(spec["start_window"][1]) >= k]
+        return known, running, unseen
+
+    def _jobs_drawn(self, k: int, running: list[tuple[Job, Any]], unseen: list[dict[str, Any]],
+                    rng: np.random.Generator) -> list[Job]:
+        """One draw of what the episode has not shown: each running job's length, each unseen slot's job
+        in what is left of its start range, and ad-hoc jobs at the family's rate."""
+        jobs = []
+        for job, bounds in running:
+            lo, hi = (max(int(x), job.windows) for x in bounds)
+            jobs.append(Job(job.tenant, job.start, draw_integer(rng, (lo, hi)), job.rate_rps))
+        for spec in unseen:
+            start = draw_integer(rng, (max(int(spec["start_window"][0]), k), spec["start_window"][1]))
+            jobs.append(Job(spec["tenant"], start, draw_integer(rng, spec["windows"]), draw_uniform(rng, spec["rate_rps"])))
         if self.extra:
             left = self.horizon - k
             for _ in range(int(rng.poisson(float(self.extra["per_day"]) * left / self.horizon))):
-                wlo, whi = (int(x) for x in self.extra["windows"])
-                jobs.append(Job(self.extra["tenant"], k + _integer(rng, 0, left - 1), _integer(rng, wlo, whi),
-                                _uniform(rng, self.extra["rate_rps"])))
+                jobs.append(Job(self.extra["tenant"], k + draw_integer(rng, (0, left - 1)),
+                                draw_integer(rng, self.extra["windows"]), draw_uniform(rng, self.extra["rate_rps"])))
         return jobs

@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.forecast import DayForecast
+from llmserve_env.agents.forecast import DayForecast, tenant_counts
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
@@ -303,9 +303,8 @@ class PlannerPolicy:
                 if q[own_i] <= q[held] + self.margin:
                     own_i = held
             action = cands[best_i] if q[best_i] > q[own_i] + self.margin else cands[own_i]
-            if action in own:
-                self._followed = own.index(action) if self._followed is None or own[self._followed] != action \
-                    else self._followed
+            if action in own and (self._followed is None or own[self._followed] != action):
+                self._followed = own.index(action)
         self.last_decision, self.last_candidates = values, cands
         self.stats.decisions += 1
         self.stats.changed += action not in own
@@ -439,10 +438,8 @@ class PlannerPolicy:
         seed's day are read, as the observation shows them)."""
         k = len(seen)
         if self._day_forecast is not None:
-            names = [t.name for t in self.task.tenants]
-            counts = {n: np.array([sum(a.tenant == n for a in w) for w in seen], dtype=float) for n in names}
-            fut = self._day_forecast.futures(k, counts, announced_jobs(self.task, seed, k), self.samples,
-                                             self._seed, SAMPLE_ID_BASE)
+            fut = self._day_forecast.futures(k, tenant_counts(self.task, seen), announced_jobs(self.task, seed, k),
+                                             self.samples, self._seed, SAMPLE_ID_BASE)
             return [seen + wins for wins in fut]
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)

@@ -125,12 +125,14 @@ def is_family(task: TaskSpec) -> bool:
     return "family" in task.workload
 
 
-def _uniform(rng: np.random.Generator, bounds: Any) -> float:
+def draw_uniform(rng: np.random.Generator, bounds: Any) -> float:
+    """A uniform draw from the range [lo, hi] (lo where it is one point): the families' every real range."""
     lo, hi = (float(x) for x in bounds)
     return float(rng.uniform(lo, hi)) if hi > lo else lo
 
 
-def _integer(rng: np.random.Generator, bounds: Any) -> int:
+def draw_integer(rng: np.random.Generator, bounds: Any) -> int:
+    """A uniform integer from [lo, hi], both included (lo where it is one point)."""
     lo, hi = (int(x) for x in bounds)
     return int(rng.integers(lo, hi + 1)) if hi > lo else lo
 
@@ -147,9 +149,9 @@ def _draw(task: TaskSpec, seed: int) -> Day:
     rng = np.random.default_rng(np.random.SeedSequence([int(seed), SCENARIO_STREAM]))
     n, horizon = int(w["cycle_windows"]), task.horizon
     # always the same number of draws in the same order, so one parameter's range never moves another's draw
-    peak = _uniform(rng, fam["peak_window"])
-    level = _uniform(rng, fam["level"])
-    ratio = _uniform(rng, fam["peak_to_trough"])
+    peak = draw_uniform(rng, fam["peak_window"])
+    level = draw_uniform(rng, fam["level"])
+    ratio = draw_uniform(rng, fam["peak_to_trough"])
     k = np.arange(horizon, dtype=np.float64)
     shape = raised_cosine(k, n, peak)
     phi, sigma = float(fam["noise"]["phi"]), float(fam["noise"]["sigma"])
@@ -168,24 +170,24 @@ def _draw(task: TaskSpec, seed: int) -> Day:
     fc = fam.get("flash_crowds")
     if fc:
         for _ in range(int(rng.poisson(float(fc["per_day"])))):
-            c = FlashCrowd(fc["tenant"], _integer(rng, (0, horizon - 1)), _integer(rng, fc["windows"]),
-                           _uniform(rng, fc["factor"]))
+            c = FlashCrowd(fc["tenant"], draw_integer(rng, (0, horizon - 1)), draw_integer(rng, fc["windows"]),
+                           draw_uniform(rng, fc["factor"]))
             rates[c.tenant][c.start_window:c.start_window + c.windows] *= c.factor
             crowds.append(c)
     jobs: list[DrawnJob] = []
     share = float(fam.get("announced_share", 0.0))
     for spec in fam.get("jobs", []):
-        start = _integer(rng, spec["start_window"])
-        length = _integer(rng, spec["windows"])
-        rate = _uniform(rng, spec["rate_rps"])
-        lead = _integer(rng, fam.get("lead_windows", (0, 0)))
+        start = draw_integer(rng, spec["start_window"])
+        length = draw_integer(rng, spec["windows"])
+        rate = draw_uniform(rng, spec["rate_rps"])
+        lead = draw_integer(rng, fam.get("lead_windows", (0, 0)))
         announced = bool(rng.random() < share)
         jobs.append(DrawnJob(spec["tenant"], start, length, rate, max(0, start - lead) if announced else None))
     extra = fam.get("extra_jobs")
     if extra:
         for _ in range(int(rng.poisson(float(extra["per_day"])))):
-            jobs.append(DrawnJob(extra["tenant"], _integer(rng, (0, horizon - 1)), _integer(rng, extra["windows"]),
-                                 _uniform(rng, extra["rate_rps"]), None))
+            jobs.append(DrawnJob(extra["tenant"], draw_integer(rng, (0, horizon - 1)), draw_integer(rng, extra["windows"]),
+                                 draw_uniform(rng, extra["rate_rps"]), None))
     for r in rates.values():
         r.setflags(write=False)
     return Day(peak, level, ratio, rates, tuple(jobs), tuple(crowds))

@@ -3,6 +3,8 @@ check of the gateway's clock against the engine's own)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from llmserve_env.sim.calibration.calibrate_engine_log import engine_speed, match, read_engine_log
 
@@ -61,6 +63,7 @@ def test_records_match_the_log_in_completion_order_and_a_foreign_log_is_refused(
     (["--base-url", "http://127.0.0.1:9/v1", "--port", "8080"], "with --base-url the server is already running"),
     (["--priority", "rt-compute"], "rt-compute pins the server's compute thread: it needs --engine-cpus"),
     (["--priority", "rt-compute", "--engine-cpus", "0", "--base-url", "http://127.0.0.1:9/v1"], "a server it starts"),
+    (["--priority", "rt-compute", "--engine-cpus", f"0-{(os.cpu_count() or 1) - 1}"], "it leaves none"),
 ])
 def test_the_real_engine_bench_refuses_bad_arguments_before_looking_for_the_engine(argv, says, capsys):
     """Checked first, so a bad command line says so even where the engine is not built (CI)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llmserve_env.agents.forecast import DayForecast
+from llmserve_env.agents.forecast import DayForecast, tenant_counts
 from llmserve_env.agents.planner import PlannerPolicy
 from llmserve_env.shared.scenarios import announced_jobs, draw_day
 from llmserve_env.shared.tasks import get_task
@@ -15,16 +15,18 @@ MT = get_task("multitenant_family")
 DIURNAL = get_task("diurnal_family")
 
 
-def _counts(task, wins) -> dict[str, np.ndarray]:
-    return {t.name: np.array([sum(a.tenant == t.name for a in w) for w in wins], dtype=float) for t in task.tenants}
+def _jobs(f: DayForecast, k: int, counts: dict[str, np.ndarray], announced: list, rng) -> list:
+    """One future's jobs: what the episode showed, then one draw of the rest."""
+    known, running, unseen = f._jobs_seen(k, counts, announced)
+    return known + f._jobs_drawn(k, running, unseen, rng)
 
 
 def test_futures_are_the_rest_of_the_day_deterministic_with_fresh_ids() -> None:
     f = DayForecast(DIURNAL, particles=256)
     wins = windows(generate_arrivals(DIURNAL, 500_000), DIURNAL)
     k = 12
-    a = f.futures(k, _counts(DIURNAL, wins[:k]), [], 2, 0, 1 << 40)
-    b = f.futures(k, _counts(DIURNAL, wins[:k]), [], 2, 0, 1 << 40)
+    a = f.futures(k, tenant_counts(DIURNAL, wins[:k]), [], 2, 0, 1 << 40)
+    b = f.futures(k, tenant_counts(DIURNAL, wins[:k]), [], 2, 0, 1 << 40)
     assert a == b
     assert [len(fut) for fut in a] == [DIURNAL.horizon - k] * 2
     ids = [r.request_id for fut in a for w in fut for r in w]
@@ -68,13 +70,13 @@ def test_jobs_ahead_replay_the_announced_and_running_jobs_and_draw_the_unseen() 
     f = DayForecast(MT, particles=64)
     rng = np.random.default_rng(0)
     k = 10
-    jobs = f._jobs_ahead(k, _counts(MT, wins[:k]), announced_jobs(MT, seed, k), rng)
+    jobs = _jobs(f, k, tenant_counts(MT, wins[:k]), announced_jobs(MT, seed, k), rng)
     assert jobs[0].start == 8 and jobs[0].windows == 7  # the announced job, as announced
     later = [j for j in jobs[1:] if j.start >= 28]
     assert len(later) == 1 and 28 <= later[0].start <= 32  # the second slot, not yet seen: drawn in its range
     assert not any(4 <= j.start <= 8 for j in jobs[1:])  # the first slot is the announced job's
     k = 34  # the unannounced job has run 2 windows: it goes on at its observed rate for 5-7 windows in all
-    jobs = f._jobs_ahead(k, _counts(MT, wins[:k]), announced_jobs(MT, seed, k), rng)
+    jobs = _jobs(f, k, tenant_counts(MT, wins[:k]), announced_jobs(MT, seed, k), rng)
     running = [j for j in jobs if j.start == 32]
     assert len(running) == 1 and 3 <= running[0].windows <= 5 and abs(running[0].rate_rps - 3.6) < 1.0
     assert not any(28 <= j.start <= 32 and j is not running[0] for j in jobs)
