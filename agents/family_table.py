@@ -5,7 +5,8 @@ A family (shared/splits.py: `SHIFTED_TASKS`) is reported on two splits, both on 
 - `test`: the family task itself, days drawn from the training family's ranges;
 - `shifted`: its shifted task, days drawn from outside those ranges. Every agent plays it exactly as
   it was built for the training family (its tuned parameters, its weights): the shift is what it was
-  never shown (`split_job`; the planner and clairvoyant cannot yet: NOT_ON_SHIFTED says why).
+  never shown (`split_job`; the planner too: built for the family, it samples the family's futures while
+  it plays the shifted task, agents/planner.py).
 
 `split_summary` pairs every agent with the best hand-made rival of the split (the best by mean of
 `agents.planner.RIVALS_TO_BEAT` among those played, so rivals added there join the comparison) and
@@ -40,22 +41,8 @@ def families_in(task_ids: Sequence[str]) -> list[str]:
     return out
 
 
-# The planner is not played on the shifted split: built for the family it refuses another task, and built
-# for the shifted task (its rivals then use the family's tuning, shared.splits.tuned_task) its sampled
-# futures are drawn from the shifted task itself, which would tell it the shift. Skipped there until it
-# can sample the training family's futures while playing the shifted task.
-NOT_ON_SHIFTED = {"planner": "agents/planner.py samples futures from the task it plays (it would see the shift)",
-                  "clairvoyant": "agents/planner.py plays only the task it was built for"}
-
-
-def plays_split(agent: str, split: str) -> bool:
-    return not (split == "shifted" and agent in NOT_ON_SHIFTED)
-
-
 def split_job(agent: str, family: str, split: str, seed: int) -> EpisodeJob:
     """One episode of `agent`, built for the training family, on the split's task."""
-    if not plays_split(agent, split):
-        raise ValueError(f"{agent} does not play the {split} split: {NOT_ON_SHIFTED[agent]}")
     return EpisodeJob(functools.partial(make_policy, agent, family, seed=seed), split_task(family, split), seed)
 
 

@@ -47,6 +47,12 @@ names the task and seed; the simulator is deterministic), so it works through an
 every observation is checked against the shadow's, and a mismatch is an error, not a silent wrong plan.
 Deterministic for a seed: the sample pool is drawn from `seed`, nothing else is random.
 
+The shifted split (shared/splits.py): a planner built for a family also plays the family's shifted test
+task, as every rival does, with what it was built from: its base policies tuned on the family and its
+forecast's prior the family's ranges (the shift never shown). What it reads from the played day is what
+the observation shows (the windows seen, the announced jobs); the mirror and the grade are the played task's.
+In clairvoyant mode the mirror's future is the played day's, so the bound holds there too.
+
 Cost: (bases + variants + keep x (bases - 1)) rollouts to the episode's end per decision (measured in
 docs/benchmarks.md, Headroom); `PlannerStats.cpu_s` keeps the CPU seconds spent deciding. The rollouts
 play on `Episode.advance` (no pydantic observation, the step logged unvalidated), their base policies
@@ -77,6 +83,7 @@ from llmserve_env.core.grader import References, Totals, add_window, compute_ref
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.scenarios import announced_jobs, is_family
+from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from llmserve_env.sim.cluster import ClusterBackend
@@ -186,6 +193,9 @@ class PlannerPolicy:
             raise ValueError(f"keep must be >= 0 (0: only each candidate's first continuation), got {keep}")
         self.task_id = task_id
         self.task: TaskSpec = resolve_task(task_id)
+        # the task the episode plays: the one built for, or its family's shifted test task (shared/splits.py),
+        # played as built for the family (tuned bases, the family's forecast prior), the shift unseen
+        self.played: TaskSpec = self.task
         self.base_names = tuple(bases) if bases is not None else default_bases(self.task)
         if not self.base_names:
             raise ValueError("bases must name at least one base policy")
@@ -275,7 +285,7 @@ class PlannerPolicy:
         if anchor is None:
             anchor = cands[max(((i, j) for i, j in values), key=lambda ij: values[ij])[0]]
         if self.bridging:
-            for v in [anchor, *bridging_variants(anchor, self.task.replicas if self.cluster else None)]:
+            for v in [anchor, *bridging_variants(anchor, self.played.replicas if self.cluster else None)]:
                 if v not in cands:
                     cands.append(v)
                     i = len(cands) - 1
@@ -367,7 +377,7 @@ class PlannerPolicy:
         base = _clone(self.bases[j], self.task)
         actions = [cand]
         if self.fast_rollouts:
-            light, task = self._light[j], self.task
+            light, task = self._light[j], self.played
             out: StepOutcome = branch.advance(cand)
             while not out.done:
                 view = ObservedWindow(out, task) if light else branch.last_observation
@@ -380,13 +390,13 @@ class PlannerPolicy:
                 a = self._complete_on(base.act(obs), branch)
                 actions.append(a)
                 obs = branch.step(a)
-        self.stats.simulated_windows += self.task.horizon - k
+        self.stats.simulated_windows += self.played.horizon - k
         self.stats.rollouts += 1
         tot = copy.copy(self._done_totals)
         met_by = dict(self._done_met)
         for step in branch.steps[k:]:
             add_window(tot, met_by, step.metrics)
-        return Branch(objective(self.task, tot, met_by, ref)[0], k, actions)
+        return Branch(objective(self.played, tot, met_by, ref)[0], k, actions)
 
     def _complete_on(self, a: ServeAction, branch: Episode) -> ServeAction:
         if self.cluster and a.replicas is None:
@@ -403,14 +413,18 @@ class PlannerPolicy:
             if meta.get("mode", "sim") != "sim" or "seed" not in meta:
                 raise PlannerError("the planner mirrors the episode in its own simulator: it needs a sim-mode "
                                    "episode's reset observation (metadata 'seed' and mode 'sim')")
-            if obs.task_id != self.task_id:
-                raise PlannerError(f"this planner was built for task {self.task_id!r}, the episode is {obs.task_id!r}")
+            shifted = SHIFTED_TASKS.get(self.task_id)
+            if obs.task_id not in (self.task_id, shifted):
+                also = f" or its shifted test task {shifted!r}" if shifted else ""
+                raise PlannerError(f"this planner was built for task {self.task_id!r}{also}, the episode is "
+                                   f"{obs.task_id!r}")
             if self.shadow is not None:  # a new episode without reset(): start the trackers afresh too
                 self.reset()
-            self.shadow = Episode.start(self.task, int(meta["seed"]), "sim", episode_id="planner-shadow")
+            self.played = resolve_task(obs.task_id)
+            self.shadow = Episode.start(self.played, int(meta["seed"]), "sim", episode_id="planner-shadow")
             self._expected = None
             self.incumbent = None
-            self._done_totals, self._done_met = Totals(), {t.name: 0.0 for t in self.task.tenants}
+            self._done_totals, self._done_met = Totals(), {t.name: 0.0 for t in self.played.tenants}
             self._true_arrivals = [a for w in self.shadow.windows for a in w]
             return
         exp = self._expected
@@ -425,11 +439,11 @@ class PlannerPolicy:
         assert ep is not None
         if self.mode == "clairvoyant":
             if self._true_ref is None or self._true_ref[0] != ep.seed:
-                self._true_ref = (ep.seed, compute_references(self.task, ep.seed, arrivals=self._true_arrivals))
+                self._true_ref = (ep.seed, compute_references(self.played, ep.seed, arrivals=self._true_arrivals))
             return [(None, self._true_ref[1])]
         k = ep.step_count
         past = [a for w in ep.windows[:k] for a in w]
-        return [(wins, compute_references(self.task, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]))
+        return [(wins, compute_references(self.played, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]))
                 for wins in self.future_windows(ep.seed, ep.windows[:k])]
 
     def future_windows(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
@@ -438,7 +452,7 @@ class PlannerPolicy:
         seed's day are read, as the observation shows them)."""
         k = len(seen)
         if self._day_forecast is not None:
-            fut = self._day_forecast.futures(k, tenant_counts(self.task, seen), announced_jobs(self.task, seed, k),
+            fut = self._day_forecast.futures(k, tenant_counts(self.task, seen), announced_jobs(self.played, seed, k),
                                              self.samples, self._seed, SAMPLE_ID_BASE)
             return [seen + wins for wins in fut]
         pool = self._sample_pool()

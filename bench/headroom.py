@@ -41,9 +41,7 @@ from pathlib import Path
 
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.family_table import (
-    NOT_ON_SHIFTED,
     families_in,
-    plays_split,
     split_job,
     split_summary,
 )
@@ -94,9 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     cells = [(a, t) for a in sorted(agents, key=lambda a: a not in ("planner", "clairvoyant")) for t in tasks
              if available(a, t)]
     jobs = [registry_job(a, t, s) for a, t in cells for s in seeds]
-    shifted_cells = [(a, f) for a, f in cells if f in families and plays_split(a, "shifted")]
-    for a in sorted({a for a, f in cells if f in families} - {a for a, _ in shifted_cells}):
-        print(f"skipped {a} on the shifted split: {NOT_ON_SHIFTED[a]}")
+    shifted_cells = [(a, f) for a, f in cells if f in families]
     jobs += [split_job(a, f, "shifted", s) for a, f in shifted_cells for s in seeds]
     t0 = time.perf_counter()
     scores: dict[tuple[str, str], dict[int, float]] = {}

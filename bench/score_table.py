@@ -39,7 +39,7 @@ import sys
 import time
 
 from llmserve_env.agents.autoscale import NotClusterTaskError
-from llmserve_env.agents.family_table import families_in, plays_split, split_job, split_summary
+from llmserve_env.agents.family_table import families_in, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 from llmserve_env.agents.planner import PREFIX_RIVALS, RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cells, cell_skips = play_table(agents, tasks, args.episodes, runner)
         # the shifted split: every agent that played its family, built for the family, on the shifted task
-        played = [(a, f) for a in agents for f in families if (a, f) in cells and plays_split(a, "shifted")]
+        played = [(a, f) for a in agents for f in families if (a, f) in cells]
         outcomes = runner.map([split_job(a, f, "shifted", s) for a, f in played for s in seeds])
         shifted_cells = {cell: [o.score for o in outcomes[i * len(seeds):(i + 1) * len(seeds)]]
                          for i, cell in enumerate(played)}

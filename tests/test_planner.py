@@ -18,6 +18,7 @@ from llmserve_env.agents.rollout import play_episode
 from llmserve_env.agents.singles import SINGLES
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import PREFIX_TASKS, TASKS, get_task
 from llmserve_env.shared.traces import packaged_trace_path
 
@@ -127,6 +128,24 @@ def test_refuses_an_episode_it_does_not_mirror() -> None:
     fresh = PlannerPolicy("bursty_workload", pool=2)
     with pytest.raises(PlannerError, match="task"):
         fresh.act(InProcessEnv().reset("static_workload", 0))
+
+
+def test_a_planner_built_for_a_family_plays_its_shifted_task_as_built() -> None:
+    """The shifted split: the planner built for a family plays the family's shifted test task with the family's
+    bases and forecast prior (the shift unseen), its mirror and grade on the played day; any other task is refused."""
+    for family, shifted in SHIFTED_TASKS.items():
+        policy = make_policy("planner", family, **CHEAP)
+        policy.reset()
+        env = InProcessEnv()
+        obs = env.reset(shifted, 1_000_000)
+        for _ in range(2):  # the mirror follows the played day: a divergence would raise
+            obs = env.step(policy.act(obs))
+        assert policy.played is get_task(shifted) and policy.shadow is not None and policy.shadow.task is policy.played
+        assert policy._day_forecast is not None and policy._day_forecast.task is get_task(family)
+        h = get_task(shifted).horizon
+        assert policy.stats.rollouts == 4 and policy.stats.simulated_windows == 2 * h + 2 * (h - 1)
+    with pytest.raises(PlannerError, match="diurnal_family_shifted"):
+        make_policy("planner", "diurnal_family", **CHEAP).act(InProcessEnv().reset("multitenant_family_shifted", 0))
 
 
 def test_bad_arguments_name_the_argument() -> None:

@@ -206,12 +206,12 @@ def test_split_summary_pairs_every_agent_with_the_best_rival():
     assert job.task_id == "diurnal_family_shifted" and job.policy.args == ("hpa", "diurnal_family")
 
 
-def test_the_current_planner_is_kept_off_the_shifted_split_with_the_reason():
-    from llmserve_env.agents.family_table import plays_split, split_job
+def test_every_agent_plays_the_shifted_split_built_for_its_family():
+    from llmserve_env.agents.family_table import split_job
 
-    assert plays_split("planner", "test") and not plays_split("planner", "shifted") and plays_split("hpa", "shifted")
-    with pytest.raises(ValueError, match="built for"):
-        split_job("clairvoyant", "diurnal_family", "shifted", 1_000_000)
+    for agent in ("planner", "clairvoyant", "hpa"):
+        job = split_job(agent, "diurnal_family", "shifted", 1_000_000)
+        assert job.task_id == "diurnal_family_shifted" and job.policy.args == (agent, "diurnal_family")
 
 
 def test_a_shifted_task_is_played_with_its_training_familys_tuning():
