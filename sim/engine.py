@@ -127,6 +127,10 @@ class Engine:
         self.decode_iter = 0                 # decode iterations executed so far
         self.decode_context_tokens = 0.0     # summed context of the decoding requests (tokens)
         self.decode_tokens_per_iter = 0.0    # summed tokens per decode iteration of the decoding requests
+        # bumped whenever a request joins or leaves the decoding map or the depth re-bases them: the KV
+        # blocks they hold at an iteration are a function of (version, iteration) alone
+        self.decode_version = 0
+        self._blocks_memo = (-1, -1, 0)      # (decode_version, iteration, their blocks): the last exact count
         self.clock_s = 0.0                   # the unified lane's clock
         self.prefill_clock_s = 0.0           # the prefill lane's clock (split)
         self.decode_clock_s = 0.0            # the decode lane's clock (split)
@@ -218,6 +222,7 @@ class Engine:
             per_iter += e
         heapq.heapify(heap)
         self.fin_heap = heap
+        self.decode_version += 1
         self.decode_context_tokens, self.decode_tokens_per_iter = context, per_iter
 
     # ----------------------------------------------------------------------------------- window
@@ -308,12 +313,17 @@ class Engine:
 
     def _decode_blocks_exact(self, k: int) -> int:
         it = self.decode_iter + k
+        memo = self._blocks_memo
+        if memo[1] == it and memo[0] == self.decode_version:
+            # asked again in the same scheduling pass (the growth check, then each admission's): unchanged
+            return memo[2] - self.decode_shared
         total = 0
         for r in self.decoding.values():
             p = r.progress + (it - r.sync_iter) * r.e
             if p > r.target:
                 p = r.target
             total += -(-math.ceil(r.prompt + p) // KV_BLOCK_TOKENS)  # _blocks_held, inlined: hot loop
+        self._blocks_memo = (self.decode_version, it, total)
         return total - self.decode_shared  # shared cached units are counted once, in kv.used_fixed
 
     def _decode_kv_limit(self, kcap: int) -> int:
@@ -352,6 +362,7 @@ class Engine:
             self.decode_context_tokens -= r.prompt + p
             self.decode_tokens_per_iter -= r.e
             del self.decoding[r.rid]
+            self.decode_version += 1
             r.gen += 1
             r.progress = min(p, float(r.target))
             r.last_emit_s = t
@@ -438,6 +449,7 @@ class Engine:
             self.decode_tokens_per_iter -= r.e
             self.decode_shared -= r.pshared
             del self.decoding[r.rid]
+            self.decode_version += 1
         if r.pkeys:
             self._release_prefix(r, r.prompt + r.target - 1)  # the callers trimmed the cache at this instant first
         r.state = DONE
@@ -465,6 +477,7 @@ class Engine:
         r.e = tokens_per_step(r.accept, self.depth)
         r.finish_iter = self.decode_iter + max(1, math.ceil((r.target - r.progress) / r.e - 1e-9))
         self.decoding[r.rid] = r
+        self.decode_version += 1
         self.decode_context_tokens += r.prompt + r.progress
         self.decode_tokens_per_iter += r.e
         self.decode_shared += r.pshared
