@@ -6,6 +6,7 @@ nothing, train.py keeps away from the shipped weights, and the set-up files keep
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -132,10 +133,22 @@ def bench_main(script: str):
     ("gateway_accuracy", ["--levels", "0"], "--levels"),
     ("sim_fidelity", ["--trace-seconds", "0"], "--trace-seconds"),
     ("forecast_error", ["--tasks", "diurnal_autoscale"], "--tasks"),  # a fixed day has no posterior
+    ("compiled_loop", ["--requests", "0"], "--requests"),
 ])
 def test_bench_scripts_refuse_bad_arguments(script, argv, named, capsys):
     line = refused(bench_main(script), argv, capsys)
     assert line.startswith(f"python bench/{script}.py: error: argument {named}"), line
+
+
+def test_compiled_loop_bench_serves_every_request_and_reports_per_event_cost(capsys):
+    """bench/compiled_loop.py: the loop's Python run finishes every arrival; with numba installed, the
+    compiled run must end at the same clock (its JSON says so)."""
+    assert bench_main("compiled_loop")(["--requests", "300", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    out = json.loads(lines[-1])
+    assert out["events"] > 300 and out["python_ns_per_event"] > 0
+    assert lines[1].split()[:3] == ["python", str(out["events"]), "300"]
+    assert out.get("same_clock", True) is True
 
 
 def test_bench_command_runs_the_script_with_its_own_arguments(capsys):
