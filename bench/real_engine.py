@@ -503,17 +503,20 @@ def main(argv: list[str] | None = None) -> None:
           f"(fit runs: TTFT {fit.after_summary['ttft_err_pct']:.1f} %, TPOT {fit.after_summary['tpot_err_pct']:.1f} %)")
     if "choice" in records_fit:
         held = records_fit["choice"]["held_out"]
-        one, by = held["table_one_context"], held["table_context_by_slots"]
+        one, by, pc = held["table_one_context"], held["table_context_by_slots"], held["table_prefill_context"]
         kept = records_fit["step_model"] + (f" (context cost {records_fit['table_context']})"
                                             if records_fit["step_model"] == "table" else "")
         print(f"step model kept: {kept} (on the fit seeds' held-out episode(s): affine TTFT / TPOT "
               f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table with one "
               f"context cost {one['ttft_err_pct']:.1f} / {one['tpot_err_pct']:.1f} %, table with a context cost "
-              f"by slots {by['ttft_err_pct']:.1f} / {by['tpot_err_pct']:.1f} %)")
+              f"by slots {by['ttft_err_pct']:.1f} / {by['tpot_err_pct']:.1f} %, table with a prefill context cost "
+              f"{pc['ttft_err_pct']:.1f} / {pc['tpot_err_pct']:.1f} %)")
     if records_fit["step_model"] == "table":
         t = prof["engine"]["measured_table"]
         ctx = (f"{[round(y * 1e6, 2) for y in t['ctx_by_slots_s']]} us per context token at those slots"
                if t.get("ctx_by_slots_s") else f"{t['ctx_s'] * 1e6:.3f} us per context token")
+        if t.get("prefill_ctx_s"):
+            ctx += f" + {t['prefill_ctx_s'] * 1e6:.3f} us per prompt token per context token"
         print(f"measured table: {t['step_s'] * 1e3:.2f} ms per iteration + decode at {t['slots']} slots "
               f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
               f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {ctx}")

@@ -15,11 +15,21 @@ measured and tabulates the one that is not:
       + ctx(b) * summed decode context  attention reading the KV cache: one coefficient ctx_s, or (a
                                         table with `ctx_by_slots_s`) a coefficient per slot count,
                                         piecewise linear in b like decode(b)
+      + prefill_ctx_s * m * summed decode context   (optional, 0 without) a prompt processed beside
+                                        decoding sequences costs more than alone plus their decode step:
+                                        llama-server with gemma-3-270m took 364 ms for a ~93-token prompt
+                                        alone and 421 / 542 / 671 ms with 1 / 2-3 / 4+ others decoding, its
+                                        own log says (~70 ms an other sequence beyond its decode step;
+                                        SmolLM2 shows a few ms). The records cannot tell this form from
+                                        m x sequences or a cost per sequence (the prompts are all ~the same
+                                        length); the mechanism is not known (that build runs one KV stream
+                                        per slot, `kv_unified = false`). docs/real-mode.md has the numbers.
 
 stored in the profile as `engine.measured_table`:
 
     {"step_s": s, "ctx_s": c, "slots": [1, 2, 4, 8], "decode_s": [...], "prefill_tokens": [...], "prefill_s": [...]}
-    (+ "ctx_by_slots_s": [...], one per slot count, when the context cost depends on the batch)
+    (+ "ctx_by_slots_s": [...], one per slot count, when the context cost depends on the batch;
+     + "prefill_ctx_s": k, when a prompt's tokens pay for the context decoding beside them)
 
 The context cost by slots is for an engine whose attention cost per context token changes with the
 batch (issue 29 suspected llama-server of it; read from its token streams, SmolLM2's cost stayed 11-22 us
@@ -68,6 +78,7 @@ class StepTable:
     prefill_tokens: tuple[float, ...]
     prefill_s: tuple[float, ...]
     ctx_by_slots_s: tuple[float, ...] = ()  # empty: ctx_s for every batch
+    prefill_ctx_s: float = 0.0              # per prompt token per token of decode context in the iteration
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> StepTable:
@@ -80,7 +91,10 @@ class StepTable:
         if d.get("ctx_by_slots_s") is not None:
             _, by_slots = _points({"slots": d["slots"], "ctx_by_slots_s": d["ctx_by_slots_s"]}, "slots",
                                   "ctx_by_slots_s")
-        return cls(float(d["step_s"]), float(d["ctx_s"]), slots, decode, tokens, prefill, by_slots)
+        pctx = float(d.get("prefill_ctx_s", 0.0))
+        if not pctx >= 0:
+            raise ValueError(f"engine.{KEY}.prefill_ctx_s must be a number >= 0, got {d.get('prefill_ctx_s')!r}")
+        return cls(float(d["step_s"]), float(d["ctx_s"]), slots, decode, tokens, prefill, by_slots, pctx)
 
     def ctx_at(self, rows: float) -> float:
         """Seconds per token of summed decode context with `rows` decoding rows."""
@@ -93,7 +107,8 @@ class StepTable:
         return {"step_s": r(self.step_s), "ctx_s": r(self.ctx_s), "slots": [r(x) for x in self.slots],
                 "decode_s": [r(y) for y in self.decode_s], "prefill_tokens": [r(x) for x in self.prefill_tokens],
                 "prefill_s": [r(y) for y in self.prefill_s]} | (
-                    {"ctx_by_slots_s": [r(y) for y in self.ctx_by_slots_s]} if self.ctx_by_slots_s else {})
+                    {"ctx_by_slots_s": [r(y) for y in self.ctx_by_slots_s]} if self.ctx_by_slots_s else {}) | (
+                    {"prefill_ctx_s": r(self.prefill_ctx_s)} if self.prefill_ctx_s else {})
 
 
 def interpolate(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -131,6 +146,8 @@ class TableStepModel:
         if decode_seqs:
             rows = decode_seqs * (depth + 1)
             t += interpolate(rows, tb.slots, tb.decode_s) + tb.ctx_at(rows) * ctx_sum
+            if prefill_tokens and tb.prefill_ctx_s:
+                t += tb.prefill_ctx_s * prefill_tokens * ctx_sum
         return t * self.slow
 
     def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:

@@ -367,7 +367,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     fit_error = result.to_dict()
     fit_error["step_model"] = chosen
     if table is not None:
-        fit_error["table_context"] = "by slots" if table.table.ctx_by_slots_s else "one"
+        fit_error["table_context"] = choice.context if choice is not None else \
+            ("by slots" if table.table.ctx_by_slots_s else "one")
         fit_error["table_after"] = {k: round(v, 2) for k, v in table.after_summary.items()}
     if choice is not None:
         fit_error["choice"] = choice.to_dict()
@@ -388,6 +389,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                    + (f"| per token of decode context at {', '.join(f'{x:g}' for x in t.slots)} slots (us) | "
                       f"{', '.join(f'{y * 1e6:.3f}' for y in t.ctx_by_slots_s)} |\n" if t.ctx_by_slots_s else
                       f"| per token of decode context (us) | {t.ctx_s * 1e6:.4f} |\n") +
+                   (f"| per prompt token per token of decode context (us) | {t.prefill_ctx_s * 1e6:.4f} |\n"
+                    if t.prefill_ctx_s else "") +
                    f"\nThe profile is timed by the table: replay TTFT / TPOT median error "
                    f"{after['ttft_err_pct']:.1f} / {after['tpot_err_pct']:.1f} %.\n")
     out.with_name(f"{out.stem}.records_fit.md").write_text(report)

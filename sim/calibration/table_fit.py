@@ -16,9 +16,14 @@ sizes per slot count (bench/real_engine.py --probe), started from the probe's ow
 each slot count, and fitted to the records and the probe together (the probe's steps are a second term
 of the objective: each slot count's step at each context, the soft-L1 log error as for requests).
 
-`choose` replays held-out episodes on the three fitted profiles and keeps a table only when it beats the
-affine model there (the sum of the TTFT and TPOT median errors), and the context-by-slots form only when
-it beats the one-coefficient table: more values to fit must be earned on episodes the fit never saw.
+A third form adds to the one-coefficient table a cost per prompt token per token of decoding context in
+the same iteration (`prefill_ctx_s`: a prompt processed beside decoding sequences is slower than alone
+plus their decode step on llama-server).
+
+`choose` replays held-out episodes on the four fitted profiles and keeps a table only when it beats the
+affine model there (the sum of the TTFT and TPOT median errors), and a table with more values (context
+by slots, prefill context) only when it beats the one-coefficient table: more values to fit must be
+earned on episodes the fit never saw.
 """
 
 from __future__ import annotations
@@ -126,13 +131,16 @@ def fit_table(base: Profile, runs: list[RecordedRun], start: StepTable, iters: i
         raise ValueError("no recorded runs to fit")
     k, j = len(start.slots), len(start.prefill_tokens)
     by_slots = bool(start.ctx_by_slots_s)
+    pctx = start.prefill_ctx_s > 0  # fitted too when the start has one
+    n_ctx = k if by_slots else 1
     points = list(probe_points or [])
 
     def table(x: np.ndarray) -> StepTable:
         v = np.exp(x)
-        ctx = tuple(float(y) for y in v[1 + k + j:]) if by_slots else ()
+        ctx = tuple(float(y) for y in v[1 + k + j:1 + k + j + n_ctx]) if by_slots else ()
         return StepTable(float(v[0]), float(v[1 + k + j]), start.slots, tuple(float(y) for y in v[1:1 + k]),
-                         start.prefill_tokens, tuple(float(y) for y in v[1 + k:1 + k + j]), ctx)
+                         start.prefill_tokens, tuple(float(y) for y in v[1 + k:1 + k + j]), ctx,
+                         float(v[1 + k + j + n_ctx]) if pctx else 0.0)
 
     f = replay_objective(runs, lambda x: with_table(base, table(x)))
     calls = 0
@@ -144,7 +152,8 @@ def fit_table(base: Profile, runs: list[RecordedRun], start: StepTable, iters: i
 
     floor = 1e-7  # a value of 0 (the context term of an engine that shows none) has no logarithm
     ctx0 = list(start.ctx_by_slots_s) if by_slots else [start.ctx_s]
-    x0 = np.log(np.maximum(floor, [start.step_s, *start.decode_s, *start.prefill_s, *ctx0]))
+    x0 = np.log(np.maximum(floor, [start.step_s, *start.decode_s, *start.prefill_s, *ctx0,
+                                   *([start.prefill_ctx_s] if pctx else [])]))
     # the context-by-slots table starts from a fitted table or a probe: it is searched near its start
     for step in ((0.1, 0.03) if by_slots else (0.3, 0.1)):
         x, _ = nelder_mead(counted, x0, step=step, iters=iters)
@@ -254,28 +263,39 @@ def held_out_error(c: Comparison) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Choice:
-    """The three fits and their held-out replays; `model` is "table" or "affine", `context` which table
-    ("one": one context coefficient, "by slots": one per slot count) is kept when it is the table."""
+    """The four fits and their held-out replays; `model` is "table" or "affine", `context` which table
+    ("one": one context coefficient, "by slots": one per slot count, "prefill context": one context
+    coefficient and the prompt tokens' cost over the decoding requests' context) is kept when it is the
+    table: the first in that order of the best held-out error (a table with more values must do better)."""
 
     affine: RecordFit
     table_one: TableFit
     table_slots: TableFit
+    table_pctx: TableFit
     held_affine: Comparison
     held_one: Comparison
     held_slots: Comparison
+    held_pctx: Comparison
+
+    def _tables(self) -> list[tuple[str, TableFit, Comparison]]:
+        return [("one", self.table_one, self.held_one), ("by slots", self.table_slots, self.held_slots),
+                ("prefill context", self.table_pctx, self.held_pctx)]
+
+    def _best(self) -> tuple[str, TableFit, Comparison]:
+        return min(self._tables(), key=lambda t: held_out_error(t[2]))  # min keeps the first of equals
 
     @property
     def context(self) -> str:
-        return "by slots" if held_out_error(self.held_slots) < held_out_error(self.held_one) else "one"
+        return self._best()[0]
 
     @property
     def table(self) -> TableFit:
         """The better table on the held-out episodes."""
-        return self.table_slots if self.context == "by slots" else self.table_one
+        return self._best()[1]
 
     @property
     def held_table(self) -> Comparison:
-        return self.held_slots if self.context == "by slots" else self.held_one
+        return self._best()[2]
 
     @property
     def model(self) -> str:
@@ -286,7 +306,8 @@ class Choice:
         """What is kept, in words: affine, table (one context cost) or table (context cost by slots)."""
         if self.model == "affine":
             return "affine"
-        return "table (context cost by slots)" if self.context == "by slots" else "table (one context cost)"
+        return {"one": "table (one context cost)", "by slots": "table (context cost by slots)",
+                "prefill context": "table (prefill context cost)"}[self.context]
 
     def to_dict(self) -> dict[str, Any]:
         def r(c: Comparison) -> dict[str, float]:
@@ -294,16 +315,18 @@ class Choice:
 
         return {"chosen": self.model, "table_context": self.context,
                 "held_out": {"affine": r(self.held_affine), "table": r(self.held_table),
-                             "table_one_context": r(self.held_one), "table_context_by_slots": r(self.held_slots)},
+                             "table_one_context": r(self.held_one), "table_context_by_slots": r(self.held_slots),
+                             "table_prefill_context": r(self.held_pctx)},
                 "table": self.table.table.to_dict(),
-                "table_evaluations": self.table_one.evaluations + self.table_slots.evaluations}
+                "table_evaluations": sum(t.evaluations for _, t, _ in self._tables())}
 
     def line(self) -> str:
-        a, o, t = self.held_affine.summary(), self.held_one.summary(), self.held_slots.summary()
+        a, o, t, q = (c.summary() for c in (self.held_affine, self.held_one, self.held_slots, self.held_pctx))
         return (f"step model chosen on held-out episodes: {self.kept} (TTFT / TPOT median error: affine "
                 f"{a['ttft_err_pct']:.1f} / {a['tpot_err_pct']:.1f} %, table with one context cost "
                 f"{o['ttft_err_pct']:.1f} / {o['tpot_err_pct']:.1f} %, table with a context cost by slots "
-                f"{t['ttft_err_pct']:.1f} / {t['tpot_err_pct']:.1f} %)")
+                f"{t['ttft_err_pct']:.1f} / {t['tpot_err_pct']:.1f} %, table with a prefill context cost "
+                f"{q['ttft_err_pct']:.1f} / {q['tpot_err_pct']:.1f} %)")
 
 
 def choose(base: Profile, fit_runs: list[RecordedRun], held_runs: list[RecordedRun], actions: list[ServeAction],
@@ -323,7 +346,11 @@ def choose(base: Profile, fit_runs: list[RecordedRun], held_runs: list[RecordedR
     one = fit_table(base, fit_runs, start, iters=iters)
     slots_fit = fit_table(base, fit_runs, ctx_by_slots_start(one.table, probe_points), iters=iters,
                           probe_points=probe_points)
+    # the prompt tokens' cost over the decoding requests' context (sim/step_table.py) starts at the decode
+    # context cost, the cost of one token over one cached token that the records already measured
+    pctx_fit = fit_table(base, fit_runs, replace(one.table, prefill_ctx_s=max(one.table.ctx_s, 1e-7)), iters=iters)
     a_prof = with_coefficients(base, affine.coefficients)
-    o_prof, s_prof = with_table(base, one.table), with_table(base, slots_fit.table)
-    return Choice(affine, one, slots_fit, pooled([replay(r, a_prof) for r in held_runs]),
-                  pooled([replay(r, o_prof) for r in held_runs]), pooled([replay(r, s_prof) for r in held_runs]))
+    profs = [with_table(base, t.table) for t in (one, slots_fit, pctx_fit)]
+    o_held, s_held, p_held = (pooled([replay(r, prof) for r in held_runs]) for prof in profs)
+    return Choice(affine, one, slots_fit, pctx_fit, pooled([replay(r, a_prof) for r in held_runs]),
+                  o_held, s_held, p_held)
