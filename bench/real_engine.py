@@ -504,7 +504,9 @@ def main(argv: list[str] | None = None) -> None:
     if "choice" in records_fit:
         held = records_fit["choice"]["held_out"]
         one, by, pc = held["table_one_context"], held["table_context_by_slots"], held["table_prefill_context"]
-        kept = records_fit["step_model"] + (f" (context cost {records_fit['table_context']})"
+        words = {"one": "one context cost", "by slots": "context cost by slots",
+                 "prefill context": "prefill context cost"}
+        kept = records_fit["step_model"] + (f" ({words[records_fit['table_context']]})"
                                             if records_fit["step_model"] == "table" else "")
         print(f"step model kept: {kept} (on the fit seeds' held-out episode(s): affine TTFT / TPOT "
               f"{held['affine']['ttft_err_pct']:.1f} / {held['affine']['tpot_err_pct']:.1f} %, table with one "

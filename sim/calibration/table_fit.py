@@ -303,7 +303,8 @@ class Choice:
 
     @property
     def kept(self) -> str:
-        """What is kept, in words: affine, table (one context cost) or table (context cost by slots)."""
+        """What is kept, in words: affine, table (one context cost), table (context cost by slots) or table
+        (prefill context cost)."""
         if self.model == "affine":
             return "affine"
         return {"one": "table (one context cost)", "by slots": "table (context cost by slots)",
