@@ -312,8 +312,10 @@ def test_a_prefix_episode_in_real_mode_reports_the_engines_hit_rate(tmp_path):
     hit_at_1 = sum(c for _, c in engine.hits)
     least_work = PrefixEngine()
     rates_at_0 = [o.prefix_hit_rate for o in play_episode(tmp_path, least_work, 0.0)]
-    assert hit_at_1 > 2 * sum(c for _, c in least_work.hits) > 0
-    assert rates[1] > rates_at_0[1] and rates[2] > rates_at_0[2]
+    # least work's share depends on timing (which endpoint is idle when a turn arrives: 240 cached tokens
+    # on a quiet machine, 304 under CI's load), so only the order is asserted, over the episode
+    assert hit_at_1 > sum(c for _, c in least_work.hits) > 0
+    assert sum(r or 0.0 for r in rates) > sum(r or 0.0 for r in rates_at_0)
 
 
 def test_the_observation_carries_the_rate_on_prefix_tasks_only():
