@@ -68,7 +68,13 @@ from llmserve_env.sim.calibration.calibrate_engine_log import (
     read_engine_log,
 )
 from llmserve_env.sim.calibration.record_fit import load_runs
-from llmserve_env.sim.calibration.replay import by_concurrency, concurrency_table, pooled, replay
+from llmserve_env.sim.calibration.replay import (
+    alone_by_run,
+    by_concurrency,
+    concurrency_table,
+    pooled,
+    replay,
+)
 from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points, write_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
@@ -532,6 +538,12 @@ def main(argv: list[str] | None = None) -> None:
     total = pooled(cmps)
     print("where the error is: held-out requests by the real engine's concurrency over their life")
     print(concurrency_table(by_concurrency(held_runs, fitted)))
+    fit_runs = [run for s in fit_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
+    print("the engine alone: requests no other overlapped, median TPOT by seed (a move between the fit seeds "
+          "and the held-out ones is the engine's or the machine's, not the step model's)")
+    for row in alone_by_run(fit_runs + held_runs, fitted):
+        print(f"{row.seed:>5} {'fit' if row.seed in fit_seeds else 'held-out':>8} {row.n:>3} requests: real "
+              f"{row.real_tpot_ms:.1f} ms, sim {row.sim_tpot_ms:.1f} ms")
     print(f"held-out seeds {held_seeds} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
     print(f"held-out seeds {held_seeds} on the fitted profile, {total.n_ttft} requests (TTFT), {total.n_tpot} "
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")

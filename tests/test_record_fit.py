@@ -316,3 +316,18 @@ def test_the_replayed_prefill_is_what_the_engine_computed_less_its_prompt_cache(
     assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": 100, "cached_tokens": None}) == 100
     assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": 100, "cached_tokens": 100}) == 1  # never 0
     assert engine_prompt({"prompt_tokens": 64, "usage_prompt_tokens": None}, ratio=1.5) == 96
+
+
+def test_requests_alone_on_the_engine_show_its_single_sequence_step_and_a_slower_profile_too_slow(tmp_path):
+    """The engine's requests that nothing overlapped time its one-slot step directly: replayed on the
+    engine that made them they agree; on a profile 10 % slower per step they are slower (by more than
+    10 %: in the slower replay they can queue behind others)."""
+    from llmserve_env.sim.calibration.replay import alone_by_run
+    runs = load_runs(engine_records(CPU, tmp_path / "c.jsonl", seed=5, rate=0.3, windows_n=60), [ACTION], windows=60)
+    [truth] = alone_by_run(runs, with_coefficients(load_profile(BASE), CPU))
+    assert truth.seed == runs[0].seed and truth.n >= 3
+    assert truth.sim_tpot_ms == pytest.approx(truth.real_tpot_ms, rel=0.01)
+    slow = dataclasses.replace(CPU, step_s=CPU.step_s * 1.1, seq_s=CPU.seq_s * 1.1, token_s=CPU.token_s * 1.1,
+                               ctx_s=CPU.ctx_s * 1.1)
+    [off] = alone_by_run(runs, with_coefficients(load_profile(BASE), slow))
+    assert off.n == truth.n and off.real_tpot_ms == truth.real_tpot_ms and off.sim_tpot_ms > 1.09 * off.real_tpot_ms

@@ -304,6 +304,29 @@ def by_concurrency(runs: list[RecordedRun], profile: Profile) -> list[Concurrenc
     return rows
 
 
+@dataclass(frozen=True, slots=True)
+class AloneRow:
+    """One run's requests that had the real engine to themselves (no other in flight over their life):
+    the engine's own single-sequence TPOT, which should not move between runs of one engine, against
+    the replay's. When it moves between the fit's runs and the held-out ones, the engine (or the
+    machine under it) changed speed, and no step model fitted on the first can follow the second."""
+
+    seed: int
+    n: int
+    real_tpot_ms: float  # medians over those requests
+    sim_tpot_ms: float
+
+
+def alone_by_run(runs: list[RecordedRun], profile: Profile) -> list[AloneRow]:
+    out = []
+    for run in runs:
+        real, sim = real_side(run), sim_side(run, profile)
+        alone = [rid for rid, c in _concurrency([r for r in run.rows if r["status"] == "ok"]).items() if c == 1.0]
+        tp = [(real.tpot[rid], sim.tpot[rid]) for rid in alone if real.tpot.get(rid) and sim.tpot.get(rid)]
+        out.append(AloneRow(run.seed, len(tp), _median([a for a, _ in tp]) * 1e3, _median([b for _, b in tp]) * 1e3))
+    return out
+
+
 def concurrency_table(rows: list[ConcurrencyRow]) -> str:
     lines = [f"{'concurrency':>11} {'requests':>8} {'real TTFT ms':>12} {'sim TTFT ms':>11} {'TTFT err %':>10} "
              f"{'real TPOT ms':>12} {'sim TPOT ms':>11} {'TPOT err %':>10} {'TPOT bias %':>11}"]
