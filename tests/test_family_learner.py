@@ -175,3 +175,18 @@ def test_fixed_day_cluster_weights_keep_the_default_view():
             continue
         w = ActorWeights.load(WEIGHTS_DIR / f"{task_id}.npz")
         assert "encoding" not in w.meta and w.nvec == ACTION_NVEC + (3,)
+
+
+def test_the_planner_as_daggers_expert_is_not_validated_as_a_rival(tmp_path):
+    """16 validation episodes of the planner are hours of CPU before learning starts: with --teacher planner
+    the rivals are the day-plan rules and the autoscalers; a cheap teacher is still among them."""
+    from conftest import train_extra
+    train_extra("torch")
+    import llmserve_env.tools.train as train
+
+    args = train.Args(task="multitenant_family", encoding="family", init="dagger", teacher="planner", out_dir=tmp_path,
+                      command="test")
+    assert "planner" not in train.rival_names(args) and {"operator", "schedule"} <= set(train.rival_names(args))
+    cheap = train.Args(task="multitenant_family", encoding="family", init="bc", teacher="hpa", out_dir=tmp_path,
+                       command="test")
+    assert "hpa" in train.rival_names(cheap)
