@@ -190,3 +190,26 @@ def test_the_planner_as_daggers_expert_is_not_validated_as_a_rival(tmp_path):
     cheap = train.Args(task="multitenant_family", encoding="family", init="bc", teacher="hpa", out_dir=tmp_path,
                        command="test")
     assert "hpa" in train.rival_names(cheap)
+
+
+def test_daggers_rounds_keep_their_labelled_states_in_the_run_folder(tmp_path):
+    """Each round's labelled states are written to the run folder (`dagger_data.npz`): an expensive
+    expert's labels (the planner's take hours) outlive the run. Two rounds of one episode each."""
+    from conftest import train_extra
+    train_extra("torch")
+    import llmserve_env.tools.train as train
+
+    args = train.Args(task="diurnal_family", encoding="family", init="dagger", teacher="operator", dagger_rounds=1,
+                      dagger_episodes=1, bc_epochs=1, num_envs=1, num_workers=1, run_dir=tmp_path, command="test")
+    args.run_path.mkdir(parents=True)
+    nvec, dim = train.view_dims(get_task("diurnal_family"), False, "family")
+    envs = train.ShardedVecEnv(args.task, 1, 1, 0, False, "family")
+    try:
+        out = train.dagger_clone(train.Agent(dim, nvec, 8), train.RunningMeanStd((dim,)), args, envs)
+    finally:
+        envs.close()
+    horizon = get_task("diurnal_family").horizon
+    assert [r["labelled_states"] for r in out["rounds"]] == [horizon, horizon]
+    data = np.load(args.run_path / "dagger_data.npz")
+    assert data["features"].shape == (2 * horizon, dim) and data["labels"].shape == (2 * horizon, len(nvec))
+    assert data["returns"].shape == (2 * horizon,) and list(np.unique(data["round"])) == [0, 1]

@@ -384,12 +384,14 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
     episodes; each of the `dagger_rounds` rounds after it, the student of the round before plays its greedy
     action on new training seeds and the expert labels every state it visits. After each round the
     observation statistics are refitted to all labelled states and the actor (cross-entropy on every
-    head) and critic (the discounted returns as played) train `bc_epochs` passes over the whole data set.
+    head) and critic (the discounted returns as played) train `bc_epochs` passes over the whole data set,
+    which is written to the run folder's `dagger_data.npz` (features, labels, returns, round) each round.
     Returns per round: labelled states, wall time, the player's mean grade on those episodes and the
     share of states where the student's action was the expert's whole label."""
     X: list[np.ndarray] = []
     Y: list[np.ndarray] = []
     G: list[np.ndarray] = []
+    R: list[np.ndarray] = []
     rounds = []
     opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
     n = args.dagger_episodes
@@ -402,7 +404,11 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
         X += [e.features for e in eps]
         Y += [e.labels for e in eps]
         G += [e.returns for e in eps]
+        R += [np.full(len(e.labels), r, np.int16) for e in eps]
         Xa = np.concatenate(X)
+        # kept after every round: a costly expert's labels (the planner: hours) outlive the run
+        np.savez_compressed(args.run_path / "dagger_data.npz", features=Xa, labels=np.concatenate(Y),
+                            returns=np.concatenate(G), round=np.concatenate(R))
         # statistics of every labelled state so far (a fresh fit: the data set is the whole point)
         rms.mean, rms.var, rms.count = Xa.mean(0).astype(np.float64), Xa.var(0).astype(np.float64), float(len(Xa))
         xb = torch.as_tensor(rms.normalize(Xa, args.obs_clip, args.obs_epsilon))
