@@ -9,7 +9,7 @@
 | tuned_static  | the per-task configuration in agents/tuned_static.json             |
 | heuristic     | adaptive queue/latency feedback rules (agents/heuristic.py)        |
 | llm           | an OpenAI-compatible chat model (OPENAI_API_KEY / OPENAI_BASE_URL) |
-| ppo           | the trained actor in weights/<task>.npz, numpy only                |
+| ppo           | the trained actor in weights/<task>.npz (or `weights_path`), numpy only |
 | planner       | the rollout planner over the rivals, on forks with sampled futures (agents/planner.py) |
 | clairvoyant   | the planner seeing the true future arrivals: >= every rival, a bound, not a policy |
 | hpa           | cluster tasks: Kubernetes HPA threshold autoscaling (agents/autoscale.py) |

@@ -52,7 +52,8 @@ SINGLES: dict[str, PolicyFactory] = {
     "tuned_static": lambda task_id, **_: tuned_static(task_id),
     "heuristic": lambda task_id, **_: heuristic(task_id),
     "llm": lambda task_id, model=None, **kw: _llm_policy(task_id, model, **kw),
-    "ppo": lambda task_id, **_: PPOPolicy(task_id),
+    # weights_path: an actor not shipped (a run folder's), to score it as the shipped one is
+    "ppo": lambda task_id, weights_path=None, **_: PPOPolicy(task_id, weights_path),
     "hpa": lambda task_id, **_: _autoscale().hpa(task_id),
     "dynamo_planner": lambda task_id, **_: _autoscale().dynamo_planner(task_id),
     "operator": lambda task_id, **_: _operator().operator(task_id),

@@ -213,3 +213,23 @@ def test_daggers_rounds_keep_their_labelled_states_in_the_run_folder(tmp_path):
     data = np.load(args.run_path / "dagger_data.npz")
     assert data["features"].shape == (2 * horizon, dim) and data["labels"].shape == (2 * horizon, len(nvec))
     assert data["returns"].shape == (2 * horizon,) and list(np.unique(data["round"])) == [0, 1]
+
+
+def test_the_registrys_ppo_plays_weights_from_a_path_not_only_the_shipped_ones(tmp_path):
+    """`make_policy("ppo", task, weights_path=...)` scores a run's actor as the shipped one is scored;
+    without it, the shipped weights. Here: the shipped actor with its output layer's biases moved, saved
+    elsewhere, acts differently."""
+    shipped = WEIGHTS_DIR / "multitenant_family.npz"
+    if not shipped.exists():
+        pytest.skip("no shipped multitenant_family weights")
+    arrays = dict(np.load(shipped))
+    last = max(k for k in arrays if k.startswith("actor_b"))
+    arrays[last] = arrays[last] + np.random.default_rng(0).normal(0, 50, arrays[last].shape).astype(np.float32)
+    np.savez(tmp_path / "other.npz", **arrays)
+    (tmp_path / "other.json").write_text(shipped.with_suffix(".json").read_text())
+    env = InProcessEnv()
+    obs = env.reset(task_id="multitenant_family", seed=1_000_000)
+    own = make_policy("ppo", "multitenant_family")
+    other = make_policy("ppo", "multitenant_family", weights_path=tmp_path / "other.npz")
+    assert isinstance(other, PPOPolicy) and other.weights is not own.weights
+    assert other.act(obs) != own.act(obs)
