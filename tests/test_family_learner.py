@@ -210,9 +210,46 @@ def test_daggers_rounds_keep_their_labelled_states_in_the_run_folder(tmp_path):
         envs.close()
     horizon = get_task("diurnal_family").horizon
     assert [r["labelled_states"] for r in out["rounds"]] == [horizon, horizon]
-    data = np.load(args.run_path / "dagger_data.npz")
+    kept = tmp_path / "kept.npz"
+    (args.run_path / "dagger_data.npz").rename(kept)
+    data = np.load(kept)
     assert data["features"].shape == (2 * horizon, dim) and data["labels"].shape == (2 * horizon, len(nvec))
     assert data["returns"].shape == (2 * horizon,) and list(np.unique(data["round"])) == [0, 1]
+
+    # a later run goes on from them: fits them, then plays round 2 only (on round 2's seeds)
+    base = ["--task", "diurnal_family", "--encoding", "family", "--init", "dagger", "--teacher", "operator",
+            "--dagger-episodes", "1", "--bc-epochs", "1", "--run-dir", str(tmp_path / "more")]
+    more = parse_args([*base, "--dagger-rounds", "2", "--dagger-data", str(kept)])
+    more.run_path.mkdir(parents=True)
+    envs = train.ShardedVecEnv(more.task, 1, 1, 0, False, "family")
+    try:
+        out = train.dagger_clone(train.Agent(dim, nvec, 8), train.RunningMeanStd((dim,)), more, envs)
+    finally:
+        envs.close()
+    assert [r["round"] for r in out["rounds"]] == ["0-1", 2] and out["rounds"][1]["data_set"] == 3 * horizon
+    grown = np.load(more.run_path / "dagger_data.npz")
+    assert np.array_equal(grown["features"][:2 * horizon], data["features"])
+    assert list(np.bincount(grown["round"])) == [horizon] * 3
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--dagger-rounds", "1"], "--dagger-rounds must be more than 1"),
+    (["--dagger-rounds", "3", "--dagger-episodes", "2"], "--dagger-episodes (2)"),
+    (["--dagger-rounds", "3", "--task", "multitenant_family"], "features"),
+])
+def test_daggers_kept_data_is_checked_before_any_work(tmp_path, capsys, extra, says):
+    task = get_task("diurnal_family")
+    nvec, dim = family_shape(["chat"], task.replicas)
+    rounds = np.repeat([0, 1], task.horizon).astype(np.int16)
+    np.savez(tmp_path / "d.npz", features=np.zeros((len(rounds), dim), np.float32),
+             labels=np.zeros((len(rounds), len(nvec)), np.int64), returns=np.zeros(len(rounds), np.float32),
+             round=rounds)
+    argv = ["--task", "diurnal_family", "--encoding", "family", "--init", "dagger", "--teacher", "operator",
+            "--dagger-episodes", "1", "--dagger-data", str(tmp_path / "d.npz"), "--run-dir", str(tmp_path), *extra]
+    with pytest.raises(SystemExit):
+        parse_args(argv)
+    err = capsys.readouterr().err
+    assert "argument --dagger-data" in err and says in err
 
 
 def test_the_registrys_ppo_plays_weights_from_a_path_not_only_the_shipped_ones(tmp_path):

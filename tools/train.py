@@ -386,25 +386,20 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
     observation statistics are refitted to all labelled states and the actor (cross-entropy on every
     head) and critic (the discounted returns as played) train `bc_epochs` passes over the whole data set,
     which is written to the run folder's `dagger_data.npz` (features, labels, returns, round) each round.
-    Returns per round: labelled states, wall time, the player's mean grade on those episodes and the
-    share of states where the student's action was the expert's whole label."""
+    With `dagger_data` (an earlier run's file, checked by train_config) its rounds 0..m are fitted first
+    and play resumes at round m + 1, on that round's seeds. Returns per round played: labelled states,
+    wall time, the player's mean grade on those episodes and the share of states where the student's
+    action was the expert's whole label."""
     X: list[np.ndarray] = []
     Y: list[np.ndarray] = []
     G: list[np.ndarray] = []
     R: list[np.ndarray] = []
     rounds = []
     opt = torch.optim.Adam(agent.parameters(), lr=1e-3)
-    n = args.dagger_episodes
-    for r in range(args.dagger_rounds + 1):
-        seeds = train_seeds(n, offset=TRAIN_SEED_LIMIT - (r + 1) * n)
-        student = None if r == 0 else (agent.export(), weights_meta(agent, rms, args))
-        t0 = time.perf_counter()
-        eps = [e for part in envs.play("dagger", seeds, (args.gamma, args.teacher, student)) for e in part]
-        label_s = time.perf_counter() - t0
-        X += [e.features for e in eps]
-        Y += [e.labels for e in eps]
-        G += [e.returns for e in eps]
-        R += [np.full(len(e.labels), r, np.int16) for e in eps]
+
+    def fit_all() -> tuple[int, float, float, float]:
+        """Refit the statistics and the actor and critic to every labelled state: (states, wall s, accuracy
+        on every head, on the count head)."""
         Xa = np.concatenate(X)
         # kept after every round: a costly expert's labels (the planner: hours) outlive the run
         np.savez_compressed(args.run_path / "dagger_data.npz", features=Xa, labels=np.concatenate(Y),
@@ -419,9 +414,33 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
         with torch.no_grad():
             fit = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
             count_fit = float((torch.as_tensor(agent.greedy(xb))[:, -1] == yb[:, -1]).float().mean())
+        return len(Xa), time.perf_counter() - t1, fit, count_fit
+
+    first = 0
+    if args.dagger_data is not None:
+        with np.load(args.dagger_data) as d:
+            X, Y, G, R = [d["features"]], [d["labels"]], [d["returns"]], [d["round"].astype(np.int16)]
+        first = int(R[0].max()) + 1
+        n_states, fit_s, fit, count_fit = fit_all()
+        rounds.append({"round": f"0-{first - 1}", "player": f"kept: {args.dagger_data}", "data_set": n_states,
+                       "fit_wall_s": round(fit_s, 1), "fit_accuracy_all_heads": round(fit, 4),
+                       "fit_accuracy_count_head": round(count_fit, 4)})
+        log.info("DAgger data %s", rounds[-1])
+    n = args.dagger_episodes
+    for r in range(first, args.dagger_rounds + 1):
+        seeds = train_seeds(n, offset=TRAIN_SEED_LIMIT - (r + 1) * n)
+        student = None if r == 0 else (agent.export(), weights_meta(agent, rms, args))
+        t0 = time.perf_counter()
+        eps = [e for part in envs.play("dagger", seeds, (args.gamma, args.teacher, student)) for e in part]
+        label_s = time.perf_counter() - t0
+        X += [e.features for e in eps]
+        Y += [e.labels for e in eps]
+        G += [e.returns for e in eps]
+        R += [np.full(len(e.labels), r, np.int16) for e in eps]
+        n_states, fit_s, fit, count_fit = fit_all()
         rounds.append({"round": r, "player": "expert" if r == 0 else "student", "episodes": len(eps),
-                       "labelled_states": int(sum(len(e.labels) for e in eps)), "data_set": int(len(Xa)),
-                       "label_wall_s": round(label_s, 1), "fit_wall_s": round(time.perf_counter() - t1, 1),
+                       "labelled_states": int(sum(len(e.labels) for e in eps)), "data_set": n_states,
+                       "label_wall_s": round(label_s, 1), "fit_wall_s": round(fit_s, 1),
                        "player_mean_score": round(float(np.mean([e.score for e in eps])), 4),
                        "student_agreement_before_fit": None if r == 0 else
                        round(float(np.mean([e.agreement for e in eps])), 4),

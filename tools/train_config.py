@@ -13,10 +13,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 from llmserve_env.agents.ppo_policy import WEIGHTS_DIR
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
-from llmserve_env.agents.views import ENCODINGS
-from llmserve_env.shared.tasks import CLUSTER_TASKS, PREFIX_TASKS
+from llmserve_env.agents.views import ENCODINGS, view_dims
+from llmserve_env.shared.tasks import CLUSTER_TASKS, PREFIX_TASKS, TaskSpec
 from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
 
@@ -69,6 +70,8 @@ class Args:
     encoding: str = "default"
     dagger_rounds: int = 4  # --init dagger: rounds where the student plays and the expert labels (after round 0)
     dagger_episodes: int = 16  # --init dagger: training episodes per round
+    # --init dagger: an earlier run's labelled states (its dagger_data.npz) to go on from, not play again
+    dagger_data: Path | None = None
     obs_clip: float = 10.0
     obs_epsilon: float = 1e-8
     reward_scale: float = 1.0
@@ -153,6 +156,9 @@ HELP: dict[str, str] = {
     "dagger_rounds": "--init dagger: rounds after the expert's own (round 0) where the student plays and the "
                      "expert labels its states (tools/dagger.py)",
     "dagger_episodes": "--init dagger: training episodes per round",
+    "dagger_data": "--init dagger: go on from an earlier run's labelled states (its run folder's dagger_data.npz, "
+                   "rounds 0..m, the same task, --dagger-episodes and view): they are fitted first and the "
+                   "rounds m+1..--dagger-rounds are played, on the seeds those rounds would have had",
     "obs_clip": "clip normalised observations to +-this",
     "obs_epsilon": "variance floor of the observation normalisation",
     "reward_scale": "multiply rewards by this while learning",
@@ -221,6 +227,8 @@ def _type_of(name: str, default: object):
         return _optional_positive_float
     if name in ("out_dir", "run_dir"):
         return cli.writable_dir
+    if name == "dagger_data":
+        return Path
     if isinstance(default, bool):
         return boolean
     if name in POSITIVE_INTS:
@@ -262,6 +270,31 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def dagger_data_problem(path: Path, task: TaskSpec, values: dict) -> str | None:
+    """What keeps `path` from continuing this run's DAgger (None: nothing): it must be a dagger_data.npz of
+    the same view (features and action grid), whole episodes, --dagger-episodes of them in each round, and
+    fewer rounds than --dagger-rounds + 1."""
+    if values["init"] != "dagger":
+        return f"only with --init dagger (got --init {values['init']})"
+    try:
+        with np.load(path) as d:
+            x, y, rounds = d["features"], d["labels"], d["round"]
+    except (OSError, ValueError, KeyError) as exc:
+        return f"{path}: not a run folder's dagger_data.npz ({exc})"
+    nvec, dim = view_dims(task, values["advice"], values["encoding"])
+    if x.ndim != 2 or x.shape[1] != dim or y.shape != (x.shape[0], len(nvec)) or rounds.shape != (x.shape[0],):
+        return (f"{path}: states of {x.shape[1:]} features and {y.shape[1:]} labels; {task.task_id}'s view has "
+                f"{dim} features and {len(nvec)} heads")
+    per_round = values["dagger_episodes"] * task.horizon
+    last = int(rounds.max()) if rounds.size else -1
+    if rounds.size == 0 or any(int((rounds == r).sum()) != per_round for r in range(last + 1)):
+        return (f"{path}: every round 0..{last} must hold --dagger-episodes ({values['dagger_episodes']}) "
+                f"episodes of {task.horizon} windows ({per_round} states)")
+    if last >= values["dagger_rounds"]:
+        return f"{path} holds rounds 0..{last}: --dagger-rounds must be more than {last} to play any"
+    return None
+
+
 def parse_args(argv: list[str]) -> Args:
     """Args from the command line; every error is argparse's (one line, exit 2) and comes before any work."""
     ap = build_parser()
@@ -281,6 +314,10 @@ def parse_args(argv: list[str]) -> Args:
                  "behaviour cloning of the expert's own episodes)")
     if values["init"] == "dagger" and (values["dagger_rounds"] + 1) * values["dagger_episodes"] > TRAIN_SEED_LIMIT:
         ap.error("argument --dagger-episodes: the rounds need more training seeds than there are")
+    if values["dagger_data"] is not None:
+        problem = dagger_data_problem(values["dagger_data"], task, values)
+        if problem:
+            ap.error(f"argument --dagger-data: {problem}")
     if values["init"] == "dagger" and values["teacher"] not in DAGGER_EXPERTS:
         ap.error(f"argument --teacher: DAgger's expert must label states it did not choose: one of "
                  f"{', '.join(DAGGER_EXPERTS)} (tools/dagger.py)")
