@@ -230,10 +230,15 @@ def test_daggers_rounds_keep_their_labelled_states_in_the_run_folder(tmp_path):
     grown = np.load(more.run_path / "dagger_data.npz")
     assert np.array_equal(grown["features"][:2 * horizon], data["features"])
     assert list(np.bincount(grown["round"])) == [horizon] * 3
+    # --dagger-rounds m with rounds 0..m kept: the student is fitted to them, nothing is played
+    only = parse_args([*base, "--dagger-rounds", "1", "--dagger-data", str(kept), "--seed", "1"])
+    only.run_path.mkdir(parents=True)
+    out = train.dagger_clone(train.Agent(dim, nvec, 8), train.RunningMeanStd((dim,)), only, envs)
+    assert [r["round"] for r in out["rounds"]] == ["0-1"] and out["rounds"][0]["data_set"] == 2 * horizon
 
 
 @pytest.mark.parametrize("extra, says", [
-    (["--dagger-rounds", "1"], "--dagger-rounds must be more than 1"),
+    (["--dagger-rounds", "0"], "--dagger-rounds must be at least 1"),
     (["--dagger-rounds", "3", "--dagger-episodes", "2"], "--dagger-episodes (2)"),
     (["--dagger-rounds", "3", "--task", "multitenant_family"], "features"),
 ])

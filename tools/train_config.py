@@ -158,7 +158,8 @@ HELP: dict[str, str] = {
     "dagger_episodes": "--init dagger: training episodes per round",
     "dagger_data": "--init dagger: go on from an earlier run's labelled states (its run folder's dagger_data.npz, "
                    "rounds 0..m, the same task, --dagger-episodes and view): they are fitted first and the "
-                   "rounds m+1..--dagger-rounds are played, on the seeds those rounds would have had",
+                   "rounds m+1..--dagger-rounds are played, on the seeds those rounds would have had (none with "
+                   "--dagger-rounds m: the student is fitted to them alone)",
     "obs_clip": "clip normalised observations to +-this",
     "obs_epsilon": "variance floor of the observation normalisation",
     "reward_scale": "multiply rewards by this while learning",
@@ -273,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
 def dagger_data_problem(path: Path, task: TaskSpec, values: dict) -> str | None:
     """What keeps `path` from continuing this run's DAgger (None: nothing): it must be a dagger_data.npz of
     the same view (features and action grid), whole episodes, --dagger-episodes of them in each round, and
-    fewer rounds than --dagger-rounds + 1."""
+    no more rounds than --dagger-rounds + 1 (as many: the student is fitted to them and no round is played)."""
     if values["init"] != "dagger":
         return f"only with --init dagger (got --init {values['init']})"
     try:
@@ -290,8 +291,9 @@ def dagger_data_problem(path: Path, task: TaskSpec, values: dict) -> str | None:
     if rounds.size == 0 or any(int((rounds == r).sum()) != per_round for r in range(last + 1)):
         return (f"{path}: every round 0..{last} must hold --dagger-episodes ({values['dagger_episodes']}) "
                 f"episodes of {task.horizon} windows ({per_round} states)")
-    if last >= values["dagger_rounds"]:
-        return f"{path} holds rounds 0..{last}: --dagger-rounds must be more than {last} to play any"
+    if last > values["dagger_rounds"]:
+        return (f"{path} holds rounds 0..{last}: --dagger-rounds must be at least {last} ({last}: fit them and "
+                "play none)")
     return None
 
 
