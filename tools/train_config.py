@@ -279,11 +279,12 @@ def dagger_data_problem(path: Path, task: TaskSpec, values: dict) -> str | None:
         return f"only with --init dagger (got --init {values['init']})"
     try:
         with np.load(path) as d:
-            x, y, rounds = d["features"], d["labels"], d["round"]
+            x, y, g, rounds = d["features"], d["labels"], d["returns"], d["round"]
     except (OSError, ValueError, KeyError) as exc:
         return f"{path}: not a run folder's dagger_data.npz ({exc})"
     nvec, dim = view_dims(task, values["advice"], values["encoding"])
-    if x.ndim != 2 or x.shape[1] != dim or y.shape != (x.shape[0], len(nvec)) or rounds.shape != (x.shape[0],):
+    if x.ndim != 2 or x.shape[1] != dim or y.shape != (x.shape[0], len(nvec)) or rounds.shape != (x.shape[0],) \
+            or g.shape != (x.shape[0],):
         return (f"{path}: states of {x.shape[1:]} features and {y.shape[1:]} labels; {task.task_id}'s view has "
                 f"{dim} features and {len(nvec)} heads")
     per_round = values["dagger_episodes"] * task.horizon
