@@ -94,6 +94,9 @@ FORECASTS = ("posterior", "nearest")
 # `<task>.best_rival`), and the planner's base policies there. The heuristic is not among them: it sets
 # knobs only and holds the starting replicas all day (0.13 on diurnal_autoscale); a queue-feedback replica
 # rule is what `hpa` is, tuned on the same seeds, so a heuristic with replica control would be hpa again.
+# The registry names that plan on forks: seconds to minutes of CPU an episode (4-26 s a decision on a
+# cluster task), so the score table and training validation leave them out
+PLANNERS = ("planner", "clairvoyant")
 RIVALS_TO_BEAT = ("tuned_static", "hpa", "dynamo_planner", "operator", "schedule")
 # On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py).
 PREFIX_RIVALS = ("least_work", "llmd_scorer", "dynamo_kv")

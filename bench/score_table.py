@@ -41,7 +41,7 @@ import time
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.family_table import families_in, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-from llmserve_env.agents.planner import PREFIX_RIVALS, RIVALS_TO_BEAT
+from llmserve_env.agents.planner import PLANNERS, PREFIX_RIVALS, RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
 from llmserve_env.agents.routing import NotPrefixTaskError
@@ -57,8 +57,6 @@ from llmserve_env.tools import cli
 ALIASES = {"static": "vllm_default"}
 # The agents the table always has first, in this order.
 CORE = ("random", "starve", "vllm_default")
-# Left out of 'all': the model-predictive planner and its clairvoyant bound (bench/headroom.py).
-PLANNERS = ("planner", "clairvoyant")
 
 
 def available_agents() -> tuple[list[str], dict[str, str]]:
@@ -68,7 +66,7 @@ def available_agents() -> tuple[list[str], dict[str, str]]:
     if "llm" in agents and not os.environ.get("OPENAI_API_KEY"):
         agents.remove("llm")
         skipped["llm"] = "OPENAI_API_KEY not set"
-    for planner in PLANNERS:  # seconds to minutes an episode: they have their own table (--agents names them here)
+    for planner in PLANNERS:  # left out of 'all': they have their own table (--agents names them here)
         if planner in agents:
             agents.remove(planner)
             skipped[planner] = ("plans on forks (~0.1 s a decision on a single server, 4-26 s of CPU on a cluster task): "

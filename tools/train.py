@@ -56,7 +56,7 @@ except ModuleNotFoundError as exc:  # the `train` extra is not installed
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import encode_action, feature_names
-from llmserve_env.agents.planner import PREFIX_RIVALS
+from llmserve_env.agents.planner import PLANNERS, PREFIX_RIVALS
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -412,8 +412,8 @@ def dagger_clone(agent: Agent, rms: RunningMeanStd, args: Args, envs: ShardedVec
         t1 = time.perf_counter()
         fit_to_labels(agent, opt, xb, yb, gb, args.bc_epochs)
         with torch.no_grad():
-            fit = float((torch.as_tensor(agent.greedy(xb)) == yb).all(1).float().mean())
-            count_fit = float((torch.as_tensor(agent.greedy(xb))[:, -1] == yb[:, -1]).float().mean())
+            right = torch.as_tensor(agent.greedy(xb)) == yb
+        fit, count_fit = float(right.all(1).float().mean()), float(right[:, -1].float().mean())
         return len(Xa), time.perf_counter() - t1, fit, count_fit
 
     first = 0
@@ -460,9 +460,8 @@ def rival_names(args: Args) -> list[str]:
         names += ["hpa", "dynamo_planner"]
         if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
             names += ["operator", "schedule"]
-    # the planner is left out: validating it costs hours (3-11 s of CPU a decision, 48 a day); its
-    # scores on the test seeds are docs/benchmarks.md's
-    if args.init in ("bc", "dagger") and args.teacher not in names and args.teacher != "planner":
+    # a planner teacher is left out: validating it costs hours; its test-seed scores are docs/benchmarks.md's
+    if args.init in ("bc", "dagger") and args.teacher not in names and args.teacher not in PLANNERS:
         names.append(args.teacher)
     return names
 

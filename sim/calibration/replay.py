@@ -281,14 +281,21 @@ def _concurrency(ok: list[dict[str, Any]]) -> dict[int, float]:
     return out
 
 
+RequestPoint = tuple[float, float | None, float | None, float | None, float | None]
+
+
+def _request_points(run: RecordedRun, profile: Profile) -> list[RequestPoint]:
+    """Each completed request of `run`: (its concurrency on the real engine, real TTFT, replayed TTFT,
+    real TPOT, replayed TPOT on `profile`), in seconds; None where a side has no value."""
+    real, sim = real_side(run), sim_side(run, profile)
+    conc = _concurrency([r for r in run.rows if r["status"] == "ok"])
+    return [(c, real.ttft.get(rid), sim.ttft.get(rid), real.tpot.get(rid), sim.tpot.get(rid))
+            for rid, c in conc.items()]
+
+
 def by_concurrency(runs: list[RecordedRun], profile: Profile) -> list[ConcurrencyRow]:
     """The replay's per-request errors of `runs` on `profile`, bucketed by the real engine's concurrency."""
-    pts: list[tuple[float, float | None, float | None, float | None, float | None]] = []
-    for run in runs:
-        real, sim = real_side(run), sim_side(run, profile)
-        conc = _concurrency([r for r in run.rows if r["status"] == "ok"])
-        pts += [(c, real.ttft.get(rid), sim.ttft.get(rid), real.tpot.get(rid), sim.tpot.get(rid))
-                for rid, c in conc.items()]
+    pts = [p for run in runs for p in _request_points(run, profile)]
     rows = []
     for lo, hi in BUCKETS:
         g = [p for p in pts if lo <= p[0] < hi]
@@ -320,9 +327,7 @@ class AloneRow:
 def alone_by_run(runs: list[RecordedRun], profile: Profile) -> list[AloneRow]:
     out = []
     for run in runs:
-        real, sim = real_side(run), sim_side(run, profile)
-        alone = [rid for rid, c in _concurrency([r for r in run.rows if r["status"] == "ok"]).items() if c == 1.0]
-        tp = [(real.tpot[rid], sim.tpot[rid]) for rid in alone if real.tpot.get(rid) and sim.tpot.get(rid)]
+        tp = [(rp, sp) for c, _, _, rp, sp in _request_points(run, profile) if c == 1.0 and rp and sp]
         out.append(AloneRow(run.seed, len(tp), _median([a for a, _ in tp]) * 1e3, _median([b for _, b in tp]) * 1e3))
     return out
 
