@@ -19,6 +19,13 @@ that are not today's. `DayForecast` is the posterior of the same model given the
   for a length drawn from its scheduled slot's range (or the ad-hoc range), at least what it has run; each
   scheduled job not yet seen starts in what is left of its start range; ad-hoc jobs at the family's rate.
 
+**The hedge** (`wide`, off by default): a share of the cycle's particles drawn instead from `WIDE_PRIOR`, far
+wider ranges than the family's (a peak anywhere in the day, load x0.5-2). Built for the family, the planner
+otherwise cannot believe a day the family never drew: on the shifted split (peaks hours earlier, more
+load) every particle is wrong and its rollouts rank the bases as if the day were a family day. With the
+hedge the likelihood moves the posterior onto the wide particles that fit the morning, as an operator's
+level correction would, and on a family day the family's particles keep fitting best.
+
 Only what the observation carries is read: past arrivals (counted per tenant and window) and the
 announced jobs. Deterministic for (seed, window). Futures are turned into requests by
 `shared.workloads.arrivals_at_rates`, each tenant's lengths drawn as the task draws them.
@@ -36,7 +43,11 @@ from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import arrivals_at_rates
 
 FORECAST_STREAM = 0x464F5245  # "FORE"
+WIDE_STREAM = 0x57494445  # "WIDE"
 STUDENT_NU = 4.0
+# ASSUMPTION, the hedge's ranges (not any task's): a peak anywhere in the cycle, half to twice the published
+# load, a flatter or steeper day than the families'. Wide enough to hold a day the family never drew.
+WIDE_PRIOR = {"level": (0.5, 2.0), "peak_to_trough": (1.5, 5.0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +83,13 @@ def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
 class DayForecast:
     """The posterior over a family task's day given the episode so far (module docstring)."""
 
-    def __init__(self, task: TaskSpec, particles: int = 2048, seed: int = 0):
+    def __init__(self, task: TaskSpec, particles: int = 2048, seed: int = 0, wide: float = 0.0):
         if not is_family(task):
             raise ValueError(f"task {task.task_id!r} is not a scenario family: its day has no distribution to condition")
         if particles < 1:
             raise ValueError(f"particles must be >= 1, got {particles}")
+        if not 0.0 <= wide <= 1.0:
+            raise ValueError(f"wide must be a share in [0, 1], got {wide}")
         self.task = task
         w = task.workload
         fam = w["family"]
@@ -87,6 +100,14 @@ class DayForecast:
                               for key in ("peak_window", "level", "peak_to_trough"))
         k = np.arange(self.horizon, dtype=np.float64)
         n = int(w["cycle_windows"])
+        n_wide = int(round(wide * particles))
+        if n_wide:
+            # a hedge against a day outside the family (module docstring): the last n_wide particles drawn
+            # from WIDE_PRIOR's ranges instead, from their own stream so the family's particles are unchanged
+            wrng = np.random.default_rng([int(seed), FORECAST_STREAM, WIDE_STREAM])
+            peak[-n_wide:] = wrng.uniform(0.0, float(n), n_wide)
+            level[-n_wide:] = wrng.uniform(*WIDE_PRIOR["level"], n_wide)
+            ratio[-n_wide:] = wrng.uniform(*WIDE_PRIOR["peak_to_trough"], n_wide)
         shape = np.stack([raised_cosine(k, n, p) for p in peak])  # (particles, horizon)
         # each cycled tenant's expected rate per particle and window, as shared.scenarios._draw builds it
         self.cycle: dict[str, np.ndarray] = {}

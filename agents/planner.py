@@ -187,7 +187,8 @@ class PlannerPolicy:
 
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
-                 seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True):
+                 seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
+                 wide_prior: float = 0.0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -215,8 +216,12 @@ class PlannerPolicy:
             raise ValueError(f"forecast must be one of {', '.join(FORECASTS)}, got {forecast!r}")
         if self.forecast == "posterior" and not is_family(self.task):
             raise ValueError(f"forecast 'posterior' needs a scenario family task, {task_id!r} is not one")
-        self._day_forecast = DayForecast(self.task, seed=seed) if self.forecast == "posterior" and mode == "sampled" \
-            else None
+        # wide_prior: the share of the posterior's cycle particles drawn outside the family (agents/forecast.py's
+        # hedge against a day the family never drew); 0, the default, is the family's prior alone
+        if wide_prior and self.forecast != "posterior":
+            raise ValueError(f"wide_prior needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
+        self._day_forecast = DayForecast(self.task, seed=seed, wide=wide_prior) \
+            if self.forecast == "posterior" and mode == "sampled" else None
         self._seed = seed
         self.match_windows = match_windows
         self.keep = keep
