@@ -108,3 +108,34 @@ def test_the_planner_forecasts_a_family_by_its_posterior_and_others_by_the_neare
     wins = windows(generate_arrivals(DIURNAL, 1_000_000), DIURNAL)
     futs = p.future_windows(1_000_000, wins[:5])
     assert len(futs) == 2 and all(f[:5] == wins[:5] and len(f) == DIURNAL.horizon for f in futs)
+
+
+def _wide_mass(f: DayForecast, task_id: str, seed: int, k: int, n_wide: int) -> float:
+    played = get_task(task_id)
+    wins = windows(generate_arrivals(played, seed), played)
+    lw = f.log_weights(tenant_counts(f.task, wins[:k]))
+    w = np.exp(lw - lw.max())
+    return float(w[-n_wide:].sum() / w.sum())
+
+
+def test_the_hedge_leaves_the_familys_particles_as_they_were() -> None:
+    plain, hedged = DayForecast(DIURNAL, particles=400), DayForecast(DIURNAL, particles=400, wide=0.25)
+    assert np.array_equal(plain.cycle["chat"][:300], hedged.cycle["chat"][:300])
+    assert not np.allclose(plain.cycle["chat"][300:], hedged.cycle["chat"][300:])
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="wide must be a share in"):
+            DayForecast(DIURNAL, wide=bad)
+    with pytest.raises(ValueError, match="wide_prior needs the 'posterior' forecast"):
+        PlannerPolicy("diurnal_autoscale", wide_prior=0.25)
+
+
+def test_the_hedge_takes_the_posterior_only_on_a_day_outside_the_family() -> None:
+    """A quarter of the particles drawn from the wide ranges: after 16 windows of a family day they hold
+    little of the posterior; of a shifted day (peak hours earlier, more load), nearly all of it."""
+    f = DayForecast(DIURNAL, wide=0.25)
+    n_wide = 512
+    seeds = range(500_000, 500_006)
+    family = [_wide_mass(f, "diurnal_family", s, 16, n_wide) for s in seeds]
+    shifted = [_wide_mass(f, "diurnal_family_shifted", s, 16, n_wide) for s in seeds]
+    assert max(family) < 0.2
+    assert float(np.median(shifted)) > 0.9
