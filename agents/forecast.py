@@ -100,7 +100,7 @@ class DayForecast:
                               for key in ("peak_window", "level", "peak_to_trough"))
         k = np.arange(self.horizon, dtype=np.float64)
         n = int(w["cycle_windows"])
-        n_wide = int(round(wide * particles))
+        self.n_wide = n_wide = int(round(wide * particles))
         if n_wide:
             # a hedge against a day outside the family (module docstring): the last n_wide particles drawn
             # from WIDE_PRIOR's ranges instead, from their own stream so the family's particles are unchanged
@@ -142,6 +142,15 @@ class DayForecast:
             nu = STUDENT_NU
             ll += (-0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))).sum(axis=1)
         return ll
+
+    def outside_share(self, counts: dict[str, np.ndarray]) -> float:
+        """The posterior's mass on the hedge's particles given the counts so far (0 without the hedge): above
+        one half, the day is more likely outside the family than in it (prior odds 1:3 at `wide` 0.25)."""
+        if not self.n_wide:
+            return 0.0
+        lw = self.log_weights(counts)
+        w = np.exp(lw - lw.max())
+        return float(w[-self.n_wide:].sum() / w.sum())
 
     def _residuals(self, m: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The log-rate residual (the AR(1) noise plus Poisson error) and that error's variance."""

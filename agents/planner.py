@@ -90,6 +90,9 @@ from llmserve_env.sim.cluster import ClusterBackend
 
 MODES = ("sampled", "clairvoyant")
 FORECASTS = ("posterior", "nearest")
+# the off-family judge's hedge: a quarter of its particles wide (agents/forecast.py), prior odds 1:3 that the
+# day left the family; chosen before any shifted day was played, not tuned
+OFF_FAMILY_WIDE = 0.25
 # What a learner or the planner is judged against on cluster tasks (bench/score_table.py, bench/headroom.py,
 # `<task>.best_rival`), and the planner's base policies there. The heuristic is not among them: it sets
 # knobs only and holds the starting replicas all day (0.13 on diurnal_autoscale); a queue-feedback replica
@@ -142,13 +145,15 @@ class PlannerStats:
     cpu_s: float = 0.0
     changed: int = 0  # decisions where the committed action is no base policy's own proposal
     improved: int = 0  # clairvoyant: decisions where a strictly better branch replaced the incumbent
+    off_family: int = 0  # decisions handed to the `off_family` base: the day judged outside the family
 
     def as_dict(self) -> dict[str, float]:
         n = self.decisions
         return {"decisions": n, "simulated_windows": self.simulated_windows, "rollouts": self.rollouts,
                 "cpu_s_per_decision": self.cpu_s / n if n else 0.0,
                 "changed_share": self.changed / n if n else 0.0,
-                "improved_share": self.improved / n if n else 0.0}
+                "improved_share": self.improved / n if n else 0.0,
+                "off_family_share": self.off_family / n if n else 0.0}
 
 
 @dataclass
@@ -188,7 +193,7 @@ class PlannerPolicy:
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
                  seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
-                 wide_prior: float = 0.0):
+                 wide_prior: float = 0.0, off_family: str | None = None):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -222,6 +227,17 @@ class PlannerPolicy:
             raise ValueError(f"wide_prior needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
         self._day_forecast = DayForecast(self.task, seed=seed, wide=wide_prior) \
             if self.forecast == "posterior" and mode == "sampled" else None
+        # off_family: the base policy followed, without rollouts, once the day is judged outside the family (a
+        # second posterior, hedged with OFF_FAMILY_WIDE of wide particles, holds more than half its mass on
+        # them): the rollouts' futures are the family's, so there they rank the bases as if the day were a
+        # family day. The futures still come from the forecast above: where the judge stays silent, every
+        # decision is the plain planner's.
+        if off_family is not None and (self.forecast != "posterior" or mode != "sampled"
+                                       or off_family not in self.base_names):
+            raise ValueError(f"off_family must name one of the bases ({', '.join(self.base_names)}) of a sampled "
+                             f"planner on a scenario family, got {off_family!r} (mode {mode}, task {task_id!r})")
+        self._off_family = None if off_family is None else self.base_names.index(off_family)
+        self._judge = DayForecast(self.task, seed=seed, wide=OFF_FAMILY_WIDE) if off_family is not None else None
         self._seed = seed
         self.match_windows = match_windows
         self.keep = keep
@@ -274,6 +290,11 @@ class PlannerPolicy:
         assert ep is not None
         k = ep.step_count
         own = [self._complete(b.act(obs)) for b in self.bases]  # the trackers see every observation
+        if self._off_family is not None and self.judged_outside(ep.windows[:k]):
+            self._followed = self._off_family
+            self.stats.off_family += 1
+            self.last_decision, self.last_candidates = {}, []
+            return self._decided_as(own[self._off_family], own, c0)
         futures = self._futures()
         if self.mode == "clairvoyant" and self.incumbent is not None:
             anchor = self.incumbent.action_at(k)
@@ -324,6 +345,9 @@ class PlannerPolicy:
             if action in own and (self._followed is None or own[self._followed] != action):
                 self._followed = own.index(action)
         self.last_decision, self.last_candidates = values, cands
+        return self._decided_as(action, own, c0)
+
+    def _decided_as(self, action: ServeAction, own: list[ServeAction], c0: float) -> ServeAction:
         self.stats.decisions += 1
         self.stats.changed += action not in own
         self._decided = action
@@ -453,6 +477,10 @@ class PlannerPolicy:
         past = [a for w in ep.windows[:k] for a in w]
         return [(wins, compute_references(self.played, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]))
                 for wins in self.future_windows(ep.seed, ep.windows[:k])]
+
+    def judged_outside(self, seen: list[list[Arrival]]) -> bool:
+        """Whether the windows seen make the day more likely outside the family than in it (`off_family`)."""
+        return self._judge is not None and self._judge.outside_share(tenant_counts(self.task, seen)) > 0.5
 
     def future_windows(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
         """The sampled futures after the windows `seen` of the episode with `seed`: each the whole episode's
