@@ -21,6 +21,7 @@ from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import PREFIX_TASKS, TASKS, get_task
 from llmserve_env.shared.traces import packaged_trace_path
+from llmserve_env.shared.workloads import generate_arrivals, windows
 
 TRACE = packaged_trace_path("azure_conv_2023.csv")
 # A short overloaded cluster replay (one replica cannot keep up; a second one's cold start is 87 s): where
@@ -227,3 +228,40 @@ def test_every_single_policy_is_listed_as_reading_the_light_view_or_not() -> Non
     """A policy added to SINGLES is played on the full observation until it is listed in LIGHT_VIEW_BASES
     (it reads only what ObservedWindow holds); the LLM policy sends the whole observation as JSON."""
     assert set(SINGLES) - LIGHT_VIEW_BASES == {"llm"} and LIGHT_VIEW_BASES <= set(SINGLES)
+
+
+def _played_actions(policy: PlannerPolicy, task_id: str, seed: int, steps: int = 10**9
+                    ) -> tuple[list[ServeAction], list[list]]:
+    """Play `policy` for `steps` windows (the whole episode by default); its actions and the windows played."""
+    env = InProcessEnv()
+    policy.reset()
+    obs = env.reset(task_id, seed)
+    actions: list[ServeAction] = []
+    while not obs.done and len(actions) < steps:
+        actions.append(policy.act(obs))
+        obs = env.step(actions[-1])
+    assert policy.shadow is not None
+    return actions, policy.shadow.windows
+
+
+def test_the_off_family_judge_hands_a_shifted_day_to_its_base_and_is_silent_on_a_family_day() -> None:
+    """`off_family`: on a shifted day (validation seed 500,000, judged outside from window 1) the planner follows
+    the operator without rollouts wherever the judge says so; on a family day it never does, and every action
+    is the plain planner's."""
+    cheap = {"bases": ("operator", "tuned_static"), "keep": 0, "bridging": False, "samples": 1}
+    judged = PlannerPolicy("diurnal_family", off_family="operator", **cheap)
+    actions, wins = _played_actions(judged, "diurnal_family_shifted", 500_000)
+    outside = [k for k in range(len(actions)) if judged.judged_outside(wins[:k])]
+    assert len(outside) >= 40 and judged.stats.off_family == len(outside)
+    assert judged.stats.rollouts == 2 * (len(actions) - len(outside))
+    family = get_task("diurnal_family")
+    day = windows(generate_arrivals(family, 500_000), family)
+    assert not any(judged.judged_outside(day[:k]) for k in range(family.horizon))
+    plain_actions, _ = _played_actions(PlannerPolicy("diurnal_family", **cheap), "diurnal_family", 500_000, 12)
+    judged = PlannerPolicy("diurnal_family", off_family="operator", **cheap)
+    judged_actions, _ = _played_actions(judged, "diurnal_family", 500_000, 12)
+    assert judged.stats.off_family == 0 and judged_actions == plain_actions
+    with pytest.raises(ValueError, match="off_family must name one of the bases"):
+        PlannerPolicy("diurnal_family", off_family="heuristic", **cheap)
+    with pytest.raises(ValueError, match="off_family must name one of the bases"):
+        PlannerPolicy("diurnal_autoscale", off_family="operator")
