@@ -53,6 +53,15 @@ forecast's prior the family's ranges (the shift never shown). What it reads from
 the observation shows (the windows seen, the announced jobs); the mirror and the grade are the played task's.
 In clairvoyant mode the mirror's future is the played day's, so the bound holds there too.
 
+The off-family judge (`off_family=BASE`, sampled mode on a family; off by default): the rollouts' futures
+are the family's, so on a day outside it they rank the bases as if it were a family day. A second
+posterior (agents/forecast.py) whose prior is hedged, a quarter of its cycle particles drawn from ranges
+far wider than the family's (`OFF_FAMILY_WIDE`, prior odds 1:3), is asked at every decision; once it puts
+more than half its mass on the wide particles, the planner follows BASE's own proposal for that window,
+without rollouts (`PlannerStats.off_family`). Where the judge stays silent, every decision is the plain
+planner's (its futures still come from the family's posterior). Chosen before any shifted day was
+played: the operator is the base whose forecast corrects itself by the level it observes.
+
 Cost: (bases + variants + keep x (bases - 1)) rollouts to the episode's end per decision (measured in
 docs/benchmarks.md, Headroom); `PlannerStats.cpu_s` keeps the CPU seconds spent deciding. The rollouts
 play on `Episode.advance` (no pydantic observation, the step logged unvalidated), their base policies
