@@ -87,6 +87,9 @@ def test_python_m_llmserve_env_train_refuses_without_torch_or_workers(tmp_path, 
     (["--episodes", "-3"], "--episodes"),  # used to raise StatisticsError
     (["--agent", "nope"], "--agent"),
     (["--task", "static_workload,nope"], "--task"),
+    (["--agent", "planner", "--task", "static_workload", "--planner-off-family", "operator"], "--planner-off-family"),
+    (["--agent", "planner", "--task", "diurnal_family", "--planner-off-family", "heuristic"], "--planner-off-family"),
+    (["--agent", "operator", "--task", "diurnal_family", "--planner-off-family", "operator"], "--planner-off-family"),
 ])
 def test_evaluate_refuses_bad_arguments(argv, named, capsys):
     from llmserve_env.tools.evaluate import main
@@ -303,3 +306,19 @@ def test_every_folder_of_the_package_is_listed_for_setuptools():
         rel = Path(here).relative_to(ROOT)
         if rel.parts and files:
             assert "llmserve_env." + ".".join(rel.parts) in listed, f"{rel} is not in [tool.setuptools] packages"
+
+
+def test_evaluate_gives_the_planner_its_off_family_judge(monkeypatch, capsys):
+    """`--planner-off-family` reaches the planner's constructor, and no other agent's."""
+    from llmserve_env.tools import evaluate
+
+    seen: dict[str, dict] = {}
+
+    def fake(agent, task_id, episodes, runner=None, quiet=True, **options):
+        seen[agent] = options
+        return evaluate.AgentScores(agent, task_id, [1_000_000], [0.5], 0.0, {})
+
+    monkeypatch.setattr(evaluate, "evaluate_agent", fake)
+    assert evaluate.main(["--agent", "planner,operator", "--task", "multitenant_family", "--episodes", "1",
+                          "--planner-off-family", "operator", "--quiet"]) == 0
+    assert seen == {"planner": {"off_family": "operator"}, "operator": {}}

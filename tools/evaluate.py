@@ -11,6 +11,8 @@ when the `ray` extra is installed; `--ray-address auto|ray://host:10001` for an 
 cluster); every runner gives the same scores (agents/parallel.py). The last line printed is one
 JSON object.
 `--agent all` plays every agent; `llm` only when OPENAI_API_KEY is set (otherwise listed as skipped).
+`--planner-off-family BASE` gives the planner its off-family judge (agents/planner.py: once the day looks
+outside the scenario family it follows BASE, one of its base policies); scenario-family tasks only.
 """
 
 from __future__ import annotations
@@ -77,6 +79,28 @@ def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | No
     return AgentScores(agent, task_id, seeds, scores, time.perf_counter() - t0, extra)
 
 
+def _planner_options(ap: cli.ArgumentParser, off_family: str | None, agents: list[str], tasks: list[str]
+                     ) -> dict[str, Any]:
+    """The planner's options from `--planner-off-family`, refused here (not mid-run) where they cannot apply."""
+    if off_family is None:
+        return {}
+    from llmserve_env.agents.planner import default_bases
+    from llmserve_env.shared.scenarios import is_family
+    from llmserve_env.shared.tasks import get_task
+
+    if "planner" not in agents:
+        ap.error("argument --planner-off-family: the planner is not among the agents (--agent planner,...)")
+    for task_id in tasks:
+        task = get_task(task_id)
+        if not is_family(task):
+            ap.error(f"argument --planner-off-family: {task_id!r} is not a scenario family task (the judge weighs "
+                     "the family's day against a wider one)")
+        if off_family not in default_bases(task):
+            ap.error(f"argument --planner-off-family: {off_family!r} is not one of the planner's bases on "
+                     f"{task_id!r}: {', '.join(default_bases(task))}")
+    return {"off_family": off_family}
+
+
 def _skip_reason(agent: str) -> str | None:
     if agent == "llm" and not os.environ.get("OPENAI_API_KEY"):
         return "OPENAI_API_KEY not set"
@@ -93,12 +117,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="chat model for the llm agent")
     ap.add_argument("--output", type=cli.writable_file, default=None,
                     help="also write per-episode scores as JSON here (checked before the evaluation starts)")
+    ap.add_argument("--planner-off-family", default=None, metavar="BASE",
+                    help="the planner follows BASE (one of its bases, e.g. operator) where its judge says the day "
+                         "has left the scenario family; scenario-family tasks only")
     add_runner_arguments(ap)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
 
     agents, tasks = args.agent, args.task
+    planner_options = _planner_options(ap, args.planner_off_family, agents, tasks)
     runner = runner_from_args(ap, args)
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}
@@ -107,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if reason:
             skipped[agent] = reason
             continue
-        options = {"model": args.model} if agent == "llm" else {}
+        options = {"model": args.model} if agent == "llm" else planner_options if agent == "planner" else {}
         for task_id in tasks:
             try:
                 r = evaluate_agent(agent, task_id, args.episodes, runner=runner, quiet=args.quiet, **options)
