@@ -45,9 +45,9 @@ def wide_shares(text: str) -> list[float]:
     try:
         shares = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--wide takes comma-separated shares in [0, 1], got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated shares in [0, 1], got {text!r}") from None
     if not shares or any(not 0.0 <= x <= 1.0 for x in shares):
-        raise argparse.ArgumentTypeError(f"--wide takes comma-separated shares in [0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated shares in [0, 1], got {text!r}")
     return shares
 
 
