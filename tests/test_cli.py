@@ -136,6 +136,8 @@ def bench_main(script: str):
     ("gateway_accuracy", ["--levels", "0"], "--levels"),
     ("sim_fidelity", ["--trace-seconds", "0"], "--trace-seconds"),
     ("forecast_error", ["--tasks", "diurnal_autoscale"], "--tasks"),  # a fixed day has no posterior
+    ("forecast_error", ["--wide", "0,2"], "--wide"),
+    ("forecast_error", ["--split", "validation"], "--split"),
     ("compiled_loop", ["--requests", "0"], "--requests"),
 ])
 def test_bench_scripts_refuse_bad_arguments(script, argv, named, capsys):
