@@ -143,14 +143,16 @@ class DayForecast:
             ll += (-0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))).sum(axis=1)
         return ll
 
+    def posterior(self, counts: dict[str, np.ndarray]) -> np.ndarray:
+        """Every particle's posterior weight given the counts so far (summing to 1)."""
+        lw = self.log_weights(counts)
+        w = np.exp(lw - lw.max())
+        return w / w.sum()
+
     def outside_share(self, counts: dict[str, np.ndarray]) -> float:
         """The posterior's mass on the hedge's particles given the counts so far (0 without the hedge): above
         one half, the day is more likely outside the family than in it (prior odds 1:3 at `wide` 0.25)."""
-        if not self.n_wide:
-            return 0.0
-        lw = self.log_weights(counts)
-        w = np.exp(lw - lw.max())
-        return float(w[-self.n_wide:].sum() / w.sum())
+        return float(self.posterior(counts)[-self.n_wide:].sum()) if self.n_wide else 0.0
 
     def _residuals(self, m: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The log-rate residual (the AR(1) noise plus Poisson error) and that error's variance."""
@@ -167,9 +169,7 @@ class DayForecast:
         if not 0 <= k < self.horizon:
             raise ValueError(f"window k must be in 0..{self.horizon - 1}, got {k}")
         rng = np.random.default_rng([int(seed), FORECAST_STREAM, k])
-        lw = self.log_weights(counts)
-        w = np.exp(lw - lw.max())
-        w /= w.sum()
+        w = self.posterior(counts)
         picks = rng.choice(w.shape[0], size=samples, p=w)
         known, running, unseen = self._jobs_seen(k, counts, announced)
         out = []
