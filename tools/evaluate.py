@@ -81,23 +81,19 @@ def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | No
 
 def _planner_options(ap: cli.ArgumentParser, off_family: str | None, agents: list[str], tasks: list[str]
                      ) -> dict[str, Any]:
-    """The planner's options from `--planner-off-family`, refused here (not mid-run) where they cannot apply."""
+    """The planner's options from `--planner-off-family`, refused here (not mid-run) where they cannot apply:
+    the planner is built once per task, so its own check (a scenario family, BASE among its bases) decides."""
     if off_family is None:
         return {}
-    from llmserve_env.agents.planner import default_bases
-    from llmserve_env.shared.scenarios import is_family
-    from llmserve_env.shared.tasks import get_task
+    from llmserve_env.agents.planner import PlannerPolicy
 
     if "planner" not in agents:
         ap.error("argument --planner-off-family: the planner is not among the agents (--agent planner,...)")
     for task_id in tasks:
-        task = get_task(task_id)
-        if not is_family(task):
-            ap.error(f"argument --planner-off-family: {task_id!r} is not a scenario family task (the judge weighs "
-                     "the family's day against a wider one)")
-        if off_family not in default_bases(task):
-            ap.error(f"argument --planner-off-family: {off_family!r} is not one of the planner's bases on "
-                     f"{task_id!r}: {', '.join(default_bases(task))}")
+        try:
+            PlannerPolicy(task_id, off_family=off_family)
+        except ValueError as exc:
+            ap.error(f"argument --planner-off-family: {exc}")
     return {"off_family": off_family}
 
 
