@@ -48,6 +48,9 @@ STUDENT_NU = 4.0
 # ASSUMPTION, the hedge's ranges (not any task's): a peak anywhere in the cycle, half to twice the published
 # load, a flatter or steeper day than the families'. Wide enough to hold a day the family never drew.
 WIDE_PRIOR = {"level": (0.5, 2.0), "peak_to_trough": (1.5, 5.0)}
+# the off-family judge's hedge: a quarter of its particles wide, prior odds 1:3 that the day left the family;
+# chosen before any shifted day was played, not tuned
+OFF_FAMILY_WIDE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,3 +262,15 @@ class DayForecast:
                 jobs.append(Job(self.extra["tenant"], k + draw_integer(rng, (0, left - 1)),
                                 draw_integer(rng, self.extra["windows"]), draw_uniform(rng, self.extra["rate_rps"])))
         return jobs
+
+
+class OffFamilyJudge:
+    """Whether the day seen so far is more likely outside the family than in it: a posterior hedged with
+    `OFF_FAMILY_WIDE` of wide particles holds more than half its mass on them. Asked by the planner's
+    `off_family` and by the gated learned policy (agents/gated.py), with the counts each window shows."""
+
+    def __init__(self, task: TaskSpec, seed: int):
+        self.forecast = DayForecast(task, seed=seed, wide=OFF_FAMILY_WIDE)
+
+    def outside(self, counts: dict[str, np.ndarray]) -> bool:
+        return self.forecast.outside_share(counts) > 0.5

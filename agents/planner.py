@@ -83,7 +83,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.forecast import DayForecast, tenant_counts
+from llmserve_env.agents.forecast import DayForecast, OffFamilyJudge, tenant_counts
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
@@ -99,9 +99,6 @@ from llmserve_env.sim.cluster import ClusterBackend
 
 MODES = ("sampled", "clairvoyant")
 FORECASTS = ("posterior", "nearest")
-# the off-family judge's hedge: a quarter of its particles wide (agents/forecast.py), prior odds 1:3 that the
-# day left the family; chosen before any shifted day was played, not tuned
-OFF_FAMILY_WIDE = 0.25
 # What a learner or the planner is judged against on cluster tasks (bench/score_table.py, bench/headroom.py,
 # `<task>.best_rival`), and the planner's base policies there. The heuristic is not among them: it sets
 # knobs only and holds the starting replicas all day (0.13 on diurnal_autoscale); a queue-feedback replica
@@ -246,7 +243,7 @@ class PlannerPolicy:
             raise ValueError(f"off_family must name one of the bases ({', '.join(self.base_names)}) of a sampled "
                              f"planner on a scenario family, got {off_family!r} (mode {mode}, task {task_id!r})")
         self._off_family = None if off_family is None else self.base_names.index(off_family)
-        self._judge = DayForecast(self.task, seed=seed, wide=OFF_FAMILY_WIDE) if off_family is not None else None
+        self._judge = OffFamilyJudge(self.task, seed) if off_family is not None else None
         self._seed = seed
         self.match_windows = match_windows
         self.keep = keep
@@ -489,7 +486,7 @@ class PlannerPolicy:
 
     def judged_outside(self, seen: list[list[Arrival]]) -> bool:
         """Whether the windows seen make the day more likely outside the family than in it (`off_family`)."""
-        return self._judge is not None and self._judge.outside_share(tenant_counts(self.task, seen)) > 0.5
+        return self._judge is not None and self._judge.outside(tenant_counts(self.task, seen))
 
     def future_windows(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
         """The sampled futures after the windows `seen` of the episode with `seed`: each the whole episode's

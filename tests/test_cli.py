@@ -139,6 +139,11 @@ def bench_main(script: str):
     ("forecast_error", ["--wide", "0,2"], "--wide"),
     ("forecast_error", ["--split", "validation"], "--split"),
     ("compiled_loop", ["--requests", "0"], "--requests"),
+    ("gate_confirm", ["--family", "diurnal_autoscale", "--inside", "operator", "--outside", "schedule"], "--family"),
+    ("gate_confirm", ["--family", "diurnal_family", "--inside", "missing.npz", "--outside", "schedule"], "--inside"),
+    ("gate_confirm", ["--family", "diurnal_family", "--inside", "operator", "--outside", "nope"], "--outside"),
+    ("gate_confirm", ["--family", "diurnal_family", "--inside", "operator", "--outside", "schedule",
+                      "--episodes", "1"], "--episodes"),
 ])
 def test_bench_scripts_refuse_bad_arguments(script, argv, named, capsys):
     line = refused(bench_main(script), argv, capsys)
@@ -154,6 +159,19 @@ def test_compiled_loop_bench_serves_every_request_and_reports_per_event_cost(cap
     assert out["events"] > 300 and out["python_ns_per_event"] > 0
     assert lines[1].split()[:3] == ["python", str(out["events"]), "300"]
     assert out.get("same_clock", True) is True
+
+
+def test_gate_confirm_bench_plays_the_gate_its_halves_and_every_rival_on_the_same_seeds(capsys):
+    """bench/gate_confirm.py on two shifted days: the gate hands them to the outside policy, so the gated
+    scores are the outside policy's from the judge's first word on; every rival is paired."""
+    out = bench_main("gate_confirm")(["--family", "diurnal_family", "--inside", "schedule", "--outside", "operator",
+                                      "--splits", "shifted", "--episodes", "2", "--first-seed", "500000"])
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1]) == out
+    assert out["shifted.gate_fired_episodes"] == 2
+    for agent in ("gated", "inside", "outside", "operator", "schedule", "hpa", "dynamo_planner", "tuned_static"):
+        assert 0.0 <= out[f"shifted.{agent}.mean"] <= 1.0
+    assert out["shifted.best_rival"] == "operator" and out["shifted.outside_minus_best_rival"] == 0.0
+    assert out["shifted.gated.mean"] > out["shifted.inside.mean"]
 
 
 def test_bench_command_runs_the_script_with_its_own_arguments(capsys):
