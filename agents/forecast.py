@@ -119,6 +119,8 @@ class DayForecast:
             trough = 2.0 * mean * level / (1.0 + ratio)
             self.cycle[name] = trough[:, None] * (1.0 + (ratio[:, None] - 1.0) * shape)
         self.job_tenants = [t.name for t in task.tenants if t.name not in self.cycle]
+        # per cycled tenant: the counts last conditioned on and their likelihood terms (`_terms`)
+        self._memo: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.specs = list(fam.get("jobs", []))
         self.extra = fam.get("extra_jobs")
         for spec in self.specs:
@@ -129,22 +131,36 @@ class DayForecast:
 
     def log_weights(self, counts: dict[str, np.ndarray]) -> np.ndarray:
         """Log-likelihood of every particle given each cycled tenant's counts of the windows served so far."""
-        s2 = self.sigma ** 2
         ll = np.zeros(next(iter(self.cycle.values())).shape[0])
         for name, m in self.cycle.items():
             c = np.asarray(counts.get(name, ()), dtype=np.float64)
-            k = c.shape[0]
-            if k == 0:
-                continue
-            z, p = self._residuals(m[:, :k], c)
+            if c.shape[0]:
+                ll += self._terms(name, m, c).sum(axis=1)
+        return ll
+
+    def _terms(self, name: str, m: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Each particle's log-likelihood term of every window of `c` (particles, windows). An episode asks
+        again each window with one window more: the terms of the windows asked before are kept and only
+        the new ones computed, each by the same operations on the same values as from scratch."""
+        k = c.shape[0]
+        seen, terms = self._memo.get(name, (np.empty(0), np.empty((m.shape[0], self.horizon))))
+        j = seen.shape[0]
+        if j > k or not np.array_equal(seen, c[:j]):
+            j = 0  # another episode, or a fork's other past: from scratch
+        if j < k:
+            lo = max(j - 1, 0)  # a window's innovation reads the window before it
+            z, p = self._residuals(m[:, lo:k], c[lo:k])
             v = np.empty_like(z)
             e = np.empty_like(z)
+            s2 = self.sigma ** 2
             e[:, 0], v[:, 0] = z[:, 0], s2 + p[:, 0]
             e[:, 1:] = z[:, 1:] - self.phi * z[:, :-1]
             v[:, 1:] = s2 * (1.0 - self.phi ** 2) + p[:, 1:] + self.phi ** 2 * p[:, :-1]
             nu = STUDENT_NU
-            ll += (-0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))).sum(axis=1)
-        return ll
+            block = -0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))
+            terms[:, j:k] = block[:, j - lo:]
+        self._memo[name] = (c.copy(), terms)
+        return terms[:, :k]
 
     def posterior(self, counts: dict[str, np.ndarray]) -> np.ndarray:
         """Every particle's posterior weight given the counts so far (summing to 1)."""

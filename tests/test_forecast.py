@@ -139,3 +139,20 @@ def test_the_hedge_takes_the_posterior_only_on_a_day_outside_the_family() -> Non
     shifted = [_wide_mass(f, "diurnal_family_shifted", s, 16, n_wide) for s in seeds]
     assert max(family) < 0.2
     assert float(np.median(shifted)) > 0.9
+
+
+def test_the_likelihood_asked_window_by_window_is_the_one_computed_from_scratch() -> None:
+    """`log_weights` keeps the terms of the windows it was asked before and computes only the new ones;
+    every answer must be bit for bit the from-scratch one, also when the counts go back to a shorter day
+    or change their past (another episode, a fork)."""
+    family = get_task("multitenant_family")
+    shifted = get_task("multitenant_family_shifted")
+    asked = DayForecast(family, seed=3, wide=0.25)
+    for task, seed in ((shifted, 1_000_000), (family, 1_000_001), (family, 1_000_001)):
+        day = windows(generate_arrivals(task, seed), task)
+        for k in range(family.horizon):
+            counts = tenant_counts(task, day[:k])
+            assert np.array_equal(asked.log_weights(counts), DayForecast(family, seed=3, wide=0.25).log_weights(counts))
+    other = tenant_counts(family, windows(generate_arrivals(family, 7), family)[:20])
+    other = {name: c + (np.arange(20) == 3) for name, c in other.items()}  # the same length, another past
+    assert np.array_equal(asked.log_weights(other), DayForecast(family, seed=3, wide=0.25).log_weights(other))
