@@ -143,7 +143,9 @@ class DayForecast:
         again each window with one window more: the terms of the windows asked before are kept and only
         the new ones computed, each by the same operations on the same values as from scratch."""
         k = c.shape[0]
-        seen, terms = self._memo.get(name, (np.empty(0), np.empty((m.shape[0], self.horizon))))
+        if name not in self._memo:
+            self._memo[name] = (np.empty(0), np.empty((m.shape[0], self.horizon)))
+        seen, terms = self._memo[name]
         j = seen.shape[0]
         if j > k or not np.array_equal(seen, c[:j]):
             j = 0  # another episode, or a fork's other past: from scratch

@@ -1,6 +1,6 @@
 """Two actors behind the off-family gate, against every rival, on a seed range of a family's two splits.
 
-    python bench/gate_confirm.py --family multitenant_family --inside runs/student.npz \
+    python bench/gate_confirm.py --family multitenant_family --inside candidates/multitenant_family_planner_student.npz \
         --outside weights/multitenant_family.npz --first-seed 1000050 --episodes 50 --workers 2
 
 `--inside` and `--outside` each name an actor's weights (a `.npz` beside its `.json`, played as `ppo` plays
