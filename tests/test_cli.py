@@ -320,7 +320,9 @@ def test_every_folder_of_the_package_is_listed_for_setuptools():
     that `packages` does not list; the install printed five such warnings."""
     tool = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(tool["packages"])
-    skip = {"tests", "bench", "scripts", "docs", "runs", "artifacts", "outputs", "build", "dist", "__pycache__"}
+    # not the package: development trees, run output, and candidates/ (weights measured, not shipped)
+    skip = {"tests", "bench", "scripts", "docs", "runs", "artifacts", "outputs", "build", "dist", "__pycache__",
+            "candidates"}
     for here, dirs, files in os.walk(ROOT):
         dirs[:] = [d for d in dirs if d not in skip and not d.startswith(".") and not d.endswith(".egg-info")]
         rel = Path(here).relative_to(ROOT)
