@@ -18,7 +18,7 @@ paired differences `<family>.<split>.planner_minus_best_rival`, `.clairvoyant_mi
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from llmserve_env.agents.parallel import EpisodeJob
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
@@ -46,6 +46,13 @@ def split_job(agent: str, family: str, split: str, seed: int) -> EpisodeJob:
     return EpisodeJob(functools.partial(make_policy, agent, family, seed=seed), split_task(family, split), seed)
 
 
+def best_rival(scores: Mapping[str, Sequence[float]]) -> str | None:
+    """The hand-made rival (`RIVALS_TO_BEAT`) with the highest mean among those in `scores`, ties to the
+    later name; None when none played."""
+    rivals = [a for a in RIVALS_TO_BEAT if a in scores]
+    return max(rivals, key=lambda a: (mean_ci(list(scores[a])).mean, a)) if rivals else None
+
+
 def split_summary(family: str, split: str, scores: dict[str, Sequence[float]]) -> tuple[list[str], dict[str, object]]:
     """(markdown cells: each agent's mean ± CI in the order of `scores`, then the best rival and every
     difference; the flat keys). `scores` maps agent -> its scores on the same seeds, in the same order."""
@@ -59,10 +66,9 @@ def split_summary(family: str, split: str, scores: dict[str, Sequence[float]]) -
         flat[f"{prefix}.{agent}.mean"] = round(ci.mean, 4)
         flat[f"{prefix}.{agent}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None
         cells.append(str(ci))
-    rivals = [a for a in RIVALS_TO_BEAT if a in scores]
-    if not rivals:
+    best = best_rival(scores)
+    if best is None:
         return cells + ["-"], flat
-    best = max(rivals, key=lambda a: (mean_ci(list(scores[a])).mean, a))
     flat[f"{prefix}.best_rival"] = best
     flat[f"{prefix}.best_rival_mean"] = round(mean_ci(list(scores[best])).mean, 4)
     diffs = [f"best rival {best}"]

@@ -42,7 +42,8 @@ class GateStats:
 
 def observed_counts(task: TaskSpec, counts: dict[str, list[float]], obs: ServeObservation) -> None:
     """Append the window the observation reports to each tenant's arrival counts (the reset observation,
-    step 0, reports none). The rate is the count over the window, so the count is recovered exactly."""
+    step 0, reports none). The rate is the count over the window to 4 decimals (core/episode.py), so the
+    count is recovered exactly for windows under 10,000 s."""
     if obs.step_index == 0:
         return
     by_tenant = obs.metadata["cluster"]["arrival_rate_by_tenant"]

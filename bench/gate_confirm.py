@@ -23,6 +23,7 @@ import functools
 import json
 
 from llmserve_env.agents.base import Policy
+from llmserve_env.agents.family_table import best_rival
 from llmserve_env.agents.gated import GatedPolicy
 from llmserve_env.agents.parallel import EpisodeJob, add_runner_arguments, runner_from_args
 from llmserve_env.agents.planner import RIVALS_TO_BEAT
@@ -49,11 +50,11 @@ def build(agent: str, family: str, inside: str, outside: str, seed: int) -> Poli
     return actor({"inside": inside, "outside": outside}.get(agent, agent), family, seed)
 
 
-def play_gated(family: str, inside: str, outside: str, task_id: str, seed: int) -> tuple[float, int]:
+def play_gated(env: InProcessEnv, family: str, inside: str, outside: str, task_id: str, seed: int) -> tuple[float, int]:
     """(score, windows the gate handed to the outside actor) of one gated episode, in this process."""
     policy = build("gated", family, inside, outside, seed)
     assert isinstance(policy, GatedPolicy)
-    score = play_episode(InProcessEnv(), policy, task_id, seed).score
+    score = play_episode(env, policy, task_id, seed).score
     return score, policy.stats.outside
 
 
@@ -78,11 +79,12 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
     agents = [*OWN, *RIVALS_TO_BEAT]
     runner = runner_from_args(ap, args)
     flat: dict[str, object] = {}
+    env = InProcessEnv()
     try:
         for split in splits:
             task_id = split_task(args.family, split)
             # the gated episodes here (their gate counts stay in this process), the others on the runner
-            gated = [play_gated(args.family, args.inside, args.outside, task_id, s) for s in seeds]
+            gated = [play_gated(env, args.family, args.inside, args.outside, task_id, s) for s in seeds]
             others = agents[1:]
             jobs = [EpisodeJob(functools.partial(build, a, args.family, args.inside, args.outside, s), task_id, s)
                     for a in others for s in seeds]
@@ -95,7 +97,8 @@ def main(argv: list[str] | None = None) -> dict[str, object]:
                 ci = mean_ci(s)
                 flat[f"{split}.{a}.mean"], flat[f"{split}.{a}.ci95"] = round(ci.mean, 4), round(ci.half_width, 4)
                 print(f"  {a:16s} {ci}")
-            best = max(RIVALS_TO_BEAT, key=lambda a: (mean_ci(scores[a]).mean, a))
+            best = best_rival(scores)
+            assert best is not None  # every rival played
             flat[f"{split}.best_rival"] = best
             for a in OWN:
                 d = paired_diff_ci(scores[a], scores[best])
