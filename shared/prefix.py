@@ -232,6 +232,7 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
         turns = int(rng.geometric(1.0 / spec.turns_mean))  # >= 1, mean turns_mean
         owner = (n_sys + c) << 32
         sys_units = sys_len // UNIT
+        system_ids = tuple(range(which << 32, (which << 32) + sys_units))  # j < 2**32: `| j` is `+ j`
         context = sys_len
         for _ in range(turns):
             u = max(1, int(round(rng.lognormal(math.log(spec.user_tokens[0]), spec.user_tokens[1]))))
@@ -240,7 +241,9 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
             if prompt + a > spec.max_context or t >= duration_s:
                 break
             n_units = (prompt + a) // UNIT
-            ids = tuple((which << 32) | j if j < sys_units else owner | j for j in range(n_units))
+            # the tenant's units, then the conversation's (ranges: one C loop, not a generator per unit)
+            ids = (system_ids + tuple(range(owner + sys_units, owner + n_units)) if n_units > sys_units
+                   else system_ids[:n_units])
             rows.append((t, prompt, a, ids))
             context = prompt + a
             t += float(rng.exponential(spec.think_s))
