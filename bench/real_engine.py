@@ -75,10 +75,18 @@ from llmserve_env.sim.calibration.replay import (
     pooled,
     replay,
 )
+from llmserve_env.sim.calibration.speed_index import (
+    Probe,
+    episode_indices,
+    read_probes,
+    scale_factors,
+    scaled_profile_dict,
+    write_probes,
+)
 from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points, write_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
-from llmserve_env.sim.profiles import Profile, load_profile
+from llmserve_env.sim.profiles import Profile, load_profile, profile_from_dict
 
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"
@@ -307,6 +315,55 @@ def decode_probe(base_url: str, model: str, batches: list[int], words: int, toke
     return asyncio.run(run())
 
 
+def speed_probe(base_url: str, model: str, n: int, tokens: int, boundary: int) -> float:
+    """The engine's one-slot decode step now (ms): the median over `n` lone requests sent one after another,
+    each step read from its own token stream (sim/calibration/speed_index.py says what it is for)."""
+    rng = random.Random(0x5BEED + boundary)  # fresh prompts at every boundary: no cached prefix
+
+    async def run() -> list[float]:
+        steps = []
+        async with httpx.AsyncClient(timeout=300.0) as client:
+            for _ in range(n):
+                times, _ = await _probe_one(client, base_url, model, 8, tokens, rng)
+                span = lockstep_step([times])
+                if span is not None:
+                    steps.append(span[0] * 1e3)
+        return steps
+
+    steps = asyncio.run(run())
+    if not steps:
+        raise RuntimeError(f"speed probe at boundary {boundary}: no request streamed 3 tokens or more")
+    return float(np.median(steps))
+
+
+def speed_normalised(out: Path, seeds: list[int], fit_seeds: list[int], held_runs_by_seed: dict[int, list[Any]],
+                     fitted_path: Path, raw: dict[int, Any]) -> Any:
+    """Print the held-out seeds replayed at the speed the probes saw around them; their pooled comparison
+    (None without a kept speed probe)."""
+    path = out / "speed_probe.csv"
+    if not path.is_file():
+        return None
+    indices = episode_indices(read_probes(path), seeds)
+    factors = scale_factors(indices, fit_seeds, list(held_runs_by_seed))
+    prof = json.loads(fitted_path.read_text())
+    print("the engine's speed by seed (lone requests before and after each episode, one-slot decode step; "
+          "sim/calibration/speed_index.py), and the held-out seeds replayed on the fitted profile carried to it:")
+    print(f"{'seed':>5} {'role':>8} {'index ms':>8} {'factor':>7} {'TTFT err %':>11} {'TPOT err %':>11} "
+          f"{'at speed: TTFT':>15} {'TPOT':>6}")
+    cmps = []
+    for s in seeds:
+        if s not in factors:
+            print(f"{s:>5} {'fit':>8} {indices[s]:>8.2f}")
+            continue
+        scaled = profile_from_dict(scaled_profile_dict(prof, factors[s]))
+        cmp = pooled([replay(r, scaled) for r in held_runs_by_seed[s]])
+        cmps.append(cmp)
+        a, b = raw[s].summary(), cmp.summary()
+        print(f"{s:>5} {'held-out':>8} {indices[s]:>8.2f} {factors[s]:>7.3f} {a['ttft_err_pct']:>11.2f} "
+              f"{a['tpot_err_pct']:>11.2f} {b['ttft_err_pct']:>15.2f} {b['tpot_err_pct']:>6.2f}")
+    return pooled(cmps)
+
+
 def probe_table(rows: list[ProbeRow], prof: Profile) -> str:
     """The engine's decode step against the fitted profile's, at the probe's batch and context."""
     model = measured_models(prof)[("FP16", "unified")]  # the table or the affine model, as the fit chose
@@ -376,6 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--probe", default=None, metavar="B,B,...",
                     help="after the episodes, send B requests at once for each B (two prompt sizes) and compare the "
                     "engine's decode step at B slots with the fitted profile's, e.g. 1,2,4,8")
+    ap.add_argument("--speed-probe", type=int, default=0, metavar="N",
+                    help="send N lone requests before the first episode, between each two and after the last (the "
+                    "engine's one-slot speed around each), kept in speed_probe.csv; the held-out seeds are then "
+                    "also replayed with the fitted times scaled to that speed (0: off) [%(default)s]")
     ap.add_argument("--refit", type=Path, default=None, metavar="DIR",
                     help="play nothing: fit and replay the records (and decode probe) an earlier run kept in DIR "
                     "(its --out-dir, or the folder its last lines name), with the same --seeds and --held-out")
@@ -412,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
         probe_batches = [0]
     if any(not 1 <= b <= 8 for b in probe_batches):
         ap.error(f"--probe takes slot counts 1-8 (the server's -np 8), got {a.probe!r}")
+    if a.speed_probe < 0:
+        ap.error(f"--speed-probe takes a count of requests >= 0, got {a.speed_probe}")
     if a.port is not None and not 1 <= a.port <= 65535:
         ap.error(f"--port must be in 1..65535, got {a.port}")
     if a.base_url is not None and (a.port is not None or a.gguf is not None):
@@ -449,15 +512,26 @@ def main(argv: list[str] | None = None) -> None:
         served = served_model(base_url)
         try:
             others = set(range(os.cpu_count() or 1)) - parse_cpus(a.engine_cpus or "")
-            for seed in seeds:
+            speed: list[Probe] = []
+            (out / "speed_probe.csv").unlink(missing_ok=True)
+            for i, seed in enumerate(seeds):
                 if proc is not None and a.priority == "rt-compute":
                     isolate_compute_thread(proc.pid, a.engine_cpus, others)
+                if a.speed_probe and i == 0:
+                    speed.append(Probe(0, None, speed_probe(base_url, a.model, a.speed_probe,
+                                                            a.max_completion_tokens, 0)))
                 rec = out / f"records_seed{seed}.jsonl"
                 rec.unlink(missing_ok=True)
                 seen = len(engine_lines(log))
                 played.append(play(base_url, a.model, seed, a.rate_scale, caps, rec))
                 wait_idle(base_url)  # requests the episode's end cut off leave their timing lines first
                 timings[seed] = engine_lines(log)[seen:]
+                if a.speed_probe:  # after the timing lines are read: the probe's own are not the episode's
+                    speed.append(Probe(i + 1, seed, speed_probe(base_url, a.model, a.speed_probe,
+                                                                a.max_completion_tokens, i + 1)))
+                    wait_idle(base_url)
+            if speed:
+                write_probes(out / "speed_probe.csv", speed)
             if probe_batches and proc is not None:
                 probes = {w: decode_probe(base_url, a.model, probe_batches, w, a.max_completion_tokens) for w in (8, 48)}
         finally:
@@ -529,7 +603,8 @@ def main(argv: list[str] | None = None) -> None:
               f"{[round(y * 1e3, 1) for y in t['decode_s']]} ms + prefill of {t['prefill_tokens']} tokens "
               f"{[round(y * 1e3, 1) for y in t['prefill_s']]} ms + {ctx}")
     fitted, base = load_profile(str(out / "llama-cpu-fit.json")), load_profile(BASE_PROFILE)
-    held_runs = [run for s in held_seeds for run in load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw)]
+    by_seed = {s: load_runs(out / f"records_seed{s}.jsonl", [ACTION], **kw) for s in held_seeds}
+    held_runs = [run for s in held_seeds for run in by_seed[s]]
     base_cmp = pooled([replay(r, base) for r in held_runs])
     cmps = [replay(r, fitted) for r in held_runs]
     for s, cmp in zip(held_seeds, cmps, strict=True):
@@ -544,6 +619,8 @@ def main(argv: list[str] | None = None) -> None:
     for row in alone_by_run(fit_runs + held_runs, fitted):
         print(f"{row.seed:>5} {'fit' if row.seed in fit_seeds else 'held-out':>8} {row.n:>3} requests: real "
               f"{row.real_tpot_ms:.1f} ms, sim {row.sim_tpot_ms:.1f} ms")
+    raw = dict(zip(held_seeds, cmps, strict=True))  # one run a seed, as the per-seed tables above
+    at_speed = speed_normalised(out, seeds, fit_seeds, by_seed, out / "llama-cpu-fit.json", raw)
     print(f"held-out seeds {held_seeds} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
     print(f"held-out seeds {held_seeds} on the fitted profile, {total.n_ttft} requests (TTFT), {total.n_tpot} "
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")
@@ -557,7 +634,11 @@ def main(argv: list[str] | None = None) -> None:
             sim = model.iteration_s(b, ctx, 0, [], 0, 0)
             print(f"{b:>5} {ctx:>7.0f} {step * 1e3:>8.1f} {sim * 1e3:>8.1f} {(sim / step - 1) * 100:>+7.1f} %")
     print(f"records, engine log and profile: {out}")
-    print(json.dumps(total.summary()))
+    summary = total.summary()
+    if at_speed is not None:
+        print(f"held-out seeds at the speed the probes saw: {json.dumps(at_speed.summary())}")
+        summary.update({f"at_speed_{k}": v for k, v in at_speed.summary().items() if k.endswith("_err_pct")})
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":

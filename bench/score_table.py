@@ -16,7 +16,8 @@ holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heu
 `RIVALS_TO_BEAT` in agents/planner.py; on the prefix-caching tasks the best routing rival,
 `PREFIX_RIVALS`) and its mean,
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
-differences (the same seeds for both) and the half-width of its 95 % Student-t interval.
+differences (the same seeds for both) and the half-width of its 95 % Student-t interval; the same
+`<task>.planner_minus_best_rival` (and `clairvoyant_...`) when `--agents` names a planner.
 
 Scenario families (shared/splits.py; agents/family_table.py): a family named in `--tasks` (or its
 shifted task) is also reported per split: `test` (the family on the held-out seeds: its column of the
@@ -180,11 +181,12 @@ def main(argv: list[str] | None = None) -> int:
             best = max(played, key=lambda a: mean_ci(played[a]).mean)
             flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]
             flat[f"{task_id}.best_rival_mean"] = round(mean_ci(played[best]).mean, 4)
-            if ("ppo", task_id) in cells:
-                d = paired_diff_ci(cells[("ppo", task_id)], played[best])
-                flat[f"{task_id}.ppo_minus_best_rival"] = round(d.mean, 4)
-                flat[f"{task_id}.ppo_minus_best_rival.ci95"] = round(d.half_width, 4)
-                print(f"{task_id}: ppo minus the best rival ({best}), paired over {d.n} seeds: {d}")
+            for agent in ("ppo", *PLANNERS):  # the learner and, where --agents named them, the planners
+                if (agent, task_id) in cells:
+                    d = paired_diff_ci(cells[(agent, task_id)], played[best])
+                    flat[f"{task_id}.{agent}_minus_best_rival"] = round(d.mean, 4)
+                    flat[f"{task_id}.{agent}_minus_best_rival.ci95"] = round(d.half_width, 4)
+                    print(f"{task_id}: {agent} minus the best rival ({best}), paired over {d.n} seeds: {d}")
     print(json.dumps({**flat, **family_flat}))
     return 0
 
