@@ -163,8 +163,9 @@ def isolate_self(cpus: str | None, priority: str) -> None:
 
 
 def parse_cpus(spec: str) -> set[int]:
+    """A taskset-style CPU list ("0", "1,3", "0-2"); "" is none."""
     out: set[int] = set()
-    for part in spec.split(","):
+    for part in filter(None, spec.split(",")):
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
