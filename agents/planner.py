@@ -91,6 +91,7 @@ from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.prefix import as_sampled_day
 from llmserve_env.shared.scenarios import announced_jobs, is_family
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec
@@ -507,10 +508,14 @@ class PlannerPolicy:
     def _sample_pool(self) -> list[tuple[list[list[Arrival]], np.ndarray]]:
         if self._pool is None:
             pool = []
-            for s in self._pool_seeds:
-                wins = windows(generate_arrivals(self.task, s), self.task)
+            for day, s in enumerate(self._pool_seeds):
+                # prefix ids kept (a multi-turn day's own conversations moved out of the episode's way): a
+                # future without them would plan a prefix-caching task as if nothing were ever cached
+                arrivals = as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day)
+                wins = windows(arrivals, self.task)
                 renamed = [[Arrival(SAMPLE_ID_BASE + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens,
-                                    a.tenant, a.priority) for a in w] for w in wins]
+                                    a.tenant, a.priority, a.prefix_ids, a.prefix_block_tokens) for a in w]
+                           for w in wins]
                 pool.append((renamed, np.array([len(w) for w in wins], dtype=float)))
             self._pool = pool
         return self._pool

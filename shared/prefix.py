@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
@@ -249,6 +249,36 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
             t += float(rng.exponential(spec.think_s))
     rows.sort(key=lambda r: r[0])
     return [Arrival(i, t, p, o, tenant, priority, ids, UNIT) for i, (t, p, o, ids) in enumerate(rows)]
+
+
+# A sampled day's own conversations are moved this far up (their owner by (day + 1) << 24): above any
+# owner of a real day, which has its tenants plus one per conversation (under 2**24 even for a whole day
+# at 12 conversations a second).
+SAMPLED_DAY_SHIFT = 56
+
+
+def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int) -> list[Arrival]:
+    """Another day's arrivals played beside an episode's own (a planner's sampled future), prefix ids kept
+    where their text is that of every day and moved where it is that day's own: a multi-turn tenant's
+    system prompt is the same text every day (its units keep their ids, and may hit what the episode
+    cached); a conversation is that day's (its units get ids no real day has, so a sampled future never
+    hits the cache of an unrelated conversation that happens to share its number). A trace's ids are
+    content hashes over the whole trace, the same text wherever a stretch is cut: kept. Arrivals
+    without prefix ids are returned as they are."""
+    if day < 0:
+        raise ValueError(f"day must be >= 0, got {day}")
+    if workload.get("kind") != "multiturn":
+        return arrivals
+    n_sys = len(MultiTurnSpec(**workload.get("spec", {})).system_tokens)
+    shift = (day + 1) << SAMPLED_DAY_SHIFT
+    out = []
+    for a in arrivals:
+        ids = a.prefix_ids
+        if ids is not None:
+            ids = tuple(i + shift if i >> 32 >= n_sys else i for i in ids)
+        out.append(Arrival(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant, a.priority, ids,
+                           a.prefix_block_tokens))
+    return out
 
 
 def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ratio: float) -> Callable[[float], float]:

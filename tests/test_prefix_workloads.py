@@ -12,6 +12,7 @@ from llmserve_env.shared.models import ServeAction
 from llmserve_env.shared.prefix import (
     MOONCAKE_PACKAGED,
     MultiTurnSpec,
+    as_sampled_day,
     ideal_hit_rate,
     load_prefix_trace,
     mooncake_task,
@@ -82,6 +83,30 @@ def test_multiturn_is_deterministic_and_shares_what_it_says():
             assert nxt.prefix_ids[:len(prev.prefix_ids)] == prev.prefix_ids
     rate = ideal_hit_rate(a)
     assert 0.5 < rate < 1.0
+
+
+def test_a_sampled_day_shares_the_system_prompts_and_none_of_the_episode_s_conversations():
+    """What the planner's sampled futures play beside an episode: the same tenants' system prompts (equal
+    ids), other conversations (no id in common with the episode's own, whose numbers they share)."""
+    task = multiturn_task()
+    spec = MultiTurnSpec(**task.workload["spec"])
+    own, other = generate_arrivals(task, 1), generate_arrivals(task, 2)
+    sampled = as_sampled_day(other, task.workload, 0)
+    assert [(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens) for a in sampled] == \
+        [(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens) for a in other]
+    n_sys = len(spec.system_tokens)
+    own_ids = {i for a in own for i in a.prefix_ids or ()}
+    other_ids = {i for a in other for i in a.prefix_ids or ()}
+    sampled_ids = {i for a in sampled for i in a.prefix_ids or ()}
+    assert {i for i in own_ids & other_ids if i >> 32 >= n_sys}  # unrelated conversations, same numbers
+    common = own_ids & sampled_ids
+    assert common and all(i >> 32 < n_sys for i in common)  # only system prompts in common
+    assert as_sampled_day(sampled, task.workload, 1) != as_sampled_day(sampled, task.workload, 0)
+    # a trace's ids are content hashes: kept; and days are numbered from 0
+    mc = generate_arrivals(mooncake_task(horizon=4), 0)
+    assert as_sampled_day(mc, mooncake_task().workload, 3) is mc
+    with pytest.raises(ValueError, match="day must be >= 0"):
+        as_sampled_day(mc, mooncake_task().workload, -1)
 
 
 def test_engine_hits_the_previous_turn_answer_included():
