@@ -30,7 +30,10 @@ worst event-loop lag and the engine's own speed from its timing log (and how far
 TTFT/TPOT are from the engine's); then each held-out replay's per-window table, the held-out error
 by the real engine's concurrency, and on its last line {"ttft_err_pct", "tpot_err_pct",
 "throughput_err_pct"} of the fitted simulator: medians over every held-out request (throughput over
-all held-out windows). Without the binary it says so and exits 0 (last line: {"skipped": reason}).
+all held-out windows). `--speed-probe N` also probes the engine's one-slot speed before, between and after the
+episodes and replays each held-out seed at the speed probed around it (a diagnostic of the machine's drift,
+sim/calibration/speed_index.py; keys `at_speed_ttft_err_pct`, `at_speed_tpot_err_pct`,
+`at_speed_throughput_err_pct`). Without the binary it says so and exits 0 (last line: {"skipped": reason}).
 `--gguf FILE --model-alias NAME --port P` choose the model file, the name it is served and requested
 under, and llama-server's port; the header names the model from the server's own GET /v1/models.
 `--base-url URL --model-alias M` plays against an OpenAI-compatible server already running instead
