@@ -72,6 +72,8 @@ from llmserve_env.sim.calibration.calibrate_engine_log import (
 )
 from llmserve_env.sim.calibration.record_fit import load_runs
 from llmserve_env.sim.calibration.replay import (
+    Comparison,
+    RecordedRun,
     alone_by_run,
     by_concurrency,
     concurrency_table,
@@ -340,16 +342,15 @@ def speed_probe(base_url: str, model: str, n: int, tokens: int, boundary: int) -
     return float(np.median(steps))
 
 
-def speed_normalised(out: Path, seeds: list[int], fit_seeds: list[int], held_runs_by_seed: dict[int, list[Any]],
-                     fitted_path: Path, raw: dict[int, Any]) -> Any:
-    """Print the held-out seeds replayed at the speed the probes saw around them; their pooled comparison
-    (None without a kept speed probe)."""
+def speed_normalised(out: Path, seeds: list[int], fit_seeds: list[int], held: dict[int, list[RecordedRun]],
+                     fitted: Profile, raw: dict[int, Comparison]) -> Comparison | None:
+    """Print the held-out seeds (`held`: their runs, `raw`: their comparison at the fit speed) replayed at the
+    speed the probes saw around them; their pooled comparison (None without a kept speed probe)."""
     path = out / "speed_probe.csv"
     if not path.is_file():
         return None
     indices = episode_indices(read_probes(path), seeds)
-    factors = scale_factors(indices, fit_seeds, list(held_runs_by_seed))
-    prof = json.loads(fitted_path.read_text())
+    factors = scale_factors(indices, fit_seeds, list(held))
     print("the engine's speed by seed (lone requests before and after each episode, one-slot decode step; "
           "sim/calibration/speed_index.py), and the held-out seeds replayed on the fitted profile carried to it:")
     print(f"{'seed':>5} {'role':>8} {'index ms':>8} {'factor':>7} {'TTFT err %':>11} {'TPOT err %':>11} "
@@ -359,8 +360,8 @@ def speed_normalised(out: Path, seeds: list[int], fit_seeds: list[int], held_run
         if s not in factors:
             print(f"{s:>5} {'fit':>8} {indices[s]:>8.2f}")
             continue
-        scaled = profile_from_dict(scaled_profile_dict(prof, factors[s]))
-        cmp = pooled([replay(r, scaled) for r in held_runs_by_seed[s]])
+        scaled = profile_from_dict(scaled_profile_dict(fitted.raw, factors[s]))
+        cmp = pooled([replay(r, scaled) for r in held[s]])
         cmps.append(cmp)
         a, b = raw[s].summary(), cmp.summary()
         print(f"{s:>5} {'held-out':>8} {indices[s]:>8.2f} {factors[s]:>7.3f} {a['ttft_err_pct']:>11.2f} "
@@ -516,14 +517,12 @@ def main(argv: list[str] | None = None) -> None:
         served = served_model(base_url)
         try:
             others = set(range(os.cpu_count() or 1)) - parse_cpus(a.engine_cpus or "")
-            speed: list[Probe] = []
             (out / "speed_probe.csv").unlink(missing_ok=True)
+            speed = ([Probe(0, None, speed_probe(base_url, a.model, a.speed_probe, a.max_completion_tokens, 0))]
+                     if a.speed_probe else [])
             for i, seed in enumerate(seeds):
                 if proc is not None and a.priority == "rt-compute":
                     isolate_compute_thread(proc.pid, a.engine_cpus, others)
-                if a.speed_probe and i == 0:
-                    speed.append(Probe(0, None, speed_probe(base_url, a.model, a.speed_probe,
-                                                            a.max_completion_tokens, 0)))
                 rec = out / f"records_seed{seed}.jsonl"
                 rec.unlink(missing_ok=True)
                 seen = len(engine_lines(log))
@@ -624,7 +623,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{row.seed:>5} {'fit' if row.seed in fit_seeds else 'held-out':>8} {row.n:>3} requests: real "
               f"{row.real_tpot_ms:.1f} ms, sim {row.sim_tpot_ms:.1f} ms")
     raw = dict(zip(held_seeds, cmps, strict=True))  # one run a seed, as the per-seed tables above
-    at_speed = speed_normalised(out, seeds, fit_seeds, by_seed, out / "llama-cpu-fit.json", raw)
+    at_speed = speed_normalised(out, seeds, fit_seeds, by_seed, fitted, raw)
     print(f"held-out seeds {held_seeds} replayed on {BASE_PROFILE}: {json.dumps(base_cmp.summary())}")
     print(f"held-out seeds {held_seeds} on the fitted profile, {total.n_ttft} requests (TTFT), {total.n_tpot} "
           f"(TPOT), {total.real_tokens:.0f} tokens: medians over all their requests")

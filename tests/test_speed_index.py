@@ -58,6 +58,8 @@ def test_a_scaled_profile_times_every_iteration_that_many_times_longer(kind):
         assert s.iteration_s(*args) == pytest.approx(1.3 * m.iteration_s(*args), rel=1e-12)
     with pytest.raises(ValueError, match="speed factor must be > 0"):
         scaled_profile_dict(prof.raw, 0.0)
+    with pytest.raises(ValueError, match="no measured step model to scale"):
+        scaled_profile_dict(base.raw, 1.3)  # a kernel-based profile: nothing a records fit wrote
 
 
 def test_a_slower_engine_s_episode_is_replayed_right_at_the_probed_speed(tmp_path):

@@ -55,27 +55,24 @@ def scale_factors(indices: dict[int, float], fit_seeds: list[int], held_seeds: l
 
 
 def scaled_profile_dict(prof: dict[str, Any], factor: float) -> dict[str, Any]:
-    """A copy of profile JSON `prof` whose measured step times are all multiplied by `factor` (a kernel-based
-    profile: its fixed cost and GPU time scale), under an id that says so."""
+    """A copy of profile JSON `prof` (one a records fit wrote) whose measured step times are all multiplied
+    by `factor`, under an id that says so."""
     if not factor > 0:
         raise ValueError(f"speed factor must be > 0, got {factor}")
     out = copy.deepcopy(prof)
-    eng = out["engine"]
-    scaled = False
-    for key, names in (("measured_step", AFFINE_TIMES), ("measured_table", TABLE_TIMES)):
-        block = eng.get(key)
-        if not isinstance(block, dict):
-            continue
+    blocks = [(out["engine"][key], names) for key, names in (("measured_step", AFFINE_TIMES),
+                                                              ("measured_table", TABLE_TIMES))
+              if isinstance(out["engine"].get(key), dict)]
+    if not blocks:
+        raise ValueError(f"profile {prof['id']!r} has no measured step model to scale (engine.measured_step or "
+                         "engine.measured_table: a records fit writes them)")
+    for block, names in blocks:
         for name in names:
             v = block.get(name)
             if isinstance(v, list):
                 block[name] = [float(x) * factor for x in v]
-            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            elif isinstance(v, (int, float)):
                 block[name] = float(v) * factor
-        scaled = True
-    if not scaled:
-        eng["t_fixed_s"] = float(eng["t_fixed_s"]) * factor
-        eng["gpu_time_scale"] = float(eng["gpu_time_scale"]) * factor
     out["id"] = f"{prof['id']}@x{factor:.4f}"
     return out
 
