@@ -511,11 +511,8 @@ class PlannerPolicy:
             for day, s in enumerate(self._pool_seeds):
                 # prefix ids kept (a multi-turn day's own conversations moved out of the episode's way): a
                 # future without them would plan a prefix-caching task as if nothing were ever cached
-                arrivals = as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day)
-                wins = windows(arrivals, self.task)
-                renamed = [[Arrival(SAMPLE_ID_BASE + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens,
-                                    a.tenant, a.priority, a.prefix_ids, a.prefix_block_tokens) for a in w]
-                           for w in wins]
-                pool.append((renamed, np.array([len(w) for w in wins], dtype=float)))
+                wins = windows(as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day,
+                                              SAMPLE_ID_BASE), self.task)
+                pool.append((wins, np.array([len(w) for w in wins], dtype=float)))
             self._pool = pool
         return self._pool

@@ -257,27 +257,27 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
 SAMPLED_DAY_SHIFT = 56
 
 
-def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int) -> list[Arrival]:
-    """Another day's arrivals played beside an episode's own (a planner's sampled future), prefix ids kept
-    where their text is that of every day and moved where it is that day's own: a multi-turn tenant's
-    system prompt is the same text every day (its units keep their ids, and may hit what the episode
-    cached); a conversation is that day's (its units get ids no real day has, so a sampled future never
-    hits the cache of an unrelated conversation that happens to share its number). A trace's ids are
-    content hashes over the whole trace, the same text wherever a stretch is cut: kept. Arrivals
-    without prefix ids are returned as they are."""
+def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, id_base: int) -> list[Arrival]:
+    """Another day's arrivals played beside an episode's own (a planner's sampled future): request ids moved
+    up by `id_base` (above every id of the episode), prefix ids kept where their text is that of every day
+    and moved where it is that day's own. A multi-turn tenant's system prompt is the same text every day
+    (its units keep their ids, and may hit what the episode cached); a conversation is that day's (its
+    units get ids no real day has, so a sampled future never hits the cache of an unrelated conversation
+    that happens to share its number). A trace's ids are content hashes over the whole trace, the same
+    text wherever a stretch is cut: kept."""
     if day < 0:
         raise ValueError(f"day must be >= 0, got {day}")
-    if workload.get("kind") != "multiturn":
-        return arrivals
-    n_sys = len(MultiTurnSpec(**workload.get("spec", {})).system_tokens)
-    shift = (day + 1) << SAMPLED_DAY_SHIFT
+    own = None  # (tenants' units below this owner, the day's shift) on a multi-turn workload
+    if workload.get("kind") == "multiturn":
+        own = (len(MultiTurnSpec(**workload.get("spec", {})).system_tokens), (day + 1) << SAMPLED_DAY_SHIFT)
     out = []
     for a in arrivals:
         ids = a.prefix_ids
-        if ids is not None:
+        if ids is not None and own is not None:
+            n_sys, shift = own
             ids = tuple(i + shift if i >> 32 >= n_sys else i for i in ids)
-        out.append(Arrival(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant, a.priority, ids,
-                           a.prefix_block_tokens))
+        out.append(Arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
+                           a.priority, ids, a.prefix_block_tokens))
     return out
 
 

@@ -91,7 +91,7 @@ def test_a_sampled_day_shares_the_system_prompts_and_none_of_the_episode_s_conve
     task = multiturn_task()
     spec = MultiTurnSpec(**task.workload["spec"])
     own, other = generate_arrivals(task, 1), generate_arrivals(task, 2)
-    sampled = as_sampled_day(other, task.workload, 0)
+    sampled = as_sampled_day(other, task.workload, 0, 0)
     assert [(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens) for a in sampled] == \
         [(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens) for a in other]
     n_sys = len(spec.system_tokens)
@@ -101,12 +101,14 @@ def test_a_sampled_day_shares_the_system_prompts_and_none_of_the_episode_s_conve
     assert {i for i in own_ids & other_ids if i >> 32 >= n_sys}  # unrelated conversations, same numbers
     common = own_ids & sampled_ids
     assert common and all(i >> 32 < n_sys for i in common)  # only system prompts in common
-    assert as_sampled_day(sampled, task.workload, 1) != as_sampled_day(sampled, task.workload, 0)
+    assert as_sampled_day(sampled, task.workload, 1, 0) != as_sampled_day(sampled, task.workload, 0, 0)
     # a trace's ids are content hashes: kept; and days are numbered from 0
     mc = generate_arrivals(mooncake_task(horizon=4), 0)
-    assert as_sampled_day(mc, mooncake_task().workload, 3) is mc
+    assert as_sampled_day(mc, mooncake_task().workload, 3, 0) == mc
+    assert [a.request_id for a in as_sampled_day(mc, mooncake_task().workload, 3, 1 << 40)] == \
+        [(1 << 40) + a.request_id for a in mc]
     with pytest.raises(ValueError, match="day must be >= 0"):
-        as_sampled_day(mc, mooncake_task().workload, -1)
+        as_sampled_day(mc, mooncake_task().workload, -1, 0)
 
 
 def test_engine_hits_the_previous_turn_answer_included():
