@@ -46,11 +46,11 @@ def split_job(agent: str, family: str, split: str, seed: int) -> EpisodeJob:
     return EpisodeJob(functools.partial(make_policy, agent, family, seed=seed), split_task(family, split), seed)
 
 
-def best_rival(scores: Mapping[str, Sequence[float]]) -> str | None:
-    """The hand-made rival (`RIVALS_TO_BEAT`) with the highest mean among those in `scores`, ties to the
-    later name; None when none played."""
-    rivals = [a for a in RIVALS_TO_BEAT if a in scores]
-    return max(rivals, key=lambda a: (mean_ci(list(scores[a])).mean, a)) if rivals else None
+def best_rival(scores: Mapping[str, Sequence[float]], rivals: Sequence[str] = RIVALS_TO_BEAT) -> str | None:
+    """The hand-made rival (of `rivals`) with the highest mean among those in `scores`, ties to the later
+    name; None when none played."""
+    played = [a for a in rivals if a in scores]
+    return max(played, key=lambda a: (mean_ci(list(scores[a])).mean, a)) if played else None
 
 
 def split_summary(family: str, split: str, scores: dict[str, Sequence[float]]) -> tuple[list[str], dict[str, object]]:

@@ -40,7 +40,7 @@ import sys
 import time
 
 from llmserve_env.agents.autoscale import NotClusterTaskError
-from llmserve_env.agents.family_table import families_in, split_job, split_summary
+from llmserve_env.agents.family_table import best_rival, families_in, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 from llmserve_env.agents.planner import PLANNERS, PREFIX_RIVALS, RIVALS_TO_BEAT
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
@@ -176,14 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     for task_id in tasks:
         # the prefix-caching tasks' rivals are the routing rules (agents/routing.py), not the autoscalers
         rivals = PREFIX_RIVALS if task_id in PREFIX_TASKS else RIVALS_TO_BEAT
-        played = {a: cells[(a, task_id)] for a in rivals if (a, task_id) in cells}
-        if TASKS[task_id].is_cluster and played:
-            best = max(played, key=lambda a: mean_ci(played[a]).mean)
+        rival_scores = {a: cells[(a, task_id)] for a in rivals if (a, task_id) in cells}
+        best = best_rival(rival_scores, rivals)
+        if TASKS[task_id].is_cluster and best is not None:
             flat[f"{task_id}.best_rival"] = best  # type: ignore[assignment]
-            flat[f"{task_id}.best_rival_mean"] = round(mean_ci(played[best]).mean, 4)
+            flat[f"{task_id}.best_rival_mean"] = round(mean_ci(rival_scores[best]).mean, 4)
             for agent in ("ppo", *PLANNERS):  # the learner and, where --agents named them, the planners
                 if (agent, task_id) in cells:
-                    d = paired_diff_ci(cells[(agent, task_id)], played[best])
+                    d = paired_diff_ci(cells[(agent, task_id)], rival_scores[best])
                     flat[f"{task_id}.{agent}_minus_best_rival"] = round(d.mean, 4)
                     flat[f"{task_id}.{agent}_minus_best_rival.ci95"] = round(d.half_width, 4)
                     print(f"{task_id}: {agent} minus the best rival ({best}), paired over {d.n} seeds: {d}")
