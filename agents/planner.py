@@ -91,7 +91,13 @@ from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.prefix import as_sampled_day
+from llmserve_env.shared.prefix import (
+    MultiTurnSpec,
+    as_sampled_day,
+    continued_arrivals,
+    conversation_starts,
+    running_conversations,
+)
 from llmserve_env.shared.scenarios import announced_jobs, is_family
 from llmserve_env.shared.splits import SHIFTED_TASKS
 from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec
@@ -119,8 +125,10 @@ SINGLE_SERVER_BASES = ("tuned_static", "heuristic")  # vllm_default for tuned_st
 LIGHT_VIEW_BASES = frozenset({"random", "starve", "vllm_default", "static", "tuned_static", "heuristic", "ppo",
                               "hpa", "dynamo_planner", "operator", "schedule", "least_work", "llmd_scorer",
                               "dynamo_kv"})
-# Sampled arrivals get ids far above any real one, so they never collide with the episode's own.
+# Sampled arrivals get ids far above any real one, so they never collide with the episode's own; the drawn next
+# turns of the episode's running conversations (multi-turn tasks) get their own range above those.
 SAMPLE_ID_BASE = 1 << 40
+CONTINUED_ID_BASE = 1 << 41
 # One future a rollout plays: its arrival windows (None: the episode's true ones) and the grader's references.
 Future = tuple[list[list[Arrival]] | None, References]
 
@@ -200,7 +208,7 @@ class PlannerPolicy:
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
                  seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
-                 wide_prior: float = 0.0, off_family: str | None = None):
+                 wide_prior: float = 0.0, off_family: str | None = None, running_turns: bool = True):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -246,6 +254,13 @@ class PlannerPolicy:
         self._off_family = None if off_family is None else self.base_names.index(off_family)
         self._judge = OffFamilyJudge(self.task, seed) if off_family is not None else None
         self._seed = seed
+        # a multi-turn task's sampled futures (`nearest`): the other day's conversations that start from now on,
+        # and the next turns of the episode's own running conversations drawn from the turn model given what was
+        # seen (shared/prefix.continued_arrivals), so the rollouts resend histories the replicas have cached.
+        # False: the other day's windows as they are (its running conversations are strangers to every cache).
+        self._turn_spec = MultiTurnSpec(**self.task.workload.get("spec", {})) \
+            if running_turns and self.task.workload.get("kind") == "multiturn" and self.forecast == "nearest" else None
+        self._pool_starts: list[list[float]] = []  # per pool day: each arrival's conversation's first arrival
         self.match_windows = match_windows
         self.keep = keep
         self.bridging = bridging
@@ -503,7 +518,21 @@ class PlannerPolicy:
         counts_seen = np.array([len(w) for w in seen[lo:k]], dtype=float)
         dist = [float(np.abs(counts[lo:k] - counts_seen).sum()) for _, counts in pool]
         order = sorted(range(len(pool)), key=lambda i: (dist[i], i))[: self.samples]
-        return [seen + pool[i][0][k:] for i in order]
+        if self._turn_spec is None:
+            return [seen + pool[i][0][k:] for i in order]
+        now_s = k * self.task.window_s
+        running = running_conversations([a for w in seen for a in w], self._turn_spec)
+        out = []
+        for n, i in enumerate(order):
+            later = [a for w in pool[i][0][k:] for a in w]
+            starts = self._pool_starts[i][len(self._pool_starts[i]) - len(later):]
+            fresh = [a for a, s in zip(later, starts, strict=True) if s >= now_s]
+            rng = np.random.default_rng([self._seed, k, n, 0x5254])  # "RT": running turns
+            drawn = continued_arrivals(running, self._turn_spec, now_s, self.task.horizon * self.task.window_s,
+                                       rng, CONTINUED_ID_BASE)
+            both = sorted(fresh + drawn, key=lambda a: a.arrival_s)
+            out.append(seen + windows(both, self.task)[k:])
+        return out
 
     def _sample_pool(self) -> list[tuple[list[list[Arrival]], np.ndarray]]:
         if self._pool is None:
@@ -511,8 +540,10 @@ class PlannerPolicy:
             for day, s in enumerate(self._pool_seeds):
                 # prefix ids kept (a multi-turn day's own conversations moved out of the episode's way): a
                 # future without them would plan a prefix-caching task as if nothing were ever cached
-                wins = windows(as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day,
-                                              SAMPLE_ID_BASE), self.task)
+                day_arrivals = as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day, SAMPLE_ID_BASE)
+                wins = windows(day_arrivals, self.task)
+                if self._turn_spec is not None:
+                    self._pool_starts.append(conversation_starts(day_arrivals, self._turn_spec))
                 pool.append((wins, np.array([len(w) for w in wins], dtype=float)))
             self._pool = pool
         return self._pool

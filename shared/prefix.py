@@ -230,25 +230,111 @@ def multiturn_arrivals(spec: MultiTurnSpec, duration_s: float, seed: int,
         which = int(rng.integers(0, n_sys))
         sys_len = spec.system_tokens[which]
         turns = int(rng.geometric(1.0 / spec.turns_mean))  # >= 1, mean turns_mean
-        owner = (n_sys + c) << 32
         sys_units = sys_len // UNIT
         system_ids = tuple(range(which << 32, (which << 32) + sys_units))  # j < 2**32: `| j` is `+ j`
-        context = sys_len
-        for _ in range(turns):
-            u = max(1, int(round(rng.lognormal(math.log(spec.user_tokens[0]), spec.user_tokens[1]))))
-            a = max(1, int(round(rng.lognormal(math.log(spec.answer_tokens[0]), spec.answer_tokens[1]))))
-            prompt = context + u
-            if prompt + a > spec.max_context or t >= duration_s:
-                break
-            n_units = (prompt + a) // UNIT
-            # the tenant's units, then the conversation's (ranges: one C loop, not a generator per unit)
-            ids = (system_ids + tuple(range(owner + sys_units, owner + n_units)) if n_units > sys_units
-                   else system_ids[:n_units])
-            rows.append((t, prompt, a, ids))
-            context = prompt + a
-            t += float(rng.exponential(spec.think_s))
+        _turns(rng, spec, t, turns, sys_len, system_ids, (n_sys + c) << 32, duration_s, rows)
     rows.sort(key=lambda r: r[0])
     return [Arrival(i, t, p, o, tenant, priority, ids, UNIT) for i, (t, p, o, ids) in enumerate(rows)]
+
+
+def _turns(rng: np.random.Generator, spec: MultiTurnSpec, t: float, turns: int, context: int,
+           system_ids: tuple[int, ...], owner: int, duration_s: float,
+           rows: list[tuple[float, int, int, tuple[int, ...]]]) -> None:
+    """Up to `turns` turns of one conversation from second `t`, its stream `context` tokens long so far,
+    appended to `rows` as (arrival, prompt, answer, ids): the turn model's one definition."""
+    sys_units = len(system_ids)
+    for _ in range(turns):
+        u = max(1, int(round(rng.lognormal(math.log(spec.user_tokens[0]), spec.user_tokens[1]))))
+        a = max(1, int(round(rng.lognormal(math.log(spec.answer_tokens[0]), spec.answer_tokens[1]))))
+        prompt = context + u
+        if prompt + a > spec.max_context or t >= duration_s:
+            break
+        n_units = (prompt + a) // UNIT
+        # the tenant's units, then the conversation's (ranges: one C loop, not a generator per unit)
+        ids = (system_ids + tuple(range(owner + sys_units, owner + n_units)) if n_units > sys_units
+               else system_ids[:n_units])
+        rows.append((t, prompt, a, ids))
+        context = prompt + a
+        t += float(rng.exponential(spec.think_s))
+
+
+def conversation_owner(ids: tuple[int, ...] | None, n_sys: int) -> int | None:
+    """The conversation a multi-turn request belongs to (its owner, the ids' high bits), or None when its
+    ids are its tenant's system prompt alone (a turn under one 16-token unit past it: not told apart)."""
+    if not ids or ids[-1] >> 32 < n_sys:
+        return None
+    return ids[-1] >> 32 << 32
+
+
+@dataclass(frozen=True, slots=True)
+class RunningConversation:
+    """What the requests seen so far say about one conversation: enough to draw its next turns."""
+
+    owner: int
+    last_s: float          # its last turn's arrival
+    context: int           # its stream after that turn's answer (the next prompt resends it), tokens
+    system_ids: tuple[int, ...]
+    tenant: str
+    priority: int
+
+
+def running_conversations(seen: list[Arrival], spec: MultiTurnSpec) -> list[RunningConversation]:
+    """Every conversation among the multi-turn requests `seen` (in arrival order), as of its last turn
+    seen, in the order each first appeared."""
+    n_sys = len(spec.system_tokens)
+    last: dict[int, Arrival] = {}
+    for a in seen:
+        owner = conversation_owner(a.prefix_ids, n_sys)
+        if owner is not None:
+            last[owner] = a
+    out = []
+    for owner, a in last.items():
+        ids = a.prefix_ids
+        assert ids is not None
+        sys_units = next(j for j, i in enumerate(ids) if i >> 32 >= n_sys)
+        out.append(RunningConversation(owner, a.arrival_s, a.prompt_tokens + a.output_tokens, ids[:sys_units],
+                                       a.tenant, a.priority))
+    return out
+
+
+def continued_arrivals(running: list[RunningConversation], spec: MultiTurnSpec, now_s: float, duration_s: float,
+                       rng: np.random.Generator, id_base: int) -> list[Arrival]:
+    """A draw of the turns still to come, from second `now_s` on, of the conversations `running` (the
+    turn model of `multiturn_arrivals`, conditioned on what was seen), sorted by arrival, request ids
+    from `id_base` on. A conversation's turns are 1 + geometric (memoryless: after any turn, another
+    follows with probability q = 1 - 1/turns_mean) and a turn follows the last one after an exponential
+    think time (memoryless too), so one whose last turn came at `last_s` and none since still has one to
+    come with probability q s / (1 - q + q s), s = exp(-(now_s - last_s) / think_s), arriving at
+    now_s + an exponential think time, then as the model goes on. (It leaves out that an unseen next turn
+    may have ended the conversation by passing `max_context`: a few conversations near it.) The ids are
+    the conversation's own, so a continued turn hits the cache its history left."""
+    q = 1.0 - 1.0 / spec.turns_mean if spec.turns_mean > 1.0 else 0.0
+    rows: list[tuple[float, int, int, tuple[int, ...]]] = []
+    who: list[RunningConversation] = []
+    for c in running:
+        s = math.exp(-(now_s - c.last_s) / spec.think_s) if spec.think_s > 0 else 0.0
+        p = q * s / (1.0 - q + q * s) if q * s > 0 else 0.0
+        if float(rng.random()) >= p:  # one draw a conversation, continued or not
+            continue
+        n = len(rows)
+        _turns(rng, spec, now_s + float(rng.exponential(spec.think_s)), int(rng.geometric(1.0 / spec.turns_mean)),
+               c.context, c.system_ids, c.owner, duration_s, rows)
+        who.extend([c] * (len(rows) - n))
+    order = sorted(range(len(rows)), key=lambda i: rows[i][0])
+    return [Arrival(id_base + n, rows[i][0], rows[i][1], rows[i][2], who[i].tenant, who[i].priority, rows[i][3],
+                    UNIT) for n, i in enumerate(order)]
+
+
+def conversation_starts(arrivals: list[Arrival], spec: MultiTurnSpec) -> list[float]:
+    """Each request's conversation's first arrival among `arrivals` (sorted by arrival): its own where it
+    is not told apart (`conversation_owner`)."""
+    n_sys = len(spec.system_tokens)
+    first: dict[int, float] = {}
+    out = []
+    for a in arrivals:
+        owner = conversation_owner(a.prefix_ids, n_sys)
+        out.append(a.arrival_s if owner is None else first.setdefault(owner, a.arrival_s))
+    return out
 
 
 # A sampled day's own conversations are moved this far up (their owner by (day + 1) << 24): above any

@@ -265,3 +265,36 @@ def test_the_off_family_judge_hands_a_shifted_day_to_its_base_and_is_silent_on_a
         PlannerPolicy("diurnal_family", off_family="heuristic", **cheap)
     with pytest.raises(ValueError, match="off_family must name one of the bases"):
         PlannerPolicy("diurnal_autoscale", off_family="operator")
+
+
+def test_multiturn_futures_go_on_with_the_episode_s_own_conversations() -> None:
+    """On multiturn_cluster a sampled future is the other day's conversations that start from now on, plus
+    drawn next turns of the conversations the episode has seen (their own ids, so they hit what the replicas
+    cached); with `running_turns=False` it is the other day's windows as they are, whose running
+    conversations no replica has seen."""
+    from llmserve_env.shared.prefix import MultiTurnSpec, conversation_owner
+
+    task = get_task("multiturn_cluster")
+    n_sys = len(MultiTurnSpec(**task.workload["spec"]).system_tokens)
+    seen = windows(generate_arrivals(task, 1_000_000), task)[:20]
+    owners = {conversation_owner(a.prefix_ids, n_sys) for w in seen for a in w}
+    now = 20 * task.window_s
+    on, off = PlannerPolicy("multiturn_cluster", pool=2), PlannerPolicy("multiturn_cluster", pool=2,
+                                                                          running_turns=False)
+    for fut_on, fut_off in zip(on.future_windows(1_000_000, seen), off.future_windows(1_000_000, seen), strict=True):
+        assert fut_on[:20] == fut_off[:20] == seen and len(fut_on) == task.horizon
+        later_on = [a for w in fut_on[20:] for a in w]
+        later_off = [a for w in fut_off[20:] for a in w]
+        continued = [a for a in later_on if conversation_owner(a.prefix_ids, n_sys) in owners]
+        assert len(continued) > 1000  # ~1,550 on this day at this hour (tests/test_prefix_workloads.py)
+        assert not any(conversation_owner(a.prefix_ids, n_sys) in owners for a in later_off)
+        # the rest are the other day's own, only those of its conversations that start from now on
+        other = {a.request_id for a in later_on} - {a.request_id for a in continued}
+        kept = [a for a in later_off if a.request_id in other]
+        assert len(kept) == len(later_on) - len(continued) < len(later_off)
+        first: dict[int | None, float] = {}
+        for w in fut_off:
+            for a in w:
+                first.setdefault(conversation_owner(a.prefix_ids, n_sys), a.arrival_s)
+        assert all(first[conversation_owner(a.prefix_ids, n_sys)] >= now for a in kept)
+    assert on.future_windows(1_000_000, seen) == on.future_windows(1_000_000, seen)  # deterministic

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 
+import numpy as np
 import pytest
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
@@ -13,13 +14,17 @@ from llmserve_env.shared.prefix import (
     MOONCAKE_PACKAGED,
     MultiTurnSpec,
     as_sampled_day,
+    continued_arrivals,
+    conversation_starts,
     ideal_hit_rate,
     load_prefix_trace,
     mooncake_task,
     multiturn_arrivals,
     multiturn_task,
     packaged_path,
+    running_conversations,
 )
+from llmserve_env.shared.tasks import get_task
 from llmserve_env.shared.traces import TraceError
 from llmserve_env.shared.workloads import generate_arrivals
 from llmserve_env.sim.backend import SimBackend
@@ -109,6 +114,43 @@ def test_a_sampled_day_shares_the_system_prompts_and_none_of_the_episode_s_conve
         [(1 << 40) + a.request_id for a in mc]
     with pytest.raises(ValueError, match="day must be >= 0"):
         as_sampled_day(mc, mooncake_task().workload, -1, 0)
+
+
+def test_the_running_conversations_next_turns_drawn_as_many_as_the_day_brings_and_resending_their_history():
+    """What the planner's multi-turn futures add: a draw of the turns still to come of the conversations seen
+    so far. Counted against the true day's (turns after `now` of conversations that began before it), on
+    multiturn_cluster's test seeds; each drawn turn resends the conversation's last seen prompt and answer."""
+    task = get_task("multiturn_cluster")
+    spec = MultiTurnSpec(**task.workload["spec"])
+    end = task.horizon * task.window_s
+    real_n = drawn_n = 0
+    for seed in (1_000_000, 1_000_001, 1_000_002):
+        arrivals = generate_arrivals(task, seed)
+        starts = conversation_starts(arrivals, spec)
+        for k in (10, 25, 40):
+            now = k * task.window_s
+            seen = [a for a in arrivals if a.arrival_s < now]
+            running = running_conversations(seen, spec)
+            last = {}
+            for a in seen:
+                last[a.prefix_ids[-1] >> 32] = a
+            assert len(running) == len(last)
+            real_n += sum(1 for a, s in zip(arrivals, starts, strict=True) if a.arrival_s >= now and s < now)
+            drawn = continued_arrivals(running, spec, now, end, np.random.default_rng([seed, k]), 1 << 41)
+            assert drawn == continued_arrivals(running, spec, now, end, np.random.default_rng([seed, k]), 1 << 41)
+            drawn_n += len(drawn)
+            assert [a.request_id for a in drawn] == list(range(1 << 41, (1 << 41) + len(drawn)))
+            assert all(now <= a.arrival_s < end for a in drawn)
+            assert [a.arrival_s for a in drawn] == sorted(a.arrival_s for a in drawn)
+            for a in drawn:
+                prev = last[a.prefix_ids[-1] >> 32]  # a conversation seen, its history resent
+                assert a.prompt_tokens > prev.prompt_tokens + prev.output_tokens
+                assert a.prefix_ids[:len(prev.prefix_ids)] == prev.prefix_ids
+    assert abs(drawn_n / real_n - 1.0) < 0.05, (drawn_n, real_n)
+    # no conversation seen, or none that can go on: nothing to draw
+    assert continued_arrivals([], spec, 100.0, end, np.random.default_rng(0), 0) == []
+    one_turn = MultiTurnSpec(**{**task.workload["spec"], "turns_mean": 1.0})
+    assert continued_arrivals(running, one_turn, now, end, np.random.default_rng(0), 0) == []
 
 
 def test_engine_hits_the_previous_turn_answer_included():
