@@ -78,6 +78,7 @@ class DayPlanParams:
     int8_queue: float = 4.0        # queued requests per ready replica that switch to INT8 until it clears
     slack: float = 0.0             # a replica's worth of load left unserved before asking for one more
     feedback: bool = True          # False: the open-loop `schedule`
+    cache_affinity: float | None = None  # the router's weight on cached prefixes (prefix-caching tasks; None: unset)
 
 
 GRID: dict[str, tuple[Any, ...]] = {
@@ -98,6 +99,22 @@ GRID: dict[str, tuple[Any, ...]] = {
 # The open-loop rule has no feedback parameters to tune.
 SCHEDULE_AXES = ("rps_per_replica", "lead", "release_hold", "low_priority_weight", "batch_cap", "kv",
                  "spec_depth", "spec_max_rps", "slack")
+# On a prefix-caching task with a published day (multiturn_cluster) the rules route too: the cache-affinity
+# axis holds the routing rivals' values (agents/routing.py: least work, llm-d's, Dynamo's) and the ends, from
+# Dynamo's. A request there resends its conversation, most of it a cache hit, so a replica carries more of
+# them than of the diurnal chat mix: the requests/s axis is set wider (chosen before any tuning, not fitted).
+PREFIX_GRID: dict[str, tuple[Any, ...]] = {
+    "rps_per_replica": (8.0, 10.0, 12.0, 14.0, 16.0, 18.0),
+    "cache_affinity": (0.0, 0.4286, 0.5, 0.75, 1.0),
+}
+PREFIX_START = {"rps_per_replica": 12.0, "cache_affinity": 0.5}
+
+
+def grid_for(task: TaskSpec) -> dict[str, tuple[Any, ...]]:
+    """The tuning grid on `task`: GRID, with PREFIX_GRID's axes where its requests carry prefix ids."""
+    from llmserve_env.shared.tasks import PREFIX_TASKS
+
+    return {**GRID, **PREFIX_GRID} if task.task_id in PREFIX_TASKS else dict(GRID)
 
 
 def _cold_start_windows(task: TaskSpec) -> int:
@@ -210,8 +227,11 @@ class DayPlanPolicy:
         else:  # open loop: light by the day's plan alone
             light = float(load[now]) / target <= p.spec_max_rps
         low_expected = any(rates[t][now] > 0.05 for t in self.low)
+        update: dict[str, Any] = {"replicas": int(target)}
+        if p.cache_affinity is not None:
+            update["cache_affinity"] = p.cache_affinity
         return make_action(p.batch_cap, p.kv, p.spec_depth if light else 0, "INT8" if self.int8 else "FP16", False,
-                           low_expected).model_copy(update={"replicas": int(target)})
+                           low_expected).model_copy(update=update)
 
 
 # ------------------------------------------------------------------------------------------ factories
@@ -262,14 +282,17 @@ def _mean(env: EpisodeEnv, kind: str, task_id: str, values: dict[str, Any], seed
 def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
          runner: Runner | None = None) -> tuple[dict[str, Any], float, int]:
     """Coordinate descent over `GRID` (the open-loop rule: its `SCHEDULE_AXES`) from the defaults."""
-    names = list(GRID) if kind == "operator" else list(SCHEDULE_AXES)
+    grid = grid_for(get_task(task_id))
+    names = [n for n in grid if kind == "operator" or n in SCHEDULE_AXES or n in PREFIX_GRID]
     base = asdict(DayPlanParams())
     base.pop("feedback")
+    if "cache_affinity" in grid:
+        base.update(PREFIX_START)
 
     def values_at(point: tuple[int, ...]) -> dict[str, Any]:
-        return {**base, **{n: GRID[n][i] for n, i in zip(names, point, strict=True)}}
+        return {**base, **{n: grid[n][i] for n, i in zip(names, point, strict=True)}}
 
-    start = tuple(GRID[n].index(base[n]) for n in names)
+    start = tuple(grid[n].index(base[n]) for n in names)
     best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),
                                                 [len(GRID[n]) for n in names], [start],
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))

@@ -258,6 +258,32 @@ def _turns(rng: np.random.Generator, spec: MultiTurnSpec, t: float, turns: int, 
         t += float(rng.exponential(spec.think_s))
 
 
+def expected_turn_rates(spec: MultiTurnSpec, duration_s: float, window_s: float,
+                        rate_scale: Callable[[float], float] | None = None, step_s: float = 0.25) -> np.ndarray:
+    """The multi-turn workload's expected requests/s in each window of `window_s` over `duration_s`: what an
+    operator can compute from the published spec and day, never a day's draw.
+
+    Conversations start at lam(s) = conversations_per_s x rate_scale(s) on [0, duration_s); turn n + 1 of
+    one exists with probability q^n (q = 1 - 1/turns_mean) and comes n exponential think times after its
+    start. Summed over n, the turn rate is r(t) = lam(t) + (q / think_s) x the integral over u >= 0 of
+    lam(t - u) exp(-(1 - q) u / think_s) (a geometric sum of Erlang densities is an exponential), which
+    is lam x turns_mean at a constant rate. Integrated on a `step_s` grid; it leaves out conversations cut
+    by `max_context` (their later turns are not sent)."""
+    q = 1.0 - 1.0 / spec.turns_mean if spec.turns_mean > 1.0 else 0.0
+    n = int(round(duration_s / step_s))
+    t = (np.arange(n) + 0.5) * step_s
+    lam = spec.conversations_per_s * (np.array([rate_scale(float(x)) for x in t]) if rate_scale else np.ones(n))
+    r = lam.copy()
+    if q > 0.0 and spec.think_s > 0.0:
+        decay = math.exp(-(1.0 - q) * step_s / spec.think_s)
+        acc = 0.0  # the integral up to the grid point before, by the exponential filter's recursion
+        for i in range(n):
+            r[i] += q / spec.think_s * acc
+            acc = acc * decay + lam[i] * step_s
+    per = int(round(window_s / step_s))
+    return r[: n - n % per].reshape(-1, per).mean(axis=1)
+
+
 def conversation_owner(ids: tuple[int, ...] | None, n_sys: int) -> int | None:
     """The conversation a multi-turn request belongs to (its owner, the ids' high bits), or None when its
     ids are its tenant's system prompt alone (a turn under one 16-token unit past it: not told apart)."""

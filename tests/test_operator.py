@@ -29,6 +29,35 @@ def test_expected_rates_are_the_published_day() -> None:
     assert not expected_rates(MULTI, jobs=False)["batch"].any()
     with pytest.raises(NotCycleTaskError, match="kind 'cycle'"):
         expected_rates(get_task("bursty_workload"))
+    with pytest.raises(NotCycleTaskError, match="kind 'cycle'"):
+        expected_rates(get_task("mooncake_cluster"))  # a trace replay publishes no day
+
+
+def test_a_multi_turn_day_is_its_conversations_turns() -> None:
+    """multiturn_cluster's published day: conversation starts on the cycle, each bringing turns_mean turns
+    spread over the think times after it (shared/prefix.expected_turn_rates), against the mean of 12 generated
+    days, window by window; a constant start rate gives turns_mean x that rate once the day has filled."""
+    from llmserve_env.shared.prefix import MultiTurnSpec, expected_turn_rates
+
+    task = get_task("multiturn_cluster")
+    day = expected_rates(task)["chat"]
+    counts = np.mean([[len(w) for w in windows(generate_arrivals(task, s), task)] for s in range(12)], axis=0)
+    assert counts / task.window_s == pytest.approx(day, rel=0.10)  # 12 days: a window is ~4 % noise
+    assert counts.sum() / task.window_s == pytest.approx(day.sum(), rel=0.03)  # ~1 % fewer: max_context cuts
+    flat = expected_turn_rates(MultiTurnSpec(conversations_per_s=2.0), 2000.0, 10.0)
+    assert flat[-1] == pytest.approx(2.0 * 4.0, rel=2e-3) and flat[0] < 0.5 * flat[-1]
+
+
+def test_on_the_multi_turn_task_the_day_plan_rules_route_and_scale_with_the_day() -> None:
+    """The operator plays multiturn_cluster with the router's cache affinity it was given, asking for more
+    replicas at the day's peak than at its trough; a trace replay (no day) is refused."""
+    params = DayPlanParams(rps_per_replica=12.0, cache_affinity=0.5, emergency_queue=1e9, alpha=0.0)
+    op = DayPlanPolicy(get_task("multiturn_cluster"), params)
+    trough, peak = op.act(_obs(0, {"chat": 50.0})), op.act(_obs(18, {"chat": 400.0}))
+    assert trough.cache_affinity == peak.cache_affinity == 0.5 and peak.replicas > trough.replicas >= 2
+    assert DayPlanPolicy(DIURNAL).act(_obs(0, {"chat": 100.0})).cache_affinity is None  # unset where no cache
+    with pytest.raises(NotCycleTaskError):
+        DayPlanPolicy(get_task("mooncake_cluster"))
 
 
 def test_expected_rates_match_the_generated_arrivals_on_average() -> None:

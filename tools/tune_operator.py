@@ -19,6 +19,7 @@ from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
 from llmserve_env.agents.search import git_commit, load_tuned
 from llmserve_env.agents.seeds import train_seeds
 from llmserve_env.core.inprocess import InProcessEnv
+from llmserve_env.shared.day_shape import publishes_day
 from llmserve_env.shared.tasks import CLUSTER_TASKS, TASKS, get_task
 from llmserve_env.tools import cli
 
@@ -40,12 +41,12 @@ def main(argv: list[str] | None = None) -> None:
                  f"cluster tasks ({', '.join(CLUSTER_TASKS)})")
     cli.configure_logging(args)
     runner = runner_from_args(ap, args)
-    # the rules plan by the published day: 'all' leaves out the cluster tasks without one (the prefix-caching
-    # tasks, shared.tasks.PREFIX_TASKS); naming one is an error
-    no_day = [t for t in args.task if get_task(t).is_cluster and get_task(t).workload.get("kind") != "cycle"]
+    # the rules plan by the published day: 'all' leaves out the cluster tasks without one (a trace replay such
+    # as mooncake_cluster); naming one is an error
+    no_day = [t for t in args.task if get_task(t).is_cluster and not publishes_day(get_task(t))]
     if args.task != list(TASKS) and no_day:
-        ap.error(f"argument --task: {', '.join(no_day)} publishes no day (workload kind 'cycle'): the day-plan "
-                 "rules cannot play it")
+        ap.error(f"argument --task: {', '.join(no_day)} publishes no day (a 'cycle' workload or a multi-turn chat "
+                 "with a 'day'): the day-plan rules cannot play it")
     tasks = [t for t in args.task if get_task(t).is_cluster and t not in no_day]
     command = "python -m llmserve_env.tools.tune_operator " + " ".join(sys.argv[1:] if argv is None else argv)
     log = logging.getLogger(policy.__name__).info
