@@ -294,6 +294,6 @@ def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=pri
 
     start = tuple(grid[n].index(base[n]) for n in names)
     best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),
-                                                [len(GRID[n]) for n in names], [start],
+                                                [len(grid[n]) for n in names], [start],
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))
     return values_at(best), score, evaluated
