@@ -32,7 +32,9 @@ Information modes, named in every output (`name`):
   path from the last window, the announced jobs, a running job continued, the unseen jobs drawn). On any
   other task (`nearest`): the task's own workload model under other seeds (`samples` of a pool of `pool`
   training seeds, the ones whose arrival counts over the last `match_windows` windows are nearest the
-  counts observed). A candidate's value is the best base policy's mean over the samples; the grader's
+  counts observed; on a multi-turn chat, that day's conversations that start from now on plus a draw of
+  the next turns of the episode's own running conversations, `running_turns`, so the rollouts resend
+  histories the replicas have cached). A candidate's value is the best base policy's mean over the samples; the grader's
   references are those of the observed past plus the sampled future. A candidate no base policy
   proposed is committed only if it beats the best base proposal by `margin` (0.01): with 2 samples, small
   gains are mostly their noise (validation seed 500,000 of multitenant_autoscale: 0.720 with no margin,
@@ -90,6 +92,7 @@ from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
 from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.day_shape import publishes_day
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.prefix import (
     MultiTurnSpec,
@@ -114,8 +117,11 @@ FORECASTS = ("posterior", "nearest")
 # cluster task), so the score table and training validation leave them out
 PLANNERS = ("planner", "clairvoyant")
 RIVALS_TO_BEAT = ("tuned_static", "hpa", "dynamo_planner", "operator", "schedule")
-# On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py).
+# On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py), and
+# where the task publishes a day (multiturn_cluster) the day-plan rules too, routing with a tuned cache affinity
+# (agents/operator.py): there an operator scales with the day, which the fixed-replica routing rules never do.
 PREFIX_RIVALS = ("least_work", "llmd_scorer", "dynamo_kv")
+DAY_PLAN_RIVALS = ("operator", "schedule")
 SINGLE_SERVER_BASES = ("tuned_static", "heuristic")  # vllm_default for tuned_static where none is tuned
 # The base policies whose `act` reads only what `core.episode.ObservedWindow` holds (the numeric fields,
 # reward, done, step_index, prefix_hit_rate and metadata["cluster"]; the Gym wrapper's fast path gives the
@@ -137,13 +143,21 @@ class PlannerError(EnvError):
     status = 409
 
 
+def rivals_for(task: TaskSpec) -> tuple[str, ...]:
+    """The hand-made rules a learner or the planner is judged against on a cluster task: RIVALS_TO_BEAT, or on a
+    prefix-caching task the routing rules, with the day-plan rules where it publishes a day."""
+    if task.task_id in PREFIX_TASKS:
+        return PREFIX_RIVALS + (DAY_PLAN_RIVALS if publishes_day(task) else ())
+    return RIVALS_TO_BEAT
+
+
 def default_bases(task: TaskSpec) -> tuple[str, ...]:
     """Every rival on a cluster task with a published day; else tuned_static (vllm_default where none is
     tuned, e.g. a trace replay) and the heuristic."""
     if task.is_cluster and task.workload.get("kind") == "cycle":
         return RIVALS_TO_BEAT
-    if task.task_id in PREFIX_TASKS:  # the routing rivals (agents/routing.py): the autoscalers' days do not apply
-        return PREFIX_RIVALS
+    if task.task_id in PREFIX_TASKS:  # the routing rivals (agents/routing.py), and the day-plan rules where a day is
+        return rivals_for(task)
     from llmserve_env.agents.search import tuned_entry
     from llmserve_env.agents.tuned_static import TUNED_PATH
 

@@ -12,9 +12,9 @@ OPENAI_API_KEY is set, and an agent with nothing trained or tuned for a task (`p
 weights, `tuned_static` without a tuned entry, the autoscalers `hpa` and `dynamo_planner` on a
 single-server task, `operator` and `schedule` on a task without a published day, the routing rivals
 `least_work`, `llmd_scorer` and `dynamo_kv` off the prefix-caching tasks) is listed as skipped for that task. For each cluster task the last line also
-holds `<task>.best_rival` (the best of tuned_static, hpa, dynamo_planner and heuristic by mean,
-`RIVALS_TO_BEAT` in agents/planner.py; on the prefix-caching tasks the best routing rival,
-`PREFIX_RIVALS`) and its mean,
+holds `<task>.best_rival` (the best by mean of `agents/planner.rivals_for(task)`: RIVALS_TO_BEAT, or
+on the prefix-caching tasks the routing rivals, with operator and schedule where the task publishes a
+day: multiturn_cluster) and its mean,
 and, when `ppo` played it, `<task>.ppo_minus_best_rival` with `.ci95`: the mean of the per-seed
 differences (the same seeds for both) and the half-width of its 95 % Student-t interval; the same
 `<task>.planner_minus_best_rival` (and `clairvoyant_...`) when `--agents` names a planner.
@@ -42,7 +42,7 @@ import time
 from llmserve_env.agents.autoscale import NotClusterTaskError
 from llmserve_env.agents.family_table import best_rival, families_in, split_job, split_summary
 from llmserve_env.agents.parallel import add_runner_arguments, runner_from_args
-from llmserve_env.agents.planner import PLANNERS, PREFIX_RIVALS, RIVALS_TO_BEAT
+from llmserve_env.agents.planner import PLANNERS, rivals_for
 from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
 from llmserve_env.agents.routing import NotPrefixTaskError
@@ -51,7 +51,7 @@ from llmserve_env.agents.stats import mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.shared.day_shape import NotCycleTaskError
 from llmserve_env.shared.splits import SHIFTED_TASKS
-from llmserve_env.shared.tasks import PREFIX_TASKS, TASKS
+from llmserve_env.shared.tasks import TASKS
 from llmserve_env.tools import cli
 
 # Registry names that are another agent under a second name.
@@ -174,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"{agent}.{task_id}.mean"] = round(ci.mean, 4)
         flat[f"{agent}.{task_id}.ci95"] = round(ci.half_width, 4) if ci.n > 1 else None  # type: ignore[assignment]
     for task_id in tasks:
-        # the prefix-caching tasks' rivals are the routing rules (agents/routing.py), not the autoscalers
-        rivals = PREFIX_RIVALS if task_id in PREFIX_TASKS else RIVALS_TO_BEAT
+        # the prefix-caching tasks' rivals are the routing rules (agents/routing.py), with the day-plan rules where
+        # the task publishes a day (agents/planner.rivals_for)
+        rivals = rivals_for(TASKS[task_id])
         rival_scores = {a: cells[(a, task_id)] for a in rivals if (a, task_id) in cells}
         best = best_rival(rival_scores, rivals)
         if TASKS[task_id].is_cluster and best is not None:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 from llmserve_env.agents.planner import (
     LIGHT_VIEW_BASES,
+    PREFIX_RIVALS,
     RIVALS_TO_BEAT,
     Branch,
     PlannerError,
     PlannerPolicy,
     bridging_variants,
     default_bases,
+    rivals_for,
 )
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -97,7 +99,8 @@ def test_bridging_variants_change_one_thing() -> None:
 @pytest.mark.parametrize("task_id", list(TASKS))
 def test_plans_on_every_task(task_id: str) -> None:
     """Two decisions on each registered task, sampled and clairvoyant, with two base policies (cluster tasks)."""
-    # the prefix-caching tasks have no tuned_static nor published day: their default bases, the routing rivals
+    # the prefix-caching tasks have no tuned_static: their default bases, the routing rivals (and on
+    # multiturn_cluster, which publishes a day, the day-plan rules)
     bases = CHEAP["bases"] if get_task(task_id).is_cluster and task_id not in PREFIX_TASKS else None
     for mode in ("planner", "clairvoyant"):
         env = InProcessEnv()
@@ -114,6 +117,10 @@ def test_default_bases() -> None:
     assert default_bases(get_task("diurnal_autoscale")) == RIVALS_TO_BEAT
     assert default_bases(get_task("bursty_workload")) == ("tuned_static", "heuristic")
     assert PlannerPolicy(SHORT_CLUSTER).base_names == SHORT_BASES  # no tuned configuration for a replay
+    # the prefix-caching tasks: the routing rules, and the day-plan rules where the task publishes a day
+    assert default_bases(get_task("mooncake_cluster")) == rivals_for(get_task("mooncake_cluster")) == PREFIX_RIVALS
+    assert default_bases(get_task("multiturn_cluster")) == PREFIX_RIVALS + ("operator", "schedule")
+    assert rivals_for(get_task("diurnal_family")) == RIVALS_TO_BEAT
 
 
 def test_refuses_an_episode_it_does_not_mirror() -> None:

@@ -56,7 +56,7 @@ except ModuleNotFoundError as exc:  # the `train` extra is not installed
 from llmserve_env.agents.advice import ADVICE_FEATURE_NAMES, FOLLOW
 from llmserve_env.agents.base import Policy
 from llmserve_env.agents.encoding import encode_action, feature_names
-from llmserve_env.agents.planner import PLANNERS, PREFIX_RIVALS
+from llmserve_env.agents.planner import PLANNERS, rivals_for
 from llmserve_env.agents.ppo_policy import ActorWeights, PPOPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
@@ -454,8 +454,8 @@ def rival_names(args: Args) -> list[str]:
     autoscalers on a cluster task (the routing rules on a prefix-caching one), and the teacher."""
     task = resolve_task(args.task)
     names = ["tuned_static", "heuristic"]
-    if task.task_id in PREFIX_TASKS:  # the score table's rivals there (agents/planner.py PREFIX_RIVALS)
-        names += list(PREFIX_RIVALS)
+    if task.task_id in PREFIX_TASKS:  # the score table's rivals there (agents/planner.rivals_for)
+        names += list(rivals_for(task))
     elif task.is_cluster:
         names += ["hpa", "dynamo_planner"]
         if args.encoding == "family":  # the day-plan rules are the families' best rivals (README)
