@@ -31,6 +31,10 @@ Two rivals on the cluster tasks, one definition (`DayPlanPolicy`):
 Inputs: the task's published workload (`expected_rates`), its profile's cold start, and the
 observation (per-tenant arrivals, queue, replicas by state); never the episode's own draw.
 
+On a prefix-caching task that publishes a day (multiturn_cluster: the conversation starts' cycle and the
+turn model, whose expected requests/s `expected_rates` reads from shared/prefix.expected_turn_rates) the
+rules route too: `cache_affinity` is tuned with the rest (`PREFIX_GRID`), and the router reads it.
+
 Tuning (`python -m llmserve_env.tools.tune_operator --task diurnal_autoscale --kind operator --seeds 8`): coordinate
 descent (agents/search.py) over `GRID` on training seeds (agents/seeds.py), from the defaults below;
 the result, its budget (configurations, CPU seconds) and the command go to agents/operator_tuned.json.
