@@ -56,7 +56,7 @@ from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.shared.day_shape import expected_rates, job_rates
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import TaskSpec, get_task
+from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "operator_tuned.json"
 KINDS = ("operator", "schedule")
@@ -116,8 +116,6 @@ PREFIX_START = {"rps_per_replica": 12.0, "cache_affinity": 0.5}
 
 def grid_for(task: TaskSpec) -> dict[str, tuple[Any, ...]]:
     """The tuning grid on `task`: GRID, with PREFIX_GRID's axes where its requests carry prefix ids."""
-    from llmserve_env.shared.tasks import PREFIX_TASKS
-
     return {**GRID, **PREFIX_GRID} if task.task_id in PREFIX_TASKS else dict(GRID)
 
 

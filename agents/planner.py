@@ -152,11 +152,9 @@ def rivals_for(task: TaskSpec) -> tuple[str, ...]:
 
 
 def default_bases(task: TaskSpec) -> tuple[str, ...]:
-    """Every rival on a cluster task with a published day; else tuned_static (vllm_default where none is
-    tuned, e.g. a trace replay) and the heuristic."""
-    if task.is_cluster and task.workload.get("kind") == "cycle":
-        return RIVALS_TO_BEAT
-    if task.task_id in PREFIX_TASKS:  # the routing rivals (agents/routing.py), and the day-plan rules where a day is
+    """Every rival (`rivals_for`) on a cluster task with a published day or prefix caching; else tuned_static
+    (vllm_default where none is tuned, e.g. a trace replay) and the heuristic."""
+    if task.is_cluster and (task.workload.get("kind") == "cycle" or task.task_id in PREFIX_TASKS):
         return rivals_for(task)
     from llmserve_env.agents.search import tuned_entry
     from llmserve_env.agents.tuned_static import TUNED_PATH
@@ -164,6 +162,16 @@ def default_bases(task: TaskSpec) -> tuple[str, ...]:
     if tuned_entry(TUNED_PATH, task.task_id) is not None:
         return SINGLE_SERVER_BASES
     return tuple("vllm_default" if b == "tuned_static" else b for b in SINGLE_SERVER_BASES)
+
+
+@dataclass(frozen=True)
+class PoolDay:
+    """One day of the sampled pool: its arrival windows, their counts, and (multi-turn tasks, `running_turns`)
+    each arrival's conversation's first arrival, in the windows' shape."""
+
+    windows: list[list[Arrival]]
+    counts: np.ndarray
+    starts: list[list[float]]
 
 
 @dataclass
@@ -274,7 +282,6 @@ class PlannerPolicy:
         # False: the other day's windows as they are (its running conversations are strangers to every cache).
         self._turn_spec = MultiTurnSpec(**self.task.workload.get("spec", {})) \
             if running_turns and self.task.workload.get("kind") == "multiturn" and self.forecast == "nearest" else None
-        self._pool_starts: list[list[float]] = []  # per pool day: each arrival's conversation's first arrival
         self.match_windows = match_windows
         self.keep = keep
         self.bridging = bridging
@@ -295,7 +302,7 @@ class PlannerPolicy:
         self.last_candidates: list[ServeAction] = []
         self._pool_seeds = [int(s) for s in np.random.default_rng([seed, 0x504C414E]).choice(
             TRAIN_SEED_LIMIT, size=pool, replace=False)] if mode == "sampled" else []
-        self._pool: list[tuple[list[list[Arrival]], np.ndarray]] | None = None
+        self._pool: list[PoolDay] | None = None
         self.shadow: Episode | None = None
         self._expected: ServeObservation | None = None  # what the mirror saw after the last action
         self._decided: ServeAction | None = None  # decide()'s action, until commit() plays one
@@ -530,17 +537,17 @@ class PlannerPolicy:
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)
         counts_seen = np.array([len(w) for w in seen[lo:k]], dtype=float)
-        dist = [float(np.abs(counts[lo:k] - counts_seen).sum()) for _, counts in pool]
+        dist = [float(np.abs(d.counts[lo:k] - counts_seen).sum()) for d in pool]
         order = sorted(range(len(pool)), key=lambda i: (dist[i], i))[: self.samples]
         if self._turn_spec is None:
-            return [seen + pool[i][0][k:] for i in order]
+            return [seen + pool[i].windows[k:] for i in order]
         now_s = k * self.task.window_s
         running = running_conversations([a for w in seen for a in w], self._turn_spec)
         out = []
         for n, i in enumerate(order):
-            later = [a for w in pool[i][0][k:] for a in w]
-            starts = self._pool_starts[i][len(self._pool_starts[i]) - len(later):]
-            fresh = [a for a, s in zip(later, starts, strict=True) if s >= now_s]
+            day = pool[i]
+            fresh = [a for w, st in zip(day.windows[k:], day.starts[k:], strict=True)
+                     for a, s in zip(w, st, strict=True) if s >= now_s]
             rng = np.random.default_rng([self._seed, k, n, 0x5254])  # "RT": running turns
             drawn = continued_arrivals(running, self._turn_spec, now_s, self.task.horizon * self.task.window_s,
                                        rng, CONTINUED_ID_BASE)
@@ -548,7 +555,7 @@ class PlannerPolicy:
             out.append(seen + windows(both, self.task)[k:])
         return out
 
-    def _sample_pool(self) -> list[tuple[list[list[Arrival]], np.ndarray]]:
+    def _sample_pool(self) -> list[PoolDay]:
         if self._pool is None:
             pool = []
             for day, s in enumerate(self._pool_seeds):
@@ -556,8 +563,10 @@ class PlannerPolicy:
                 # future without them would plan a prefix-caching task as if nothing were ever cached
                 day_arrivals = as_sampled_day(generate_arrivals(self.task, s), self.task.workload, day, SAMPLE_ID_BASE)
                 wins = windows(day_arrivals, self.task)
-                if self._turn_spec is not None:
-                    self._pool_starts.append(conversation_starts(day_arrivals, self._turn_spec))
-                pool.append((wins, np.array([len(w) for w in wins], dtype=float)))
+                starts: list[list[float]] = []
+                if self._turn_spec is not None:  # each arrival's conversation's first arrival, window by window
+                    flat = iter(conversation_starts(day_arrivals, self._turn_spec))
+                    starts = [[next(flat) for _ in w] for w in wins]
+                pool.append(PoolDay(wins, np.array([len(w) for w in wins], dtype=float), starts))
             self._pool = pool
         return self._pool

@@ -5,8 +5,9 @@
 
 Read from `task.workload` alone (the `cycle` kind of shared.workloads: the raised cosine of
 `cycle_rate` per cycled tenant, plus each entry of `jobs` at its rate over its windows, every cycle),
-before the log-normal noise, whose mean factor is 1; or, for a multi-turn chat on a daily cycle
-(the `multiturn` kind with a `day`), its conversations' expected turns (shared/prefix.expected_turn_rates). A task drawn from a scenario family publishes
+before the log-normal noise, whose mean factor is 1; or, for a multi-turn chat on a daily cycle (the
+`multiturn` kind with a `day`), its conversations' expected turns (shared/prefix.expected_turn_rates).
+A task drawn from a scenario family publishes
 its family's nominal day under the same keys, so this is what an operator knows in advance about a
 day: never the episode's own draw. Rivals that plan by the day (agents/operator.py) read it here.
 """
@@ -14,7 +15,7 @@ day: never the episode's own draw. Rivals that plan by the day (agents/operator.
 from __future__ import annotations
 
 import numpy as np
-from llmserve_env.shared.prefix import MultiTurnSpec, day_scale, expected_turn_rates
+from llmserve_env.shared.prefix import MultiTurnSpec, expected_turn_rates, workload_day_scale
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import cycle_rate
 
@@ -33,18 +34,15 @@ def expected_rates(task: TaskSpec, jobs: bool = True) -> dict[str, np.ndarray]:
     """Each tenant's expected req/s in every window of the episode (`task.horizon` entries); tenants the
     workload never names get zeros. `jobs=False` leaves out the scheduled jobs (the cycle alone)."""
     w = task.workload
-    out = {t.name: np.zeros(task.horizon) for t in task.tenants}
-    if w.get("kind") == "multiturn" and w.get("day"):
-        # a multi-turn chat on a daily cycle: its conversations' turns, from the published spec and day
-        day = w["day"]
-        scale = day_scale(task.window_s, int(day["cycle_windows"]), float(day["peak_window"]),
-                          float(day["trough_ratio"]))
-        out[task.tenants[0].name] += expected_turn_rates(MultiTurnSpec(**w.get("spec", {})),
-                                                         task.horizon * task.window_s, task.window_s, scale)
-        return out
-    if w.get("kind") != "cycle":
+    if not publishes_day(task):
         raise NotCycleTaskError(f"{task.task_id!r} has workload kind {w.get('kind')!r}: expected_rates needs "
                                 "kind 'cycle' or a multi-turn chat with a 'day' (a published day)")
+    out = {t.name: np.zeros(task.horizon) for t in task.tenants}
+    if w["kind"] == "multiturn":  # its conversations' turns, from the published spec and day
+        out[task.tenants[0].name] += expected_turn_rates(MultiTurnSpec(**w.get("spec", {})),
+                                                         task.horizon * task.window_s, task.window_s,
+                                                         workload_day_scale(w, task.window_s))
+        return out
     for name, spec in w.get("tenants", {}).items():
         out[name] += [cycle_rate(task, spec, k) for k in range(task.horizon)]
     if jobs:

@@ -201,6 +201,11 @@ class MultiTurnSpec:
     think_s: float = 20.0
     max_context: int = 16384
 
+    @property
+    def continue_p(self) -> float:
+        """The chance that another turn follows any turn (turns are 1 + geometric, memoryless)."""
+        return 1.0 - 1.0 / self.turns_mean if self.turns_mean > 1.0 else 0.0
+
 
 UNIT = 16  # the engine's KV block: synthetic ids are exact at vLLM's granularity
 
@@ -269,7 +274,7 @@ def expected_turn_rates(spec: MultiTurnSpec, duration_s: float, window_s: float,
     lam(t - u) exp(-(1 - q) u / think_s) (a geometric sum of Erlang densities is an exponential), which
     is lam x turns_mean at a constant rate. Integrated on a `step_s` grid; it leaves out conversations cut
     by `max_context` (their later turns are not sent)."""
-    q = 1.0 - 1.0 / spec.turns_mean if spec.turns_mean > 1.0 else 0.0
+    q = spec.continue_p
     n = int(round(duration_s / step_s))
     t = (np.arange(n) + 0.5) * step_s
     lam = spec.conversations_per_s * (np.array([rate_scale(float(x)) for x in t]) if rate_scale else np.ones(n))
@@ -334,7 +339,7 @@ def continued_arrivals(running: list[RunningConversation], spec: MultiTurnSpec, 
     now_s + an exponential think time, then as the model goes on. (It leaves out that an unseen next turn
     may have ended the conversation by passing `max_context`: a few conversations near it.) The ids are
     the conversation's own, so a continued turn hits the cache its history left."""
-    q = 1.0 - 1.0 / spec.turns_mean if spec.turns_mean > 1.0 else 0.0
+    q = spec.continue_p
     rows: list[tuple[float, int, int, tuple[int, ...]]] = []
     who: list[RunningConversation] = []
     for c in running:
@@ -391,6 +396,14 @@ def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, 
         out.append(Arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
                            a.priority, ids, a.prefix_block_tokens))
     return out
+
+
+def workload_day_scale(workload: dict[str, Any], window_s: float) -> Callable[[float], float] | None:
+    """The multi-turn workload's daily cycle (`day_scale` of its `day` entry), or None where it has none."""
+    day = workload.get("day")
+    if not day:
+        return None
+    return day_scale(window_s, int(day["cycle_windows"]), float(day["peak_window"]), float(day["trough_ratio"]))
 
 
 def day_scale(window_s: float, cycle_windows: int, peak_window: float, trough_ratio: float) -> Callable[[float], float]:

@@ -62,11 +62,11 @@ from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.prefix import (
     MultiTurnSpec,
-    day_scale,
     load_prefix_trace,
     multiturn_arrivals,
     slice_ids,
     with_prefix,
+    workload_day_scale,
 )
 from llmserve_env.shared.scenarios import draw_day, is_family
 from llmserve_env.shared.tasks import MAX_HORIZON, TaskSpec, TenantSpec, UnknownTaskError, get_task
@@ -275,9 +275,7 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         return out
     if kind == "multiturn":
         tenant = task.tenants[0]
-        day = task.workload.get("day")  # the registered task's daily cycle (thinned starts); absent: constant
-        scale = (day_scale(task.window_s, int(day["cycle_windows"]), float(day["peak_window"]),
-                           float(day["trough_ratio"])) if day else None)
+        scale = workload_day_scale(task.workload, task.window_s)  # thinned starts; None: a constant rate
         return multiturn_arrivals(MultiTurnSpec(**task.workload.get("spec", {})), total_s, seed, tenant.name,
                                   tenant.priority, scale)
     if kind == "poisson":
