@@ -29,6 +29,11 @@ tasks) or vLLM's fixed defaults, whichever tuning on training seeds picks.
   output tokens per arriving request (throughput / arrival rate) since the observation carries no
   per-request output count.
 
+On the prefix-caching tasks (mooncake_cluster, multiturn_cluster) each rival also routes: its
+`cache_affinity` (the router's weight of a replica's cached prefix against its load,
+shared/prefix_routing.py) is one more tuned setting, over the operator's grid of the field's routers'
+weights (`agents.operator.PREFIX_GRID`), so a scaling rule there is scaling plus the best fixed routing.
+
 Tuning (`python -m llmserve_env.tools.tune_autoscale --task all`): coordinate descent over each rival's grid on
 training seeds only (agents/seeds.py); results and the command in agents/autoscale_tuned.json.
 `tuned_static` on the cluster tasks is a fixed replica count plus fixed knobs, tuned by the same
@@ -48,12 +53,13 @@ from typing import Any
 import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy
+from llmserve_env.agents.operator import PREFIX_GRID, PREFIX_START
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction, ServeObservation
-from llmserve_env.shared.tasks import TaskSpec, get_task
+from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "autoscale_tuned.json"
 
@@ -68,13 +74,15 @@ def _knob_policy(task: TaskSpec, knobs: str) -> Policy:
 
 
 class AutoscalePolicy:
-    """A replica controller plus a per-replica knob policy: the knobs' action with `replicas` set."""
+    """A replica controller plus a per-replica knob policy: the knobs' action with `replicas` set (and
+    `cache_affinity`, where the rival routes by it)."""
 
-    def __init__(self, name: str, task: TaskSpec, controller: Any, knobs: str):
+    def __init__(self, name: str, task: TaskSpec, controller: Any, knobs: str, cache_affinity: float | None = None):
         self.name = name
         self.task = task
         self.controller = controller
         self.knobs = _knob_policy(task, knobs)
+        self.cache_affinity = cache_affinity
 
     def reset(self) -> None:
         self.knobs.reset()
@@ -83,7 +91,10 @@ class AutoscalePolicy:
     def act(self, obs: ServeObservation) -> ServeAction:
         n = self.controller.replicas(obs)
         lo, hi = self.task.replicas
-        return self.knobs.act(obs).model_copy(update={"replicas": int(min(hi, max(lo, n)))})
+        update: dict[str, Any] = {"replicas": int(min(hi, max(lo, n)))}
+        if self.cache_affinity is not None:
+            update["cache_affinity"] = self.cache_affinity
+        return self.knobs.act(obs).model_copy(update=update)
 
 
 # --------------------------------------------------------------------------------------------- HPA
@@ -95,6 +106,7 @@ class HPAParams:
     stabilization: int = 30          # scale-down stabilisation window, in windows (300 s at 10 s)
     tolerance: float = 0.1           # Kubernetes' default
     knobs: str = "static"
+    cache_affinity: float | None = None  # prefix-caching tasks only (module docstring); None: least work
 
 
 class HPAController:
@@ -140,6 +152,7 @@ class PlannerParams:
     alpha: float = 0.5               # Holt level smoothing
     beta: float = 0.3                # Holt trend smoothing
     knobs: str = "static"
+    cache_affinity: float | None = None  # prefix-caching tasks only (module docstring); None: least work
 
 
 class PerformanceModel:
@@ -320,13 +333,13 @@ def _cluster_task(task_id: str) -> TaskSpec:
 def hpa(task_id: str) -> AutoscalePolicy:
     task = _cluster_task(task_id)
     p = HPAParams(**_params("hpa", task_id))
-    return AutoscalePolicy("hpa", task, HPAController(task, p), p.knobs)
+    return AutoscalePolicy("hpa", task, HPAController(task, p), p.knobs, p.cache_affinity)
 
 
 def dynamo_planner(task_id: str) -> AutoscalePolicy:
     task = _cluster_task(task_id)
     p = PlannerParams(**_params("dynamo_planner", task_id))
-    return AutoscalePolicy("dynamo_planner", task, PlannerController(task, p), p.knobs)
+    return AutoscalePolicy("dynamo_planner", task, PlannerController(task, p), p.knobs, p.cache_affinity)
 
 
 def _static_action(values: dict[str, Any]) -> ServeAction:
@@ -346,10 +359,10 @@ def rival(kind: str, task_id: str, values: dict[str, Any]) -> Policy:
     task = get_task(task_id)
     if kind == "hpa":
         hp = HPAParams(**values)
-        return AutoscalePolicy("hpa", task, HPAController(task, hp), hp.knobs)
+        return AutoscalePolicy("hpa", task, HPAController(task, hp), hp.knobs, hp.cache_affinity)
     if kind == "dynamo_planner":
         pp = PlannerParams(**values)
-        return AutoscalePolicy("dynamo_planner", task, PlannerController(task, pp), pp.knobs)
+        return AutoscalePolicy("dynamo_planner", task, PlannerController(task, pp), pp.knobs, pp.cache_affinity)
     if kind == "tuned_static":
         return StaticPolicy(_static_action(values), name="tuned_static")
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
@@ -364,17 +377,28 @@ def _mean(env: EpisodeEnv, kind: str, task_id: str, values: dict[str, Any], seed
     return float(np.mean([play_episode(env, make(), task_id, s).score for s in seeds]))
 
 
-def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
-              runner: Runner | None = None) -> tuple[dict, float, int]:
-    task = get_task(task_id)
+def tuning_grid(kind: str, task: TaskSpec) -> tuple[dict[str, tuple[Any, ...]], dict[str, Any]]:
+    """(the grid `kind` is tuned over on `task`, the values it starts from): on a prefix-caching task the
+    autoscalers' grid gains `cache_affinity` (module docstring)."""
     grid: dict[str, tuple[Any, ...]]
     if kind == "hpa":
         grid, base = HPA_GRID, asdict(HPAParams())
     elif kind == "dynamo_planner":
         grid, base = PLANNER_GRID, asdict(PlannerParams())
-    else:
+    elif kind == "tuned_static":
         grid = STATIC_GRID
         base = {**VLLM_DEFAULT.knobs(), "replicas": task.initial_replicas}
+    else:
+        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind != "tuned_static" and task.task_id in PREFIX_TASKS:
+        grid = {**grid, "cache_affinity": PREFIX_GRID["cache_affinity"]}
+        base["cache_affinity"] = PREFIX_START["cache_affinity"]
+    return grid, base
+
+
+def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
+              runner: Runner | None = None) -> tuple[dict, float, int]:
+    grid, base = tuning_grid(kind, get_task(task_id))
     names = list(grid)
 
     def values_at(point: tuple[int, ...]) -> dict[str, Any]:

@@ -117,10 +117,12 @@ FORECASTS = ("posterior", "nearest")
 # cluster task), so the score table and training validation leave them out
 PLANNERS = ("planner", "clairvoyant")
 RIVALS_TO_BEAT = ("tuned_static", "hpa", "dynamo_planner", "operator", "schedule")
-# On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py), and
-# where the task publishes a day (multiturn_cluster) the day-plan rules too, routing with a tuned cache affinity
-# (agents/operator.py): there an operator scales with the day, which the fixed-replica routing rules never do.
+# On the prefix-caching cluster tasks (issue 32): the field's routing rules, each tuned (agents/routing.py), the
+# production autoscalers routing at a tuned cache affinity (agents/autoscale.py: they scale on what they observe,
+# the only scaling rules on a trace replay that publishes no day), and where the task publishes a day
+# (multiturn_cluster) the day-plan rules too, routing with a tuned cache affinity (agents/operator.py).
 PREFIX_RIVALS = ("least_work", "llmd_scorer", "dynamo_kv")
+SCALING_RIVALS = ("hpa", "dynamo_planner")
 DAY_PLAN_RIVALS = ("operator", "schedule")
 SINGLE_SERVER_BASES = ("tuned_static", "heuristic")  # vllm_default for tuned_static where none is tuned
 # The base policies whose `act` reads only what `core.episode.ObservedWindow` holds (the numeric fields,
@@ -145,9 +147,9 @@ class PlannerError(EnvError):
 
 def rivals_for(task: TaskSpec) -> tuple[str, ...]:
     """The hand-made rules a learner or the planner is judged against on a cluster task: RIVALS_TO_BEAT, or on a
-    prefix-caching task the routing rules, with the day-plan rules where it publishes a day."""
+    prefix-caching task the routing rules and the autoscalers, with the day-plan rules where it publishes a day."""
     if task.task_id in PREFIX_TASKS:
-        return PREFIX_RIVALS + (DAY_PLAN_RIVALS if publishes_day(task) else ())
+        return PREFIX_RIVALS + SCALING_RIVALS + (DAY_PLAN_RIVALS if publishes_day(task) else ())
     return RIVALS_TO_BEAT
 
 

@@ -37,3 +37,29 @@ def test_holt_forecast_is_statsmodels_bit_for_bit() -> None:
             series = list(rng.uniform(0, 1e4, size=n))
         alpha, beta = params[i % len(params)]
         assert holt_forecast(series, alpha, beta) == _statsmodels_holt(series, alpha, beta), (series, alpha, beta)
+
+
+def test_autoscalers_route_on_the_prefix_caching_tasks_only() -> None:
+    """On mooncake_cluster / multiturn_cluster an autoscaler is scaling plus a tuned cache affinity: the grid
+    gains the operator's affinity axis and the action carries the value; elsewhere nothing changes."""
+    from llmserve_env.agents.autoscale import rival, tuning_grid
+    from llmserve_env.agents.operator import PREFIX_GRID
+    from llmserve_env.core.inprocess import InProcessEnv
+    from llmserve_env.shared.tasks import get_task
+
+    for kind in ("hpa", "dynamo_planner"):
+        grid, base = tuning_grid(kind, get_task("mooncake_cluster"))
+        assert grid["cache_affinity"] == PREFIX_GRID["cache_affinity"] and base["cache_affinity"] in grid["cache_affinity"]
+        grid, base = tuning_grid(kind, get_task("diurnal_autoscale"))
+        assert "cache_affinity" not in grid and base["cache_affinity"] is None
+    assert "cache_affinity" not in tuning_grid("tuned_static", get_task("mooncake_cluster"))[0]
+    with pytest.raises(ValueError, match="kind must be one of"):
+        tuning_grid("operator", get_task("mooncake_cluster"))
+
+    env = InProcessEnv()
+    obs = env.reset("mooncake_cluster", 0)
+    for aff, want in ((0.75, 0.75), (None, None)):
+        policy = rival("hpa", "mooncake_cluster", {"target_in_system": 16.0, "stabilization": 3, "cache_affinity": aff})
+        policy.reset()
+        action = policy.act(obs)
+        assert action.cache_affinity == want and action.replicas == get_task("mooncake_cluster").initial_replicas

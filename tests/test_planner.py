@@ -117,9 +117,11 @@ def test_default_bases() -> None:
     assert default_bases(get_task("diurnal_autoscale")) == RIVALS_TO_BEAT
     assert default_bases(get_task("bursty_workload")) == ("tuned_static", "heuristic")
     assert PlannerPolicy(SHORT_CLUSTER).base_names == SHORT_BASES  # no tuned configuration for a replay
-    # the prefix-caching tasks: the routing rules, and the day-plan rules where the task publishes a day
-    assert default_bases(get_task("mooncake_cluster")) == rivals_for(get_task("mooncake_cluster")) == PREFIX_RIVALS
-    assert default_bases(get_task("multiturn_cluster")) == PREFIX_RIVALS + ("operator", "schedule")
+    # the prefix-caching tasks: the routing rules and the autoscalers, and the day-plan rules where the task
+    # publishes a day
+    mooncake = PREFIX_RIVALS + ("hpa", "dynamo_planner")
+    assert default_bases(get_task("mooncake_cluster")) == rivals_for(get_task("mooncake_cluster")) == mooncake
+    assert default_bases(get_task("multiturn_cluster")) == mooncake + ("operator", "schedule")
     assert rivals_for(get_task("diurnal_family")) == RIVALS_TO_BEAT
 
 
