@@ -168,13 +168,27 @@ def test_shipped_family_weights_load_act_fast_and_stay_in_range(family):
     assert median_ms < 20.0
 
 
-def test_fixed_day_cluster_weights_keep_the_default_view():
-    """Weights without "encoding" in their JSON (every fixed-day actor) keep the ±1 replica step."""
+def test_fixed_day_cluster_weights_play_the_view_their_json_names():
+    """A fixed-day actor plays the view it was trained on: without "encoding" in its JSON (multitenant_autoscale's)
+    the default view's ±1 replica step, with the family encoding (diurnal_autoscale's, DAgger from the operator)
+    the family view's replica-count head; each plays its task's first windows within its range."""
+    env = InProcessEnv()
     for task_id in ("diurnal_autoscale", "multitenant_autoscale"):
         if not (WEIGHTS_DIR / f"{task_id}.npz").exists():
             continue
         w = ActorWeights.load(WEIGHTS_DIR / f"{task_id}.npz")
-        assert "encoding" not in w.meta and w.nvec == ACTION_NVEC + (3,)
+        task = get_task(task_id)
+        if w.meta.get("encoding") == FAMILY_ENCODING:
+            assert w.nvec == family_shape(w.meta["tenants"], task.replicas)[0]
+        else:
+            assert "encoding" not in w.meta and w.nvec == ACTION_NVEC + (3,)
+        policy = PPOPolicy(task_id)
+        policy.reset()
+        obs = env.reset(task_id, 0)
+        for _ in range(3):
+            action = policy.act(obs)
+            assert action.replicas is not None and task.replicas[0] <= action.replicas <= task.replicas[1]
+            obs = env.step(action)
 
 
 def test_the_planner_as_daggers_expert_is_not_validated_as_a_rival(tmp_path):
