@@ -7,9 +7,13 @@ tasks) or vLLM's fixed defaults, whichever tuning on training seeds picks.
 - `hpa`: the Kubernetes Horizontal Pod Autoscaler's rule (kubernetes.io, "Horizontal Pod Autoscaling":
   desired = ceil(current x currentMetric / targetMetric), no change while the ratio is within the 0.1
   tolerance; scale-down stabilisation: the highest recommendation over the last `stabilization`
-  windows, 300 s by default; scale-up at once). The metric is the mean number of requests in the
-  system per ready replica (running + waiting, vLLM's num_requests_running + num_requests_waiting, the
-  queue metric KEDA/llm-d scale vLLM on); `current` is the replicas asked for (starting ones included).
+  windows, 300 s by default; scale-up at once). The metric, a tuned choice: the mean number of requests
+  in the system per ready replica (`in_system`: running + waiting, vLLM's num_requests_running +
+  num_requests_waiting, the queue metric KEDA/llm-d scale vLLM on), or the KV cache's utilisation
+  (`kv_cache`: the observation's `kv_cache_occupancy`, blocks in use over the serving replicas' blocks,
+  the average across pods an HPA reads; vLLM exports it as gpu_cache_usage_perc), which counts a long
+  prompt as the memory it holds rather than as one request. `current` is the replicas asked for
+  (starting ones included).
 - `dynamo_planner`: the Dynamo Planner's throughput-based scaling as its design document describes it
   (docs.nvidia.com/dynamo/latest/design-docs/component-design/planner-design, "Scaling Algorithm",
   steps 1-5): every `interval` windows it (1) collects the interval's average TTFT, ITL, request
@@ -100,12 +104,21 @@ class AutoscalePolicy:
 # --------------------------------------------------------------------------------------------- HPA
 
 
+HPA_METRICS = ("in_system", "kv_cache")
+
+
 @dataclass(frozen=True)
 class HPAParams:
-    target_in_system: float = 16.0   # requests (running + waiting) per ready replica
+    target_in_system: float = 16.0   # requests (running + waiting) per ready replica (metric "in_system")
     stabilization: int = 30          # scale-down stabilisation window, in windows (300 s at 10 s)
     tolerance: float = 0.1           # Kubernetes' default
     knobs: str = "static"
+    metric: str = "in_system"        # or "kv_cache" (module docstring)
+    target_kv: float = 0.5           # KV cache utilisation to hold (metric "kv_cache")
+
+    def __post_init__(self) -> None:
+        if self.metric not in HPA_METRICS:
+            raise ValueError(f"metric must be one of {', '.join(HPA_METRICS)}, got {self.metric!r}")
     cache_affinity: float | None = None  # prefix-caching tasks only (module docstring); None: least work
 
 
@@ -121,8 +134,10 @@ class HPAController:
     def replicas(self, obs: ServeObservation) -> int:
         if obs.step_index == 0:
             return self.current  # the reset observation carries no metric yet
-        metric = (obs.queue_depth + obs.active_requests) / _ready(obs, self.current)
-        ratio = metric / self.p.target_in_system
+        if self.p.metric == "kv_cache":
+            ratio = obs.kv_cache_occupancy / self.p.target_kv
+        else:
+            ratio = (obs.queue_depth + obs.active_requests) / _ready(obs, self.current) / self.p.target_in_system
         desired = self.current if abs(ratio - 1.0) <= self.p.tolerance else math.ceil(self.current * ratio)
         lo, hi = self.task.replicas
         desired = min(hi, max(lo, desired))
@@ -136,6 +151,8 @@ HPA_GRID: dict[str, tuple[Any, ...]] = {
     "target_in_system": (4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0),
     "stabilization": (1, 3, 6, 12, 30),
     "knobs": ("static", "heuristic"),
+    "metric": HPA_METRICS,
+    "target_kv": (0.2, 0.35, 0.5, 0.65, 0.8),
 }
 
 
@@ -405,7 +422,13 @@ def tune_kind(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], lo
         return {**base, **{n: grid[n][i] for n, i in zip(names, point, strict=True)}}
 
     start = tuple(grid[n].index(base[n]) if base.get(n) in grid[n] else 0 for n in names)
+    starts = [start]
+    if "metric" in grid:
+        # HPA's target axes each act under one metric only: moving one from the other metric's start changes
+        # nothing, so one descent would never try a target under a metric it did not start on. One start each.
+        k = names.index("metric")
+        starts = [start[:k] + (i,) + start[k + 1:] for i in range(len(grid["metric"]))]
     best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),
-                                                [len(grid[n]) for n in names], [start],
+                                                [len(grid[n]) for n in names], starts,
                                                 log=lambda m: log(f"[{task_id} {kind}] {m}"))
     return values_at(best), score, evaluated

@@ -63,3 +63,24 @@ def test_autoscalers_route_on_the_prefix_caching_tasks_only() -> None:
         policy.reset()
         action = policy.act(obs)
         assert action.cache_affinity == want and action.replicas == get_task("mooncake_cluster").initial_replicas
+
+
+def test_hpa_scales_on_the_metric_it_was_tuned_on() -> None:
+    """HPA's desired = ceil(current x metric / target): on requests in the system per ready replica, or on the KV
+    cache's utilisation (a long prompt weighs as the memory it holds); an unknown metric is refused."""
+    from llmserve_env.agents.autoscale import HPAController, HPAParams
+    from llmserve_env.shared.models import ServeObservation
+    from llmserve_env.shared.tasks import get_task
+
+    task = get_task("mooncake_cluster")  # starts with 2 replicas
+    # 2 requests on 2 ready replicas, KV 90 % full: light by count, heavy by memory
+    obs = ServeObservation(step_index=3, kv_cache_occupancy=0.9, queue_depth=0, active_requests=2,
+                           metadata={"cluster": {"ready": 2}})
+    by_kv = HPAController(task, HPAParams(metric="kv_cache", target_kv=0.5, stabilization=1))
+    assert by_kv.replicas(obs) == 4  # ceil(2 x 0.9 / 0.5)
+    by_count = HPAController(task, HPAParams(metric="in_system", target_in_system=4.0, stabilization=1))
+    assert by_count.replicas(obs) == 1  # ceil(2 x (1 / 4)): scaled down at once (stabilisation 1 window)
+    within = HPAController(task, HPAParams(metric="kv_cache", target_kv=0.85, stabilization=1))
+    assert within.replicas(obs) == 2  # 0.9 / 0.85 is within Kubernetes' 0.1 tolerance: no change
+    with pytest.raises(ValueError, match="metric must be one of in_system, kv_cache"):
+        HPAParams(metric="gpu")
