@@ -36,7 +36,8 @@ tasks) or vLLM's fixed defaults, whichever tuning on training seeds picks.
 On the prefix-caching tasks (mooncake_cluster, multiturn_cluster) each rival also routes: its
 `cache_affinity` (the router's weight of a replica's cached prefix against its load,
 shared/prefix_routing.py) is one more tuned setting, over the operator's grid of the field's routers'
-weights (`agents.operator.PREFIX_GRID`), so a scaling rule there is scaling plus the best fixed routing.
+weights (`agents.routing.AFFINITY_GRID`, the operator's too), so a scaling rule there is scaling plus the best
+fixed routing.
 
 Tuning (`python -m llmserve_env.tools.tune_autoscale --task all`): coordinate descent over each rival's grid on
 training seeds only (agents/seeds.py); results and the command in agents/autoscale_tuned.json.
@@ -57,9 +58,9 @@ from typing import Any
 import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.heuristic import HeuristicPolicy
-from llmserve_env.agents.operator import PREFIX_GRID, PREFIX_START
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
+from llmserve_env.agents.routing import AFFINITY_GRID, AFFINITY_START
 from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.agents.static import VLLM_DEFAULT, StaticPolicy
 from llmserve_env.shared.models import ServeAction, ServeObservation
@@ -408,8 +409,8 @@ def tuning_grid(kind: str, task: TaskSpec) -> tuple[dict[str, tuple[Any, ...]], 
     else:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind != "tuned_static" and task.task_id in PREFIX_TASKS:
-        grid = {**grid, "cache_affinity": PREFIX_GRID["cache_affinity"]}
-        base["cache_affinity"] = PREFIX_START["cache_affinity"]
+        grid = {**grid, "cache_affinity": AFFINITY_GRID}
+        base["cache_affinity"] = AFFINITY_START
     return grid, base
 
 

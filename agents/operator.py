@@ -53,6 +53,7 @@ import numpy as np
 from llmserve_env.agents.base import Policy, make_action
 from llmserve_env.agents.parallel import EpisodeJob, Runner
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
+from llmserve_env.agents.routing import AFFINITY_GRID, AFFINITY_START
 from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.shared.day_shape import expected_rates, job_rates
 from llmserve_env.shared.models import ServeAction, ServeObservation
@@ -109,9 +110,9 @@ SCHEDULE_AXES = ("rps_per_replica", "lead", "release_hold", "low_priority_weight
 # them than of the diurnal chat mix: the requests/s axis is set wider (chosen before any tuning, not fitted).
 PREFIX_GRID: dict[str, tuple[Any, ...]] = {
     "rps_per_replica": (8.0, 10.0, 12.0, 14.0, 16.0, 18.0),
-    "cache_affinity": (0.0, 0.4286, 0.5, 0.75, 1.0),
+    "cache_affinity": AFFINITY_GRID,
 }
-PREFIX_START = {"rps_per_replica": 12.0, "cache_affinity": 0.5}
+PREFIX_START = {"rps_per_replica": 12.0, "cache_affinity": AFFINITY_START}
 
 
 def grid_for(task: TaskSpec) -> dict[str, tuple[Any, ...]]:

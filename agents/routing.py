@@ -58,6 +58,10 @@ AFFINITY: dict[str, float] = {
     "dynamo_kv": 0.5,
 }
 KINDS = tuple(AFFINITY)
+# The cache-affinity values a rule that routes is tuned over (the day-plan rules and the autoscalers): the
+# rivals' values above and the ends; tuning starts from Dynamo's.
+AFFINITY_GRID: tuple[float, ...] = (0.0, AFFINITY["llmd_scorer"], AFFINITY["dynamo_kv"], 0.75, 1.0)
+AFFINITY_START = AFFINITY["dynamo_kv"]
 
 # The same grid for every rival, so none is tuned harder than another. Quantisation and speculation are
 # left at vLLM's defaults: the routing rule and the replica count are what these tasks are about.

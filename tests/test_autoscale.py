@@ -43,7 +43,7 @@ def test_autoscalers_route_on_the_prefix_caching_tasks_only() -> None:
     """On mooncake_cluster / multiturn_cluster an autoscaler is scaling plus a tuned cache affinity: the grid
     gains the operator's affinity axis and the action carries the value; elsewhere nothing changes."""
     from llmserve_env.agents.autoscale import rival, tuning_grid
-    from llmserve_env.agents.operator import PREFIX_GRID
+    from llmserve_env.agents.operator import PREFIX_GRID  # the operator's affinity axis is the same values
     from llmserve_env.core.inprocess import InProcessEnv
     from llmserve_env.shared.tasks import get_task
 
