@@ -82,12 +82,12 @@ class AutoscalePolicy:
     """A replica controller plus a per-replica knob policy: the knobs' action with `replicas` set (and
     `cache_affinity`, where the rival routes by it)."""
 
-    def __init__(self, name: str, task: TaskSpec, controller: Any, knobs: str, cache_affinity: float | None = None):
+    def __init__(self, name: str, task: TaskSpec, controller: Any):
         self.name = name
         self.task = task
         self.controller = controller
-        self.knobs = _knob_policy(task, knobs)
-        self.cache_affinity = cache_affinity
+        self.knobs = _knob_policy(task, controller.p.knobs)
+        self.cache_affinity = controller.p.cache_affinity
 
     def reset(self) -> None:
         self.knobs.reset()
@@ -116,11 +116,11 @@ class HPAParams:
     knobs: str = "static"
     metric: str = "in_system"        # or "kv_cache" (module docstring)
     target_kv: float = 0.5           # KV cache utilisation to hold (metric "kv_cache")
+    cache_affinity: float | None = None  # prefix-caching tasks only (module docstring); None: least work
 
     def __post_init__(self) -> None:
         if self.metric not in HPA_METRICS:
             raise ValueError(f"metric must be one of {', '.join(HPA_METRICS)}, got {self.metric!r}")
-    cache_affinity: float | None = None  # prefix-caching tasks only (module docstring); None: least work
 
 
 class HPAController:
@@ -348,16 +348,19 @@ def _cluster_task(task_id: str) -> TaskSpec:
     return task
 
 
+def _autoscaler(kind: str, task: TaskSpec, values: dict[str, Any]) -> AutoscalePolicy:
+    """The `kind` autoscaler ("hpa" or "dynamo_planner") with parameter `values` on `task`."""
+    if kind == "hpa":
+        return AutoscalePolicy(kind, task, HPAController(task, HPAParams(**values)))
+    return AutoscalePolicy(kind, task, PlannerController(task, PlannerParams(**values)))
+
+
 def hpa(task_id: str) -> AutoscalePolicy:
-    task = _cluster_task(task_id)
-    p = HPAParams(**_params("hpa", task_id))
-    return AutoscalePolicy("hpa", task, HPAController(task, p), p.knobs, p.cache_affinity)
+    return _autoscaler("hpa", _cluster_task(task_id), _params("hpa", task_id))
 
 
 def dynamo_planner(task_id: str) -> AutoscalePolicy:
-    task = _cluster_task(task_id)
-    p = PlannerParams(**_params("dynamo_planner", task_id))
-    return AutoscalePolicy("dynamo_planner", task, PlannerController(task, p), p.knobs, p.cache_affinity)
+    return _autoscaler("dynamo_planner", _cluster_task(task_id), _params("dynamo_planner", task_id))
 
 
 def _static_action(values: dict[str, Any]) -> ServeAction:
@@ -374,13 +377,8 @@ KINDS = ("tuned_static", "hpa", "dynamo_planner")
 def rival(kind: str, task_id: str, values: dict[str, Any]) -> Policy:
     """A fresh `kind` rival with parameter `values`: module-level, so a `functools.partial` of it
     pickles and a tuning job can be played by another process or a Ray worker (agents/parallel.py)."""
-    task = get_task(task_id)
-    if kind == "hpa":
-        hp = HPAParams(**values)
-        return AutoscalePolicy("hpa", task, HPAController(task, hp), hp.knobs, hp.cache_affinity)
-    if kind == "dynamo_planner":
-        pp = PlannerParams(**values)
-        return AutoscalePolicy("dynamo_planner", task, PlannerController(task, pp), pp.knobs, pp.cache_affinity)
+    if kind in ("hpa", "dynamo_planner"):
+        return _autoscaler(kind, get_task(task_id), values)
     if kind == "tuned_static":
         return StaticPolicy(_static_action(values), name="tuned_static")
     raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
