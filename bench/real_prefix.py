@@ -50,6 +50,7 @@ from llmserve_env.sim.calibration.calibrate import FitRefusedError, run_records 
 from llmserve_env.sim.caps import RequestCaps  # noqa: E402
 from llmserve_env.sim.cluster import ClusterBackend  # noqa: E402
 from llmserve_env.sim.profiles import load_profile  # noqa: E402
+from llmserve_env.sim.slot_cache import SlotCache, SlotCacheSpec  # noqa: E402
 from real_engine import free_port, llama_dir, served_model, start_server  # noqa: E402
 
 UNIT = 16
@@ -123,6 +124,53 @@ def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float |
     return reports
 
 
+def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) -> list[dict[str, Any]]:
+    """The engine's per-request hits against the slot model's, on the engine's own order of events: each
+    endpoint's requests are taken at their dispatch and released at their finish, as the records say, so
+    the comparison is of the cache mechanism alone, free of any step time. Rows: request, endpoint, the
+    engine's hit share (cached / its prompt tokens) and the model's (units hit x unit / prompt tokens)."""
+    by_id = {a.request_id: a for a in arrivals}
+    recs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    events = []  # (time, 0 = release before 1 = take at one instant, record)
+    for r in recs:
+        if r.get("status") == "ok" and r.get("dispatch_s") is not None and r["request_id"] in by_id:
+            events.append((r["dispatch_s"], 1, r))
+            events.append((r["finish_s"], 0, r))
+    events.sort(key=lambda e: (e[0], e[1]))
+    caches: dict[str, SlotCache] = {}
+    slot_of: dict[int, int] = {}
+    rows = []
+    for t, kind, r in events:
+        cache = caches.setdefault(r["endpoint"], SlotCache(spec))
+        a = by_id[r["request_id"]]
+        keys = a.prefix_ids or ()
+        cache.unit = a.prefix_block_tokens or UNIT
+        if kind == 1:
+            plan = cache.plan(keys, a.prompt_tokens)
+            slot_of[a.request_id] = cache.take(plan)
+            engine = (r["cached_tokens"] / r["engine_prompt_tokens"]
+                      if r.get("cached_tokens") is not None and r.get("engine_prompt_tokens") else None)
+            rows.append({"request_id": a.request_id, "endpoint": r["endpoint"], "engine_hit": engine,
+                         "model_hit": plan[2] * cache.unit / a.prompt_tokens})
+        else:
+            cache.release(slot_of.pop(a.request_id), keys, a.prompt_tokens + a.output_tokens - 1, t)
+    return rows
+
+
+def summary_records(path: Path) -> dict[str, Any]:
+    """`summary` from a run's records (`--replay`): TTFT from arrival, the engines' own hit counts."""
+    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    ok = [r for r in recs if r.get("status") == "ok"]
+    ttft = [r["first_token_s"] - r["arrival_s"] for r in ok if r.get("first_token_s") is not None]
+    measured = [r for r in ok if r.get("prefix_units_sent") is not None and r.get("cached_tokens") is not None
+                and r.get("engine_prompt_tokens")]
+    query = sum(r["engine_prompt_tokens"] for r in measured)
+    return {"requests_ok": len(ok), "ttft_mean_ms": 1e3 * statistics.fmean(ttft) if ttft else None,
+            "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None,
+            "hit_rate": sum(r["cached_tokens"] for r in measured) / query if query else None,
+            "hit_measured_requests": len(measured)}
+
+
 def summary(reports: list[WindowReport]) -> dict[str, Any]:
     ttft = [t for rep in reports for _, _, t in rep.first_tokens]
     query = sum(r.prefix_query_tokens for r in reports)
@@ -149,12 +197,15 @@ def main(argv: list[str] | None = None) -> None:
                     help="cache_affinity of the affinity run (1 follows the cache alone: a shared system prompt "
                          "then sends every request to one server)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--replay", type=Path, default=None,
+                    help="a finished run's folder: refit and predict from its records, starting no engine "
+                         "(give the run's own workload options)")
     a = ap.parse_args(argv)
     folder = llama_dir()
-    if not (folder / "llama-server").exists():
+    if a.replay is None and not (folder / "llama-server").exists():
         print(json.dumps({"skipped": f"no llama-server in {folder} (scripts/build_llama_server.sh)"}))
         return
-    out = a.out or Path(tempfile.mkdtemp(prefix="real_prefix-"))
+    out = a.replay or a.out or Path(tempfile.mkdtemp(prefix="real_prefix-"))
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "conversations.jsonl"
     write_trace(trace, a.conversations, a.turns, a.gap_s, a.system_tokens, a.user_tokens, a.answer_tokens,
@@ -201,6 +252,10 @@ def main(argv: list[str] | None = None) -> None:
 
     runs = [("calibration", None, cold, 1), ("least_work", 0.0, arrivals, 2), ("affinity", a.affinity, arrivals, 2)]
     for name, affinity, arr, n in runs:
+        if a.replay is not None:
+            results[name] = summary_records(out / f"records_{name}.jsonl")
+            print(f"real {name:>12} (recorded): {json.dumps(results[name])}")
+            continue
         procs, urls = servers(n)
         try:
             if name == "calibration":
@@ -225,16 +280,51 @@ def main(argv: list[str] | None = None) -> None:
     print(f"fitted (calibration run): {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
           f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; fit TTFT err "
           f"{fit.after_summary['ttft_err_pct']:.1f} %")
-    profile = load_profile(str(out / "llama-fit.json"))
-    for name, affinity in (("least_work", 0.0), ("affinity", a.affinity)):
-        results[f"sim_{name}"] = summary(play_sim(profile, arrivals, task, affinity))
-        print(f"sim  {name:>12}: {json.dumps(results[f'sim_{name}'])}")
+    # the engine's cache: llama-server's slots and RAM prompt cache at its defaults (sim/slot_cache.py),
+    # `-np` slots; the RAM cache's 8192 MiB hold ~370k tokens of SmolLM2-135M's KV (30 layers x 3 KV heads
+    # x 64 x 2 (K, V) x 2 bytes = 23 KB a token), far more than a run sends: unbounded here
+    spec = SlotCacheSpec(slots=a.slots)
+    fitted = json.loads((out / "llama-fit.json").read_text())
+    fitted["engine"]["prefix_cache"] = spec.to_engine()
+    fitted["id"] = fitted["id"] + "-slots"
+    (out / "llama-fit-slots.json").write_text(json.dumps(fitted, indent=1))
+    models = {"blocks": load_profile(str(out / "llama-fit.json")),
+              "slots": load_profile(str(out / "llama-fit-slots.json"))}
+    for cache, profile in models.items():
+        for name, affinity in (("least_work", 0.0), ("affinity", a.affinity)):
+            key = f"sim_{cache}_{name}"
+            results[key] = summary(play_sim(profile, arrivals, task, affinity))
+            print(f"sim ({cache:>6} cache) {name:>12}: {json.dumps(results[key])}")
+
+    # the cache mechanism alone: the engine's per-request hits against the slot model replayed on the
+    # engine's own dispatch and finish times
+    agree: dict[str, Any] = {}
+    print("per-request hit share, engine vs slot model on the engine's own event order:")
+    for name in ("least_work", "affinity"):
+        rows = replay_slots(out / f"records_{name}.jsonl", arrivals, spec)
+        pairs = [(x["engine_hit"], x["model_hit"]) for x in rows if x["engine_hit"] is not None]
+        err = [abs(e - m) for e, m in pairs]
+        agree[name] = {"requests": len(pairs), "mean_abs_err": statistics.fmean(err) if err else None,
+                       "within_0.1": sum(1 for x in err if x <= 0.1),
+                       "engine_mean": statistics.fmean(e for e, _ in pairs) if pairs else None,
+                       "model_mean": statistics.fmean(m for _, m in pairs) if pairs else None}
+        print(f"  {name:>12}: {json.dumps(agree[name])}")
+        (out / f"hits_{name}.json").write_text(json.dumps(rows, indent=1))
 
     real_red = reduction(results["least_work"], results["affinity"])
-    sim_red = reduction(results["sim_least_work"], results["sim_affinity"])
-    gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None
-    print(json.dumps({"real_ttft_reduction": real_red, "sim_ttft_reduction": sim_red,
-                      "reduction_gap_pct": None if gap is None else 100 * gap, "out": str(out)}))
+    last: dict[str, Any] = {"real_ttft_reduction": real_red}
+    for cache in models:
+        sim_red = reduction(results[f"sim_{cache}_least_work"], results[f"sim_{cache}_affinity"])
+        gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None
+        last[f"sim_{cache}_ttft_reduction"] = sim_red
+        last[f"{cache}_reduction_gap_pct"] = None if gap is None else 100 * gap
+    for name in ("least_work", "affinity"):
+        last[f"real_{name}_hit_rate"] = results[name]["hit_rate"]
+        for cache in models:
+            last[f"sim_{cache}_{name}_hit_rate"] = results[f"sim_{cache}_{name}"]["hit_rate"]
+        last[f"slot_replay_{name}_mean_abs_err"] = agree[name]["mean_abs_err"]
+    last["out"] = str(out)
+    print(json.dumps(last))
 
 
 if __name__ == "__main__":

@@ -230,7 +230,7 @@ class ClusterBackend:
         hits = []
         for r in eligible:
             eng = r.engine
-            cached = eng.pcache.match(keys, cap)[0] if eng is not None and eng.pcache.block_tokens else 0
+            cached = eng.cached_units(keys, cap) if eng is not None else 0
             hits.append(unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index]))))
         return hits
 

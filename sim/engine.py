@@ -50,6 +50,7 @@ from llmserve_env.sim.prefix_cache import PrefixCache
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
+from llmserve_env.sim.slot_cache import SlotCache, SlotCacheSpec
 from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
 if TYPE_CHECKING:
@@ -118,6 +119,10 @@ class Engine:
         self.sched = Scheduler()
         self.kv = KVCache()
         self.pcache = PrefixCache()  # sim/prefix_cache.py; stays empty unless arrivals carry prefix ids
+        # an engine with slots and a prompt cache (llama-server) instead of vLLM's block cache, when the
+        # profile says so (sim/slot_cache.py): every request then runs in a slot
+        spec = SlotCacheSpec.from_engine(profile.raw.get("engine", {}))
+        self.slots = SlotCache(spec) if spec is not None else None
         self.decode_shared = 0       # cached-unit blocks the decoding requests reference (counted in kv.used_fixed)
         self.decoding: dict[int, SimRequest] = {}
         self.prefilling: list[SimRequest] = []
@@ -247,7 +252,12 @@ class Engine:
                     # prefix-unique ids are the cache's keys (shared/backend.py `Arrival`): the full units
                     # of the prompt and answer
                     self.pcache.bind(a.prefix_block_tokens)
-                    r.pkeys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
+                    keys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
+                    if self.slots is None:
+                        r.pkeys = keys
+                    else:
+                        self.slots.unit = self.pcache.block_tokens
+                        r.skeys = keys
                 reqs.append(r)
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
@@ -377,6 +387,8 @@ class Engine:
             # KV computed so far: the prompt and every output token but the last sampled one (decoding),
             # or the chunks prefilled
             self._release_prefix(r, r.prompt + int(r.progress) - 1 if r.state == DECODE else r.prefilled)
+        elif r.pslot >= 0:
+            self._release_slot(r, r.prompt + int(r.progress) - 1 if r.state == DECODE else r.prefilled, t)
         r.blocks = 0
         r.prefilled = 0
         r.prefill_target = r.prompt + int(r.progress)
@@ -385,6 +397,19 @@ class Engine:
         self.acc.evictions += 1
         self.sched.push(r)
         self.pre_blocked = False
+
+    def cached_units(self, keys: tuple[int, ...], cap: int) -> int:
+        """Leading units of `keys` (at most `cap`) this engine's cache holds now: what a router that reads
+        the engines' caches (llm-d's precise prefix scorer, Dynamo's KV events) sees."""
+        if self.slots is not None:
+            return self.slots.match(keys, cap)
+        return self.pcache.match(keys, cap)[0] if self.pcache.block_tokens else 0
+
+    def _release_slot(self, r: SimRequest, computed: int, t: float) -> None:
+        """The request leaves its slot (sim/slot_cache.py), which keeps the tokens it computed."""
+        assert self.slots is not None
+        self.slots.release(r.pslot, r.skeys or (), computed, t)
+        r.pslot = -1
 
     def _release_prefix(self, r: SimRequest, computed: int) -> None:
         """Drop a request's references to cached units; units nobody references stay cached, evictable.
@@ -452,6 +477,8 @@ class Engine:
             self.decode_version += 1
         if r.pkeys:
             self._release_prefix(r, r.prompt + r.target - 1)  # the callers trimmed the cache at this instant first
+        elif r.pslot >= 0:
+            self._release_slot(r, r.prompt + r.target - 1, t)
         r.state = DONE
         rec = r.rec
         rec.status = "ok"
@@ -582,7 +609,19 @@ class Engine:
             if r.rid in evicted:
                 break  # evicted in this pass for a higher-priority request: not re-admitted in it
             keys = r.pkeys
-            if keys:
+            plan = None
+            if self.slots is not None:
+                # a slot engine (sim/slot_cache.py): a request waits for an idle slot; the slot it would
+                # take gives its hit (no blocks shared: each slot keeps its own KV)
+                if not self.slots.idle():
+                    break
+                sk = r.skeys
+                plan = self.slots.plan(sk or (), r.prompt)
+                hit = plan[2]
+                base = hit * self.slots.unit
+                c = min(r.prefill_target - base, budget)
+                need = own = -(-(base + c) // KV_BLOCK_TOKENS)
+            elif keys:
                 # prefix cache (sim/prefix_cache.py): the longest cached run of the request's leading
                 # units is a hit, leaving at least one token to compute; evictable units it revives
                 # become in-use blocks, so they count in what the admission needs
@@ -619,10 +658,13 @@ class Engine:
             if rec.dispatch_s is None:
                 rec.dispatch_s = t
                 rec.attempts = 1
-                if keys is not None:
+                if keys is not None or r.skeys is not None:
                     self.acc.prefix_query += r.prompt
                     self.acc.prefix_hit += base
-            if hit:
+            if plan is not None:
+                r.pslot = self.slots.take(plan)  # type: ignore[union-attr]
+                r.prefilled = base
+            elif hit:
                 pc = self.pcache
                 kv.used_fixed += pc.acquire(keys or (), 0, hit) * pc.unit_blocks
                 r.phold, r.pshared = hit, hit * pc.unit_blocks

@@ -16,7 +16,7 @@ class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
                  "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq", "queued_clean",
-                 "pkeys", "phold", "pshared")
+                 "pkeys", "phold", "pshared", "skeys", "pslot")
     # the snapshot is handed out read-only and replaced, never changed: a fork shares it (sim/fork.py)
     __fork_shared__ = ("snap",)
 
@@ -54,6 +54,10 @@ class SimRequest:
         self.pkeys: tuple[int, ...] | None = None
         self.phold = 0
         self.pshared = 0
+        # a slot-cache engine (sim/slot_cache.py) instead: the chain keys (pkeys stays None, so the block
+        # cache is never touched), and the slot the request runs in (-1: none)
+        self.skeys: tuple[int, ...] | None = None
+        self.pslot = -1
 
     def progress_at(self, it: int) -> float:
         if self.state == DECODE:
