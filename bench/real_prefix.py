@@ -7,7 +7,7 @@ Opt-in (needs the engine: scripts/build_llama_server.sh, ~15-45 min to compile o
     python bench/real_prefix.py [--conversations 8] [--turns 4] [--gap-s 15] [--out DIR]
 
 The workload is multiturn_cluster's shape, shrunk for a 135M model on one CPU thread: `--conversations`
-chats, each on one of two system prompts (`--system-tokens`), `--turns` turns `--gap-s` apart, each turn
+chats, each on one of `--system-prompts` (2) system prompts (`--system-tokens`), `--turns` turns `--gap-s` apart, each turn
 resending the whole history (its system prompt, earlier messages and answers) plus a new message of
 `--user-tokens`, answers of `--answer-tokens` (ignore_eos). It is written as a Mooncake-format trace with
 16-token prefix units and played as a trace task (2 replicas). Later turns share their history's units
@@ -45,6 +45,7 @@ from llmserve_env.gateway.config import GatewayConfig, Secret  # noqa: E402
 from llmserve_env.gateway.pricing import TierPrice, TierTable  # noqa: E402
 from llmserve_env.shared.backend import Arrival, WindowReport  # noqa: E402
 from llmserve_env.shared.models import ServeAction  # noqa: E402
+from llmserve_env.shared.prefix import chain_ids  # noqa: E402
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows  # noqa: E402
 from llmserve_env.sim.calibration.calibrate import FitRefusedError, run_records  # noqa: E402
 from llmserve_env.sim.caps import RequestCaps  # noqa: E402
@@ -65,16 +66,16 @@ def action(affinity: float | None) -> ServeAction:
 
 
 def write_trace(path: Path, conversations: int, turns: int, gap_s: float, system_tokens: int, user_tokens: int,
-                answer_tokens: int, spread_s: float) -> None:
+                answer_tokens: int, spread_s: float, system_prompts: int = 2) -> None:
     """Mooncake-format rows (timestamp ms, input/output lengths, 16-token hash_ids, prefix-unique)."""
     rows = []
     next_id = 0
     systems = []
-    for _ in range(2):
+    for _ in range(system_prompts):
         systems.append(list(range(next_id, next_id + system_tokens // UNIT)))
         next_id += system_tokens // UNIT
     for c in range(conversations):
-        ids = list(systems[c % 2])
+        ids = list(systems[c % system_prompts])
         start = spread_s * c / conversations
         for t in range(turns):
             # the new message's units (and, after the first turn, the last answer's: never shared)
@@ -157,6 +158,29 @@ def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) ->
     return rows
 
 
+def engine_ratio(paths: list[Path]) -> float:
+    """The engine's prompt tokens per o200k token on these runs (median of its usage count over the
+    gateway's count, per request): its tokenizer and chat template against the trace's lengths."""
+    r = [row["usage_prompt_tokens"] / row["prompt_tokens"] for p in paths for row in map(json.loads, p.read_text().splitlines())
+         if row.get("usage_prompt_tokens") and row.get("prompt_tokens")]
+    return statistics.median(r) if r else 1.0
+
+
+def in_engine_tokens(arrivals: list[Arrival], ratio: float) -> list[Arrival]:
+    """The run as the engine counts it, for the simulator's prediction: the profile is fitted to the
+    engine's own counts (sim/calibration/replay.py), so the trace's o200k lengths are scaled by `ratio`,
+    and so are the shared prefixes: engine unit k stands for trace unit floor(k / ratio), so requests that
+    share n trace units share about n x ratio engine units."""
+    out = []
+    for a in arrivals:
+        ids = a.prefix_ids or ()
+        n = min(int(a.prompt_tokens * ratio) // UNIT, int(len(ids) * ratio))
+        content = [hash((ids[min(int(k / ratio), len(ids) - 1)], k)) for k in range(n)]
+        out.append(replace(a, prompt_tokens=max(1, round(a.prompt_tokens * ratio)),
+                           prefix_ids=chain_ids(tuple(content)) if a.prefix_ids is not None else None))
+    return out
+
+
 def summary_records(path: Path) -> dict[str, Any]:
     """`summary` from a run's records (`--replay`): TTFT from arrival, the engines' own hit counts."""
     recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -189,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gap-s", type=float, default=15.0)
     ap.add_argument("--spread-s", type=float, default=30.0, help="conversations start over this span")
     ap.add_argument("--system-tokens", type=int, default=256)
+    ap.add_argument("--system-prompts", type=int, default=2,
+                    help="conversation c opens with system prompt c mod this (as many as conversations: no "
+                         "two conversations share a prefix, so only a conversation's own history can hit)")
     ap.add_argument("--user-tokens", type=int, default=48)
     ap.add_argument("--answer-tokens", type=int, default=16)
     ap.add_argument("--window-s", type=float, default=5.0)
@@ -209,7 +236,7 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     trace = out / "conversations.jsonl"
     write_trace(trace, a.conversations, a.turns, a.gap_s, a.system_tokens, a.user_tokens, a.answer_tokens,
-                a.spread_s)
+                a.spread_s, a.system_prompts)
     span = a.spread_s + a.gap_s * (a.turns - 1)
     horizon = int(span // a.window_s) + 1
     task = resolve_task(f"trace:{trace}?prefix_block_tokens={UNIT}&replicas=2&initial_replicas=2"
@@ -290,10 +317,14 @@ def main(argv: list[str] | None = None) -> None:
     (out / "llama-fit-slots.json").write_text(json.dumps(fitted, indent=1))
     models = {"blocks": load_profile(str(out / "llama-fit.json")),
               "slots": load_profile(str(out / "llama-fit-slots.json"))}
+    ratio = engine_ratio([out / "records_least_work.jsonl", out / "records_affinity.jsonl"])
+    engine_arrivals = in_engine_tokens(arrivals, ratio)
+    print(f"the engine counts {ratio:.3f} tokens per o200k token on these runs (median); the simulator plays "
+          f"the run in the engine's tokens, as its profile was fitted")
     for cache, profile in models.items():
         for name, affinity in (("least_work", 0.0), ("affinity", a.affinity)):
             key = f"sim_{cache}_{name}"
-            results[key] = summary(play_sim(profile, arrivals, task, affinity))
+            results[key] = summary(play_sim(profile, engine_arrivals, task, affinity))
             print(f"sim ({cache:>6} cache) {name:>12}: {json.dumps(results[key])}")
 
     # the cache mechanism alone: the engine's per-request hits against the slot model replayed on the
@@ -312,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"hits_{name}.json").write_text(json.dumps(rows, indent=1))
 
     real_red = reduction(results["least_work"], results["affinity"])
-    last: dict[str, Any] = {"real_ttft_reduction": real_red}
+    last: dict[str, Any] = {"real_ttft_reduction": real_red, "engine_tokens_per_o200k": ratio}
     for cache in models:
         sim_red = reduction(results[f"sim_{cache}_least_work"], results[f"sim_{cache}_affinity"])
         gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None

@@ -1,0 +1,78 @@
+"""bench/real_prefix.py's pieces that need no engine: the run put in the engine's tokens for the
+simulator's prediction, and the slot model replayed on a run's own records."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+from llmserve_env.shared.backend import Arrival
+from llmserve_env.sim.slot_cache import SlotCacheSpec
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench():
+    if str(ROOT / "bench") not in sys.path:
+        sys.path.insert(0, str(ROOT / "bench"))  # it imports bench/real_engine.py
+    spec = importlib.util.spec_from_file_location("bench_real_prefix", ROOT / "bench" / "real_prefix.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def arrivals(tmp_path: Path, rp) -> list[Arrival]:
+    trace = tmp_path / "t.jsonl"
+    rp.write_trace(trace, 2, 2, 10.0, 256, 48, 16, 2.0, system_prompts=1)
+    from llmserve_env.shared.workloads import generate_arrivals, resolve_task
+    task = resolve_task(f"trace:{trace}?prefix_block_tokens=16&replicas=2&initial_replicas=2&window_s=5&horizon=4")
+    return generate_arrivals(task, 0)
+
+
+def shared_units(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_engine_tokens_scale_lengths_and_shared_prefixes_alike(tmp_path):
+    rp = bench()
+    arr = arrivals(tmp_path, rp)
+    first = [a for a in arr if a.prompt_tokens == 304]  # the two conversations' first turns: 16 shared units
+    assert len(first) == 2 and shared_units(first[0].prefix_ids, first[1].prefix_ids) == 16
+    scaled = rp.in_engine_tokens(first, 1.25)
+    assert [a.prompt_tokens for a in scaled] == [380, 380]
+    assert shared_units(scaled[0].prefix_ids, scaled[1].prefix_ids) == 20  # 16 x 1.25
+    assert len(scaled[0].prefix_ids) == 380 // 16
+    same = rp.in_engine_tokens(first, 1.0)
+    assert [a.prompt_tokens for a in same] == [304, 304]
+    assert shared_units(same[0].prefix_ids, same[1].prefix_ids) == 16
+
+
+def test_slot_replay_matches_an_engine_that_behaves_as_the_model(tmp_path):
+    rp = bench()
+    arr = arrivals(tmp_path, rp)
+    rows = []
+    # one endpoint, one request at a time: each conversation's second turn finds its first in a slot
+    for a in sorted(arr, key=lambda x: x.arrival_s):
+        rows.append({"request_id": a.request_id, "status": "ok", "endpoint": "e0", "dispatch_s": a.arrival_s,
+                     "finish_s": a.arrival_s + 1.0, "arrival_s": a.arrival_s, "prompt_tokens": a.prompt_tokens,
+                     "usage_prompt_tokens": a.prompt_tokens, "engine_prompt_tokens": a.prompt_tokens,
+                     "cached_tokens": None, "first_token_s": a.arrival_s + 0.5, "prefix_units_sent": 1})
+    path = tmp_path / "records.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model = rp.replay_slots(path, arr, SlotCacheSpec(slots=4))
+    for r in rows:  # the engine reports what the model predicts...
+        share = next(x["model_hit"] for x in model if x["request_id"] == r["request_id"])
+        r["cached_tokens"] = round(share * r["engine_prompt_tokens"])
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    again = rp.replay_slots(path, arr, SlotCacheSpec(slots=4))
+    assert all(abs(x["engine_hit"] - x["model_hit"]) < 0.01 for x in again)  # ...and the replay agrees
+    assert max(x["model_hit"] for x in again) > 0.5  # a second turn hit its own history
+    assert rp.engine_ratio([path]) == 1.0
+    summary = rp.summary_records(path)
+    assert summary["requests_ok"] == len(arr) and summary["ttft_mean_ms"] == 500.0
