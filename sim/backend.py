@@ -66,7 +66,7 @@ class SimBackend:
             notes={"profile": p.id, "iterations": acc.iterations, "kv_blocks_total": eng.kv.total,
                    "kv_blocks_used": used, "rejected": acc.rejected},
             prefix_query_tokens=acc.prefix_query, prefix_hit_tokens=acc.prefix_hit,
-            prefix_cached_blocks=eng.pcache.cached_blocks,
+            prefix_cached_blocks=eng.cached_blocks,
         )
 
     def fork(self) -> SimBackend:

@@ -274,7 +274,7 @@ class ClusterBackend:
             rep.evictions += acc.evictions
             rep.prefix_query_tokens += acc.prefix_query
             rep.prefix_hit_tokens += acc.prefix_hit
-            rep.prefix_cached_blocks += eng.pcache.cached_blocks
+            rep.prefix_cached_blocks += eng.cached_blocks
             rep.spec_proposed += acc.spec_proposed
             spec_accepted += acc.spec_accepted
             rep.busy_s += acc.busy

@@ -405,6 +405,11 @@ class Engine:
             return self.slots.match(keys, cap)
         return self.pcache.match(keys, cap)[0] if self.pcache.block_tokens else 0
 
+    @property
+    def cached_blocks(self) -> int:
+        """KV blocks holding cached prefix units: the block cache's, or the slots' (sim/slot_cache.py)."""
+        return self.slots.cached_blocks if self.slots is not None else self.pcache.cached_blocks
+
     def _release_slot(self, r: SimRequest, computed: int, t: float) -> None:
         """The request leaves its slot (sim/slot_cache.py), which keeps the tokens it computed."""
         assert self.slots is not None
@@ -615,8 +620,7 @@ class Engine:
                 # take gives its hit (no blocks shared: each slot keeps its own KV)
                 if not self.slots.idle():
                     break
-                sk = r.skeys
-                plan = self.slots.plan(sk or (), r.prompt)
+                plan = self.slots.plan(r.skeys or (), r.prompt)
                 hit = plan[2]
                 base = hit * self.slots.unit
                 c = min(r.prefill_target - base, budget)

@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from llmserve_env.shared.admission import KV_BLOCK_TOKENS
+
 SLOTS_KIND = "slots"
 BLOCKS_KIND = "blocks"
 
@@ -208,6 +210,11 @@ class SlotCache:
         self.held[slot] = _Held(keys[:n], tokens)
         self.busy[slot] = False
         self.last_used[slot] = t
+
+    @property
+    def cached_blocks(self) -> int:
+        """16-token KV blocks holding the slots' cached units (the RAM cache is host memory, not KV)."""
+        return sum(len(h.keys) for h in self.held) * (self.unit // KV_BLOCK_TOKENS)
 
     def match(self, keys: tuple[int, ...], cap: int) -> int:
         """Leading units of `keys` (at most `cap`) held by any slot or RAM state: what a router that sees

@@ -170,3 +170,18 @@ def test_a_slot_engine_runs_no_more_requests_than_it_has_slots():
     assert len(eng.decoding) + len(eng.prefilling) <= 2
     assert sum(eng.slots.busy) == len(eng.decoding) + len(eng.prefilling)
     assert rep is not None
+
+
+def test_a_fork_of_a_slot_engine_plays_on_identically():
+    day = takeover_day()
+    a = SimBackend(slot_profile(1))
+    a.reset(0)
+    act = ServeAction(batch_cap=2, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
+                      prefill_decode_split=False, priority_routing=False)
+    a.run_window(act, [x for x in day if x.arrival_s < 5.0], 0.0, 5.0)
+    b = a.fork()
+    rest = [x for x in day if 5.0 <= x.arrival_s < 10.0]
+    ra, rb = a.run_window(act, rest, 5.0, 5.0), b.run_window(act, rest, 5.0, 5.0)
+    assert (ra.prefix_hit_tokens, ra.prefix_cached_blocks, len(ra.finished)) == \
+        (rb.prefix_hit_tokens, rb.prefix_cached_blocks, len(rb.finished))
+    assert b._engine.slots is not a._engine.slots and ra.prefix_cached_blocks > 0
