@@ -4,26 +4,30 @@ same run on a profile fitted to that engine.
 
 Opt-in (needs the engine: scripts/build_llama_server.sh, ~15-45 min to compile on 2 cores):
 
-    python bench/real_prefix.py [--conversations 8] [--turns 4] [--gap-s 15] [--out DIR]
+    python bench/real_prefix.py [--conversations 8] [--turns 4] [--gap-s 15] [--system-prompts 2] [--out DIR]
+    python bench/real_prefix.py --replay DIR [the run's own workload options]   # refit and predict, no engine
 
 The workload is multiturn_cluster's shape, shrunk for a 135M model on one CPU thread: `--conversations`
-chats, each on one of `--system-prompts` (2) system prompts (`--system-tokens`), `--turns` turns `--gap-s` apart, each turn
-resending the whole history (its system prompt, earlier messages and answers) plus a new message of
-`--user-tokens`, answers of `--answer-tokens` (ignore_eos). It is written as a Mooncake-format trace with
-16-token prefix units and played as a trace task (2 replicas). Later turns share their history's units
-with the earlier turns' prompts, but not the answer's: the gateway resends its own text for an answer,
-never the engine's generated one, so only the earlier prompt can be cached (in the engine and in the
-simulator alike).
+chats, conversation c on system prompt c mod `--system-prompts` (`--system-tokens` each), `--turns` turns
+`--gap-s` apart, each turn resending the whole history (its system prompt, earlier messages and answers)
+plus a new message of `--user-tokens`, answers of `--answer-tokens` (ignore_eos). It is written as a
+Mooncake-format trace with 16-token prefix units and played as a trace task (2 replicas). Later turns
+share their history's units with the earlier turns' prompts, but not the answer's: the gateway resends its
+own text for an answer, never the engine's generated one, so only the earlier prompt can be cached (in the
+engine and in the simulator alike).
 
 Runs, each on fresh servers (empty caches):
-  1. calibration: a quarter of the conversations, no prefix ids (every prompt unique), on one server; its records
-     fit the simulator's profile (`calibrate records`, from h100-llama3.1-8b, affine step model);
+  1. calibration: a quarter of the conversations, no prefix ids (every prompt unique), on one server; its
+     records fit the simulator's profile (`calibrate records`, from h100-llama3.1-8b, affine step model);
   2. least work: cache_affinity 0 over both servers;
   3. affinity: cache_affinity `--affinity` (0.5) over both servers.
-Then runs 2 and 3 are played in the simulator (ClusterBackend, 2 replicas, the fitted profile, prefix
-caching on) and the TTFT reduction measured (1 - mean TTFT with affinity / at 0) is set against the
-simulator's (1 - at `--affinity` / at 0); the engines' own cache counts (usage / timings) give the measured hit rates. The last line
-is a JSON summary.
+Then runs 2 and 3 are played in the simulator (ClusterBackend, 2 replicas, the fitted profile) twice: with
+vLLM's block cache and with llama-server's slot cache (sim/slot_cache.py, `-np` slots), in the engine's
+tokens (the profile is fitted to them; `in_engine_tokens`). The TTFT reduction measured (1 - mean TTFT with
+affinity / at 0) is set against each cache's prediction; the engines' own cache counts (usage / timings)
+give the measured hit rates; and each run's requests are replayed through the slot model in the engine's
+own order of dispatches and finishes, which checks the cache mechanism per request, free of step times.
+The last line is a JSON summary.
 """
 
 from __future__ import annotations
