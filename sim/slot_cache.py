@@ -80,6 +80,18 @@ class SlotCacheSpec:
                 "ram_tokens": self.ram_tokens, "save_idle": self.save_idle}
 
 
+def parse_prefix_cache(text: str) -> dict[str, Any]:
+    """`calibrate records --prefix-cache`: "blocks" (vLLM's block cache) or "slots:N" (llama-server with
+    `-np N`, its other cache settings at their defaults), as a profile's `engine.prefix_cache`."""
+    if text == BLOCKS_KIND:
+        return {"kind": BLOCKS_KIND}
+    kind, _, n = text.partition(":")
+    if kind != SLOTS_KIND or not n.isdigit() or int(n) < 1:
+        raise ValueError(f"--prefix-cache must be {BLOCKS_KIND!r} or 'slots:N' with N >= 1 (llama-server's -np), "
+                         f"got {text!r}")
+    return SlotCacheSpec(slots=int(n)).to_engine()
+
+
 def _lcp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     """Common leading units of two chains. Prefix-unique ids agree up to some depth and differ after it,
     so comparing the last unit both could share settles the common case in one step."""

@@ -185,3 +185,24 @@ def test_a_fork_of_a_slot_engine_plays_on_identically():
     assert (ra.prefix_hit_tokens, ra.prefix_cached_blocks, len(ra.finished)) == \
         (rb.prefix_hit_tokens, rb.prefix_cached_blocks, len(rb.finished))
     assert b._engine.slots is not a._engine.slots and ra.prefix_cached_blocks > 0
+
+
+def test_calibrate_records_writes_the_engine_s_cache_kind(tmp_path, capsys):
+    import json
+
+    from llmserve_env.sim.measured_step import StepCoefficients
+    from llmserve_env.tools import calibrate
+    from test_step_table import ACTION_JSON, BASE, records
+
+    line = tmp_path / "line.jsonl"
+    records(StepCoefficients(step_s=0.012, seq_s=0.004, token_s=0.006, ctx_s=2e-6), line, 1, n=12, rate=0.6)
+    out = tmp_path / "slots.json"
+    argv = ["records", "--profile", BASE, "--records", str(line), "--action", ACTION_JSON, "--windows", "20",
+            "--step-model", "affine", "--out", str(out)]
+    assert calibrate.main([*argv, "--prefix-cache", "slots:8"]) == 0
+    prof = json.loads(out.read_text())
+    assert prof["engine"]["prefix_cache"] == SlotCacheSpec(slots=8).to_engine()
+    assert load_profile(str(out)).raw["engine"]["prefix_cache"]["kind"] == "slots"
+    capsys.readouterr()
+    assert calibrate.main([*argv, "--prefix-cache", "slots:0"]) == 2
+    assert "--prefix-cache must be 'blocks' or 'slots:N'" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from llmserve_env.sim.calibration.replay import replay
 from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.profiles import UnknownProfileError, load_profile, user_profile_dir
+from llmserve_env.sim.slot_cache import parse_prefix_cache
 from llmserve_env.tools import cli
 
 
@@ -84,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the engine's decode step by slots (columns slots,step_ms,context_tokens, as "
                    "bench/real_engine.py --probe writes it; two prompt sizes per slot count give the context "
                    "cost by slots): starts the table's decode values and is fitted beside the records")
+    r.add_argument("--prefix-cache", default=None, metavar="blocks|slots:N",
+                   help="how the recorded engine caches prefixes, written into the profile: blocks (vLLM's "
+                   "block cache) or slots:N (llama-server with -np N; sim/slot_cache.py) [the base profile's]")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -116,12 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.cmd == "records":
                 base_id = load_profile(args.profile).id
                 out = out_path(args.out, f"{base_id}-records")
+                cache = parse_prefix_cache(args.prefix_cache) if args.prefix_cache else None
                 points = read_probe_points(args.decode_probe) if args.decode_probe else None
                 probe, probe_ctx = probe_dicts(points) if points else (None, None)
                 prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
                                         windows=args.windows, caps=caps, episode=args.episode,
                                         step_model=args.step_model, held_out=args.held_out, probe=probe,
-                                        probe_ctx=probe_ctx, probe_points=points)
+                                        probe_ctx=probe_ctx, probe_points=points, prefix_cache=cache)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,

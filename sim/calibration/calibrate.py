@@ -305,7 +305,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                 window_s: float = 1.0, windows: int | None = None, caps: RequestCaps | None = None,
                 episode: str | None = None, step_model: str = "auto", held_out: int | None = None,
                 probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
-                probe_points: list[ProbePoint] | None = None) -> tuple[dict[str, Any], RecordFit]:
+                probe_points: list[ProbePoint] | None = None,
+                prefix_cache: dict[str, Any] | None = None) -> tuple[dict[str, Any], RecordFit]:
     """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile.
 
     The step model (`step_model`): "affine" (sim/measured_step.py) or "table" (sim/step_table.py); "auto"
@@ -359,6 +360,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     counting = fit_prompt_counting(runs)
     if counting is not None:
         engine[PROMPT_KEY] = counting
+    if prefix_cache is not None:  # how the recorded engine caches prefixes (sim/slot_cache.py); the fit is not
+        engine["prefix_cache"] = prefix_cache  # affected: its records' prompts carry no prefix ids
     what = f"engine.{TABLE_KEY if table is not None else MEASURED_KEY}"
     prof.setdefault("provenance", {})["records_fit"] = (
         f"{what} fitted to {sum(len(r.rows) for r in runs)} request records "
