@@ -52,6 +52,7 @@ from llmserve_env.shared.models import ServeAction  # noqa: E402
 from llmserve_env.shared.prefix import chain_ids  # noqa: E402
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows  # noqa: E402
 from llmserve_env.sim.calibration.calibrate import FitRefusedError, run_records  # noqa: E402
+from llmserve_env.sim.calibration.replay import prompt_ratio  # noqa: E402
 from llmserve_env.sim.caps import RequestCaps  # noqa: E402
 from llmserve_env.sim.cluster import ClusterBackend  # noqa: E402
 from llmserve_env.sim.profiles import load_profile  # noqa: E402
@@ -160,14 +161,6 @@ def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) ->
         else:
             cache.release(slot_of.pop(a.request_id), keys, a.prompt_tokens + a.output_tokens - 1, t)
     return rows
-
-
-def engine_ratio(paths: list[Path]) -> float:
-    """The engine's prompt tokens per o200k token on these runs (median of its usage count over the
-    gateway's count, per request): its tokenizer and chat template against the trace's lengths."""
-    r = [row["usage_prompt_tokens"] / row["prompt_tokens"] for p in paths for row in map(json.loads, p.read_text().splitlines())
-         if row.get("usage_prompt_tokens") and row.get("prompt_tokens")]
-    return statistics.median(r) if r else 1.0
 
 
 def in_engine_tokens(arrivals: list[Arrival], ratio: float) -> list[Arrival]:
@@ -321,7 +314,9 @@ def main(argv: list[str] | None = None) -> None:
     (out / "llama-fit-slots.json").write_text(json.dumps(fitted, indent=1))
     models = {"blocks": load_profile(str(out / "llama-fit.json")),
               "slots": load_profile(str(out / "llama-fit-slots.json"))}
-    ratio = engine_ratio([out / "records_least_work.jsonl", out / "records_affinity.jsonl"])
+    # the engine's prompt tokens per o200k token on these runs (its tokenizer and chat template)
+    ratio = prompt_ratio(json.loads(line) for name in ("least_work", "affinity")
+                         for line in (out / f"records_{name}.jsonl").read_text().splitlines() if line.strip())
     engine_arrivals = in_engine_tokens(arrivals, ratio)
     print(f"the engine counts {ratio:.3f} tokens per o200k token on these runs (median); the simulator plays "
           f"the run in the engine's tokens, as its profile was fitted")

@@ -202,8 +202,8 @@ class SlotCache:
         slot, load, _, update = plan
         if update and self.spec.ram:
             chosen = self.states[load] if load >= 0 else None
-            self._save(self.held[slot])
-            if chosen is not None and chosen in self.states:
+            self._save(self.held[slot])  # never drops `chosen`: it shares more of the prompt than the slot does
+            if chosen is not None:
                 self.states.remove(chosen)
                 self.ram_held -= chosen.tokens
                 self.held[slot] = chosen

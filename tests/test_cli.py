@@ -111,8 +111,8 @@ def test_evaluate_one_episode_prints_no_infinite_interval(tmp_path, capsys):
     assert json.loads(out.read_text())["scores"]["heuristic"]["static_workload"]["ci95"] is None
 
 
-def bench_main(script: str):
-    """A bench script's main, loaded from its file as `python bench/NAME.py` would run it."""
+def bench_module(script: str):
+    """A bench script's module, loaded from its file as `python bench/NAME.py` would run it."""
     bench_dir = str(ROOT / "bench")
     if bench_dir not in sys.path:
         sys.path.insert(0, bench_dir)  # for bench/local_server.py
@@ -120,7 +120,12 @@ def bench_main(script: str):
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    return module.main
+    return module
+
+
+def bench_main(script: str):
+    """A bench script's main (`bench_module`)."""
+    return bench_module(script).main
 
 
 @pytest.mark.parametrize(("script", "argv", "named"), [

@@ -24,6 +24,7 @@ the total tokens produced within the played windows (throughput).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,10 +57,7 @@ class RecordedRun:
         return self.actions[0] if len(self.actions) == 1 else self.actions[k]
 
     def prompt_ratio(self) -> float:
-        """Median of the server's prompt count over the tokenizer's (1.0 when the server sent none)."""
-        r = [row["usage_prompt_tokens"] / row["prompt_tokens"] for row in self.rows
-             if row.get("usage_prompt_tokens") and row.get("prompt_tokens")]
-        return float(np.median(r)) if r else 1.0
+        return prompt_ratio(self.rows)
 
     def arrivals(self) -> list[Arrival]:
         ratio = self.prompt_ratio()
@@ -74,6 +72,13 @@ class RecordedRun:
                                row.get("tenant", "default"), int(row.get("priority", 1))))
         out.sort(key=lambda a: (a.arrival_s, a.request_id))
         return out
+
+
+def prompt_ratio(rows: Iterable[dict[str, Any]]) -> float:
+    """Median of the server's prompt count over the tokenizer's, per record (1.0 when the server sent none)."""
+    r = [row["usage_prompt_tokens"] / row["prompt_tokens"] for row in rows
+         if row.get("usage_prompt_tokens") and row.get("prompt_tokens")]
+    return float(np.median(r)) if r else 1.0
 
 
 def engine_prompt(row: dict[str, Any], ratio: float = 1.0) -> int:
