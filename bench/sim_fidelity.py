@@ -19,7 +19,8 @@
    expected to be somewhat faster; `python -m llmserve_env.tools.calibrate steps` re-fits to them.
    4b. The forms no fit saw (`--extras`: each tier's linear layers and iterations, the verify pass,
    the draft step, prefill after a prefix-cache hit, mixed chunked iterations), against the profile
-   re-fitted to the same GPU's decode/prefill rows (sim/calibration/extra_steps.py).
+   re-fitted to the same GPU's decode/prefill rows (sim/calibration/extra_steps.py), on the 8B and on one
+   shard of the 70B tp4 profile.
 5. Static batches per profile and quantization tier: prefill of one 256/1024/2048-token prompt and
    TPOT at batch 1/32/128 (1k context), and the held-out error of the FP8 GEMM pricing per m range.
 6. Load sweeps per profile (1k-token prompts, 256-token outputs, Poisson): one request population
@@ -59,7 +60,12 @@ from llmserve_env.sim.calibration.calibrate import (
     heldout_errors_by_kernel,
 )
 from llmserve_env.sim.calibration.experiment import play
-from llmserve_env.sim.calibration.extra_steps import check_extras, read_extra_steps, refitted
+from llmserve_env.sim.calibration.extra_steps import (
+    check_extras,
+    extras_allreduce,
+    read_extra_steps,
+    refitted,
+)
 from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
 from llmserve_env.sim.profiles import list_profiles, load_profile
 from llmserve_env.sim.step_time import StepTimeModel
@@ -230,19 +236,31 @@ def load_sweeps(out: dict, seconds: int, seed: int = 0) -> None:
     out["kv_limited_throughput_monotone"] = all(monotone)
 
 
+EXTRA_RUNS = {  # per profile: (attention label, --extras CSV, key) measured on an H100
+    "h100-llama3.1-8b": (("mask", "h100_llama3.1-8b_torch_steps_extra.csv", "extra"),
+                         ("flash", "h100_llama3.1-8b_torch_steps_extra_lower_right.csv", "extra_flash"),
+                         ("flex", "h100_llama3.1-8b_torch_steps_extra_flex.csv", "extra_flex")),
+    "h100-llama3.1-70b-tp4": (("mask", "h100_llama3.1-70b-tp4-shard_torch_steps_extra.csv", "extra"),
+                              ("flash", "h100_llama3.1-70b-tp4-shard_torch_steps_extra_lower_right.csv",
+                               "extra_flash"),
+                              ("flex", "h100_llama3.1-70b-tp4-shard_torch_steps_extra_flex.csv", "extra_flex")),
+}
+
+
 def gpu_extras(out: dict) -> None:
     """Section 4b: the step-time forms no fit saw, on the H100 --extras iterations."""
-    pid = "h100-llama3.1-8b"
-    prof = refitted(load_profile(pid), GPU_STEPS[pid])
     print("\nForms no fit saw: H100 --extras iterations (stock PyTorch) vs the profile re-fitted to the same GPU's")
     print("decode/prefill rows (sim/calibration/extra_steps.py); |model / measured - 1| median %, model/measured")
-    print(f"{'phase':<16} {'tier':<5} {'attention':<10} {'rows':>5} {'median %':>9} {'model/meas':>11}")
-    for label, name, key in (("mask", "h100_llama3.1-8b_torch_steps_extra.csv", "extra"),
-                             ("flash", "h100_llama3.1-8b_torch_steps_extra_lower_right.csv", "extra_flash"),
-                             ("flex", "h100_llama3.1-8b_torch_steps_extra_flex.csv", "extra_flex")):
-        for (phase, tier), (n, med, ratio) in check_extras(prof, read_extra_steps(DATA / name)).groups().items():
-            out[f"{pid}_{key}_{phase}_{tier}_pct"] = round(med, 2)
-            print(f"{phase:<16} {tier:<5} {label:<10} {n:>5} {med:>9.1f} {ratio:>11.3f}")
+    print("(the 70B tp4 rows are one shard without all-reduces; its draft rows ran the whole draft model, which the")
+    print("profile shards four ways, so they are left out)")
+    print(f"{'profile':<22} {'phase':<16} {'tier':<5} {'attention':<10} {'rows':>5} {'median %':>9} {'model/meas':>11}")
+    for pid, runs in EXTRA_RUNS.items():
+        prof = refitted(load_profile(pid), GPU_STEPS[pid])
+        for label, name, key in runs:
+            check = check_extras(prof, read_extra_steps(DATA / name), extras_allreduce(DATA / name))
+            for (phase, tier), (n, med, ratio) in check.groups().items():
+                out[f"{pid}_{key}_{phase}_{tier}_pct"] = round(med, 2)
+                print(f"{pid:<22} {phase:<16} {tier:<5} {label:<10} {n:>5} {med:>9.1f} {ratio:>11.3f}")
 
 
 def band_error(value: float, lo: float, hi: float) -> float:

@@ -9,6 +9,7 @@ import pytest
 from llmserve_env.sim.calibration.extra_steps import (
     ExtraStep,
     check_extras,
+    extras_allreduce,
     predict_extra,
     read_extra_steps,
     refitted,
@@ -183,6 +184,30 @@ def test_gpu_extras_check_the_step_forms():
     # INT4 at batch 1 (the memory-bound case tinygemm is built for): within 20 %
     b1 = next(s for s in rows if (s.phase, s.tier, s.batch) == ("decode", "INT4", 1))
     assert abs(predict_extra(models, b1) / b1.latency_s - 1) < 0.2
+
+
+def test_gpu_extras_on_the_70b_shard():
+    """The same forms on one tensor-parallel shard of the 70B profile (no all-reduce in the measurement,
+    so none in the prediction): decode per tier, the mixed iteration, prefill after a cache hit through
+    flash kernels, and the verify pass up to depth 4 through FlexAttention follow the shard's iterations.
+    The shard's draft rows (the whole draft model on one GPU) are not compared with the profile's
+    sharded draft."""
+    base = DATA_DIR / "h100_llama3.1-70b-tp4-shard_torch_steps.csv"
+    prof = refitted(load_profile("h100-llama3.1-70b-tp4"), base)
+    mask = DATA_DIR / "h100_llama3.1-70b-tp4-shard_torch_steps_extra.csv"
+    assert not extras_allreduce(mask) and extras_allreduce(DATA_DIR / "h100_llama3.1-8b_torch_steps_extra.csv")
+    masked = check_extras(prof, read_extra_steps(mask), extras_allreduce(mask)).groups()
+    assert ("draft", "FP16") not in masked
+    assert masked[("decode", "FP16")][1] < 5 and masked[("decode", "INT8")][1] < 10
+    assert masked[("mixed", "FP16")][1] < 15
+    flash = DATA_DIR / "h100_llama3.1-70b-tp4-shard_torch_steps_extra_lower_right.csv"
+    assert check_extras(prof, read_extra_steps(flash), False).groups()[("cached_prefill", "FP16")][1] < 15
+    flex = [s for s in read_extra_steps(DATA_DIR / "h100_llama3.1-70b-tp4-shard_torch_steps_extra_flex.csv")
+            if s.depth <= 4]
+    assert len(flex) == 16 and check_extras(prof, flex, False).groups()[("verify", "FP16")][1] < 10
+    # priced with the all-reduces the shard did not run, every decode row would be slower than measured
+    with_ar = check_extras(prof, read_extra_steps(mask), True).groups()
+    assert with_ar[("decode", "FP16")][2] > masked[("decode", "FP16")][2]
 
 
 def test_malformed_extra_steps_name_the_line(tmp_path):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.sim.calibration.step_fit import fit_steps, read_steps
+from llmserve_env.sim.calibration.step_fit import fit_steps, ran_allreduce, read_steps, sidecar
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.step_time import StepTimeModel, elementwise_s
 
@@ -85,8 +85,11 @@ def predict_extra(models: dict[str, StepTimeModel], s: ExtraStep) -> float:
     return m.iteration_s(s.batch, ctx, 0, [(s.prompt, 0)], s.prompt, 1)  # mixed
 
 
-def tier_models(profile: Profile) -> dict[str, StepTimeModel]:
+def tier_models(profile: Profile, allreduce: bool = True) -> dict[str, StepTimeModel]:
+    """A model per tier, as the measurement ran: a bf16 KV cache, and no all-reduces for a shard that had none."""
     p = bf16_cache(profile)
+    if not allreduce:
+        p = dataclasses.replace(p, allreduce=None)
     return {t: StepTimeModel(p, t) for t in TIERS if t in p.tiers}
 
 
@@ -104,9 +107,18 @@ class ExtraCheck:
         return out
 
 
-def check_extras(profile: Profile, steps: list[ExtraStep]) -> ExtraCheck:
-    models = tier_models(profile)
-    return ExtraCheck([(s, predict_extra(models, s)) for s in steps if s.tier in models])
+def check_extras(profile: Profile, steps: list[ExtraStep], allreduce: bool = True) -> ExtraCheck:
+    """Each row against the model; `allreduce` False for a tensor-parallel shard measured on one GPU. A
+    shard's `draft` rows are left out: they ran the whole draft model on one GPU, where the profile prices
+    it sharded at the target's tensor parallelism (vLLM's default draft_tensor_parallel_size)."""
+    models = tier_models(profile, allreduce)
+    return ExtraCheck([(s, predict_extra(models, s)) for s in steps
+                       if s.tier in models and (allreduce or s.phase != "draft")])
+
+
+def extras_allreduce(path: Path) -> bool:
+    """Whether a `--extras` CSV's iterations ran the all-reduces (its sidecar; a tp shard's did not)."""
+    return ran_allreduce(sidecar(path))
 
 
 def refitted(profile: Profile, base_steps: Path) -> Profile:

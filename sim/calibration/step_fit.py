@@ -74,9 +74,19 @@ def read_steps(path: Path) -> StepSet:
             steps.append(s)
     if not steps:
         raise ValueError(f"{path}: no decode or prefill rows")
-    sidecar = path.with_suffix(".json")
-    meta = json.loads(sidecar.read_text()) if sidecar.is_file() else {}
-    return StepSet(steps, bool(meta.get("includes_allreduce", True)), meta)
+    meta = sidecar(path)
+    return StepSet(steps, ran_allreduce(meta), meta)
+
+
+def sidecar(path: Path) -> dict:
+    """The JSON that measure_gpu_steps writes beside its CSV (device, versions, date); {} where absent."""
+    side = path.with_suffix(".json")
+    return json.loads(side.read_text()) if side.is_file() else {}
+
+
+def ran_allreduce(meta: dict) -> bool:
+    """Whether the measured iterations ran tensor parallelism's all-reduces (a shard on one GPU did not)."""
+    return bool(meta.get("includes_allreduce", True))
 
 
 def _model(profile: Profile, includes_allreduce: bool) -> StepTimeModel:
