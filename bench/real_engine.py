@@ -37,7 +37,10 @@ sim/calibration/speed_index.py; keys `at_speed_ttft_err_pct`, `at_speed_tpot_err
 `--gguf FILE --model-alias NAME --port P` choose the model file, the name it is served and requested
 under, and llama-server's port; the header names the model from the server's own GET /v1/models.
 `--base-url URL --model-alias M` plays against an OpenAI-compatible server already running instead
-(vLLM, or the stand-in `python -m llmserve_env.tools.standin`), and needs no binary.
+(vLLM, or the stand-in `python -m llmserve_env.tools.standin`), and needs no binary. `--prompt-breaks llama`
+fits and replays with llama-server's context-checkpoint breaks (a sliding-window model such as Gemma 3
+prefills a prompt in three iterations; sim/prompt_breaks.py); `--refit DIR` plays nothing and fits the
+records an earlier run kept.
 """
 
 from __future__ import annotations
@@ -92,6 +95,7 @@ from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_point
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import measured_models
 from llmserve_env.sim.profiles import Profile, load_profile, profile_from_dict
+from llmserve_env.sim.prompt_breaks import parse_prompt_breaks
 
 MODEL_ALIAS = "smollm2-135m"
 BASE_PROFILE = "h100-llama3.1-8b"
@@ -449,7 +453,16 @@ def main(argv: list[str] | None = None) -> None:
                     help="raise llama-server (nice: -10; rt: SCHED_FIFO 50, every thread; rt-compute: SCHED_FIFO 50 "
                     "for its compute (main) thread on --engine-cpus, its HTTP threads at nice -10 on the other CPUs) "
                     "and this process (nice -10); needs root [%(default)s]")
+    ap.add_argument("--prompt-breaks", default="none", metavar="none|llama[:UBATCH]",
+                    help="where the engine stops a prompt's prefill between iterations, played by the fit and the "
+                    "replays: llama for a model llama-server makes context checkpoints for (sliding-window "
+                    "attention, e.g. Gemma 3; recurrent or hybrid models), its -ub 512 by default; none for a plain "
+                    "Llama-architecture model such as SmolLM2 (sim/prompt_breaks.py) [%(default)s]")
     a = ap.parse_args(argv)
+    try:
+        breaks = parse_prompt_breaks(a.prompt_breaks)
+    except ValueError as exc:
+        ap.error(str(exc))
     for name in ("max_prompt_tokens", "max_completion_tokens"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
@@ -551,7 +564,8 @@ def main(argv: list[str] | None = None) -> None:
               else f"the records an earlier run kept in {out} (refit: nothing played)")
     iso = (f"engine CPUs {a.engine_cpus or 'any'}, gateway CPUs {a.gateway_cpus or 'any'}, priority {a.priority}")
     print(f"real engine: {engine}; static_workload x {a.rate_scale:g}, prompts <= {a.max_prompt_tokens}, "
-          f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs")
+          f"completions <= {a.max_completion_tokens} tokens; {iso}; {os.cpu_count()} CPUs; prompt breaks "
+          f"played: {a.prompt_breaks}")
     print(f"{'seed':>5} {'role':>8} {'requests':>8} {'req/s':>6} {'load avg':>11} {'loop lag p99 max':>17}  engine")
     for p in played:
         s = int(p["seed"])
@@ -574,7 +588,8 @@ def main(argv: list[str] | None = None) -> None:
             points = read_probe_points(out / "decode_probe.csv")
             probe, probe_ctx = probe_dicts(points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
-                                probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None)
+                                probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None,
+                                prompt_breaks=breaks)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))

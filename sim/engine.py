@@ -48,6 +48,7 @@ from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.prefix_cache import PrefixCache
 from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.prompt_breaks import PromptBreaks
 from llmserve_env.sim.request import DECODE, DONE, PREFILL, TRANSFER, WAITING, SimRequest
 from llmserve_env.sim.scheduler import Scheduler
 from llmserve_env.sim.slot_cache import SlotCache, SlotCacheSpec
@@ -123,6 +124,8 @@ class Engine:
         # profile says so (sim/slot_cache.py): every request then runs in a slot
         spec = SlotCacheSpec.from_engine(profile.raw.get("engine", {}))
         self.slots = SlotCache(spec) if spec is not None else None
+        # llama-server's context checkpoints stop a prompt's prefill between iterations (sim/prompt_breaks.py)
+        self.breaks = PromptBreaks.from_engine(profile.raw.get("engine", {}))
         self.decode_shared = 0       # cached-unit blocks the decoding requests reference (counted in kv.used_fixed)
         self.decoding: dict[int, SimRequest] = {}
         self.prefilling: list[SimRequest] = []
@@ -578,6 +581,8 @@ class Engine:
             if r.state != PREFILL:  # preempted above for an earlier running prefill
                 continue
             c = min(r.prefill_target - r.prefilled, budget)
+            if self.breaks is not None:
+                c = min(c, self.breaks.room(r.prefilled, r.prefill_target))
             need = blocks_for(r.prefilled + c) - r.blocks - r.pshared
             if need > free:
                 free = kv.total - kv.used_fixed - self._decode_blocks_exact(ahead)
@@ -624,6 +629,8 @@ class Engine:
                 hit = plan[2]
                 base = hit * self.slots.unit
                 c = min(r.prefill_target - base, budget)
+                if self.breaks is not None:
+                    c = min(c, self.breaks.room(base, r.prefill_target))
                 need = own = -(-(base + c) // KV_BLOCK_TOKENS)
             elif keys:
                 # prefix cache (sim/prefix_cache.py): the longest cached run of the request's leading
@@ -634,11 +641,15 @@ class Engine:
                 hit, revive = pc.match(keys, (r.prefill_target - 1) // pc.block_tokens)
                 base = hit * pc.block_tokens
                 c = min(r.prefill_target - base, budget)
+                if self.breaks is not None:
+                    c = min(c, self.breaks.room(base, r.prefill_target))
                 own = -(-(base + c) // KV_BLOCK_TOKENS) - hit * pc.unit_blocks
                 need = own + revive * pc.unit_blocks
             else:
                 hit = base = 0
                 c = min(r.prefill_target, budget)
+                if self.breaks is not None:
+                    c = min(c, self.breaks.room(0, r.prefill_target))
                 need = own = -(-c // KV_BLOCK_TOKENS)
             if not exact and n_running < self.batch_cap and need > free:
                 exact = True

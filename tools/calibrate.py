@@ -30,6 +30,7 @@ from llmserve_env.sim.calibration.replay import replay
 from llmserve_env.sim.calibration.table_fit import probe_dicts, read_probe_points
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.profiles import UnknownProfileError, load_profile, user_profile_dir
+from llmserve_env.sim.prompt_breaks import parse_prompt_breaks
 from llmserve_env.sim.slot_cache import parse_prefix_cache
 from llmserve_env.tools import cli
 
@@ -88,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--prefix-cache", default=None, metavar="blocks|slots:N",
                    help="how the recorded engine caches prefixes, written into the profile: blocks (vLLM's "
                    "block cache) or slots:N (llama-server with -np N; sim/slot_cache.py) [the base profile's]")
+    r.add_argument("--prompt-breaks", default=None, metavar="none|llama[:UBATCH]",
+                   help="where the recorded engine stops a prompt's prefill between iterations, played while "
+                   "fitting and written into the profile: llama (llama-server's context checkpoints, made for "
+                   "sliding-window and recurrent models; its -ub, 512 by default; sim/prompt_breaks.py) or none "
+                   "[the base profile's]")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -121,12 +127,14 @@ def main(argv: list[str] | None = None) -> int:
                 base_id = load_profile(args.profile).id
                 out = out_path(args.out, f"{base_id}-records")
                 cache = parse_prefix_cache(args.prefix_cache) if args.prefix_cache else None
+                breaks = parse_prompt_breaks(args.prompt_breaks) if args.prompt_breaks else None
                 points = read_probe_points(args.decode_probe) if args.decode_probe else None
                 probe, probe_ctx = probe_dicts(points) if points else (None, None)
                 prof, fit = run_records(args.profile, args.records, actions, out, window_s=args.window_s,
                                         windows=args.windows, caps=caps, episode=args.episode,
                                         step_model=args.step_model, held_out=args.held_out, probe=probe,
-                                        probe_ctx=probe_ctx, probe_points=points, prefix_cache=cache)
+                                        probe_ctx=probe_ctx, probe_points=points, prefix_cache=cache,
+                                        prompt_breaks=breaks)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,

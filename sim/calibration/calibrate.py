@@ -306,7 +306,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                 episode: str | None = None, step_model: str = "auto", held_out: int | None = None,
                 probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
                 probe_points: list[ProbePoint] | None = None,
-                prefix_cache: dict[str, Any] | None = None) -> tuple[dict[str, Any], RecordFit]:
+                prefix_cache: dict[str, Any] | None = None,
+                prompt_breaks: dict[str, Any] | None = None) -> tuple[dict[str, Any], RecordFit]:
     """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile.
 
     The step model (`step_model`): "affine" (sim/measured_step.py) or "table" (sim/step_table.py); "auto"
@@ -318,10 +319,15 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     and are fitted beside the records. The held-out episodes choose between the table's two forms (one
     context cost, or one per slot count) as between table and affine.
     The profile also records how the engine counts prompts (engine.prompt_tokens, record_fit.py), which
-    the stand-in serving it counts by."""
+    the stand-in serving it counts by. `prompt_breaks` (sim/prompt_breaks.py: where the recorded engine
+    stops a prompt's prefill between iterations) is played while fitting and kept in the profile."""
     if step_model not in STEP_MODELS:
         raise ValueError(f"step_model must be one of {STEP_MODELS}, got {step_model!r}")
     base = load_profile(profile_ref)
+    if prompt_breaks is not None:  # the fit replays the records as the engine batched their prompts
+        raw = json.loads(json.dumps(base.raw))
+        raw["engine"]["prompt_breaks"] = prompt_breaks
+        base = profile_from_dict(raw)
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
     choice: Choice | None = None
     if step_model == "table" or (step_model == "auto" and len(runs) >= 2):
