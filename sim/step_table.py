@@ -22,8 +22,10 @@ measured and tabulates the one that is not:
                                         own log says (~70 ms an other sequence beyond its decode step;
                                         SmolLM2 shows a few ms). The records cannot tell this form from
                                         m x sequences or a cost per sequence (the prompts are all ~the same
-                                        length); the mechanism is not known (that build runs one KV stream
-                                        per slot, `kv_unified = false`). docs/real-mode.md has the numbers.
+                                        length). Gemma's mechanism was found later: llama-server's context
+                                        checkpoints split its prompt over three iterations, each with the
+                                        decoding slots (sim/prompt_breaks.py); docs/real-mode.md has the
+                                        numbers.
 
 stored in the profile as `engine.measured_table`:
 

@@ -331,3 +331,17 @@ def test_requests_alone_on_the_engine_show_its_single_sequence_step_and_a_slower
                                ctx_s=CPU.ctx_s * 1.1)
     [off] = alone_by_run(runs, with_coefficients(load_profile(BASE), slow))
     assert off.n == truth.n and off.real_tpot_ms == truth.real_tpot_ms and off.sim_tpot_ms > 1.09 * off.real_tpot_ms
+
+
+def test_replay_prefills_the_engine_s_prompt_counts_under_a_prompt_cap(tmp_path):
+    """Real mode's prompt cap cut each prompt in the gateway's tokenizer before the engine counted it, so a
+    recorded count above the cap is what the engine computed: the replay prefills it, not the cap (the
+    truth's own records replay to the same TTFTs with and without a cap under them)."""
+    record = engine_records(CPU, tmp_path / "r.jsonl", 3)
+    truth = with_coefficients(load_profile(BASE), CPU, "truth")
+    errs = []
+    for caps in (RequestCaps(), RequestCaps(max_prompt_tokens=64)):
+        [run] = load_runs(record, [ACTION], window_s=1.0, windows=30, caps=caps)
+        assert max(r["usage_prompt_tokens"] for r in run.rows) > 64
+        errs.append(replay(run, truth).summary()["ttft_err_pct"])
+    assert errs[0] == errs[1] and errs[0] < 1.0

@@ -9,8 +9,9 @@ prompt cache (`cached_tokens`: llama-server keeps each slot's last prompt, and p
 share their opening, so 25-40 of ~100 tokens were not computed; the prefill replayed is what the
 engine computed), the tokens it produced and when its first
 token and its end came. The replay sends the same arrivals, window by window, under the same actions
-and real mode's caps (sim/caps.py) through the simulator on profile P, and compares per request and
-per window:
+and real mode's caps (sim/caps.py) but the prompt cap (the gateway cut each prompt to it in its own
+tokenizer's tokens before the engine counted it) through the simulator on profile P, and compares per
+request and per window:
 
     TTFT   first token - arrival (what the environment scores), per request
     TPOT   (finish - first token) / (output tokens - 1), per request with 2+ tokens
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -145,7 +146,9 @@ def real_side(run: RecordedRun) -> Side:
 
 def sim_side(run: RecordedRun, profile: Profile) -> Side:
     """The run replayed on `profile` (deterministic: same run, same profile, same numbers)."""
-    backend = CappedBackend(SimBackend(profile), run.caps)
+    # the recorded prompts are the engine's counts of prompts the gateway already cut to the prompt cap
+    # (in its own tokenizer's tokens): capping them again would cut the engine's tokens at a cap in others
+    backend = CappedBackend(SimBackend(profile), replace(run.caps, max_prompt_tokens=None))
     backend.reset(run.seed)
     arrivals = run.arrivals()
     times = [a.arrival_s for a in arrivals]
