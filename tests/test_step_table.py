@@ -33,7 +33,7 @@ from llmserve_env.sim.calibration.table_fit import (
 from llmserve_env.sim.measured_step import StepCoefficients, measured_models
 from llmserve_env.sim.profiles import InvalidProfileError, load_profile
 from llmserve_env.sim.standin.app import StandinConfig, StandinState
-from llmserve_env.sim.step_table import StepTable, TableStepModel, interpolate
+from llmserve_env.sim.step_table import StepTable, TableStepModel, interpolate, prefill_at
 from llmserve_env.tools import calibrate
 
 BASE = "h100-llama3.1-8b"
@@ -83,6 +83,22 @@ def test_interpolation_goes_through_the_knots_and_never_falls_past_the_last():
     assert interpolate(3, xs, ys) == 35.0
     assert interpolate(16, xs, ys) == 45.0  # the last segment falls: held at its last value
     assert interpolate(16, (1.0, 2.0), (1.0, 3.0)) == 3.0 + 2.0 * 14  # rises: along it
+
+
+def test_prefill_past_the_knots_costs_the_last_knot_s_mean_per_token():
+    """The prefill knots are one prompt's sizes; an iteration past them holds several prompts and pays
+    each token at the last knot's mean cost, whatever the last segment's slope (a fitted table whose
+    segment fell, 92 -> 96 tokens, held two prompts at the price of one)."""
+    tokens, secs = (92.0, 96.0), (0.3648, 0.3384)
+    assert prefill_at(46, tokens, secs) == pytest.approx(0.3648 / 2)
+    assert prefill_at(96, tokens, secs) == pytest.approx(0.3384)
+    assert prefill_at(192, tokens, secs) == pytest.approx(2 * 0.3384)
+    t = StepTable(0.001, 0.0, (1.0,), (0.01,), tokens, secs)
+    prof = with_table(load_profile(BASE), t, "two-prompts")
+    model = measured_models(prof)[("FP16", "unified")]
+    one = model.iteration_s(0, 0.0, 0, [(96, 0)], 96, 1)
+    two = model.iteration_s(0, 0.0, 0, [(96, 0), (96, 0)], 192, 2)
+    assert two - 0.001 == pytest.approx(2 * (one - 0.001))
 
 
 def test_the_simulator_is_timed_by_a_profile_s_table(tmp_path):
@@ -322,5 +338,7 @@ def test_held_out_episodes_keep_a_prefill_context_cost_the_engine_has(tmp_path):
     assert c.model == "table" and c.context == "prefill context" and c.kept == "table (prefill context cost)"
     assert c.table.table.prefill_ctx_s > 0
     p, o = c.held_pctx.summary(), c.held_one.summary()
-    assert p["ttft_err_pct"] < 0.75 * o["ttft_err_pct"] and p["tpot_err_pct"] <= o["tpot_err_pct"]
+    # better by choose()'s own measure (the sum of the medians), and on TTFT, which the term is about
+    assert p["ttft_err_pct"] + p["tpot_err_pct"] < o["ttft_err_pct"] + o["tpot_err_pct"]
+    assert p["ttft_err_pct"] < 0.9 * o["ttft_err_pct"]
     assert "table with a prefill context cost" in c.line()
