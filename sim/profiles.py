@@ -214,6 +214,18 @@ def profile_from_dict(d: dict[str, Any]) -> Profile:
     )
 
 
+def with_engine(base: Profile, fields: dict[str, Any], drop: tuple[str, ...] = (),
+                out_id: str | None = None) -> Profile:
+    """`base` with `fields` set in its `engine` section and `drop` taken out of it (and `out_id` as its id)."""
+    d = json.loads(json.dumps(base.raw))
+    for k in drop:
+        d["engine"].pop(k, None)
+    d["engine"].update(fields)
+    if out_id:
+        d["id"] = out_id
+    return profile_from_dict(d)
+
+
 PROFILE_PATH_ENV = "LLMSERVE_PROFILE_PATH"
 PROFILE_PATH_HELP = ("folders (separated by `:`) searched for `<id>.json` profiles after the package's own and "
                      "before the user folder (~/.local/share/llmserve_env/profiles); a built-in id cannot be shadowed")

@@ -63,6 +63,7 @@ from llmserve_env.sim.profiles import (
     load_profile,
     profile_from_dict,
     user_profile_dir,
+    with_engine,
 )
 from llmserve_env.sim.step_table import KEY as TABLE_KEY
 from llmserve_env.sim.step_time import StepTimeModel
@@ -325,9 +326,7 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
         raise ValueError(f"step_model must be one of {STEP_MODELS}, got {step_model!r}")
     base = load_profile(profile_ref)
     if prompt_breaks is not None:  # the fit replays the records as the engine batched their prompts
-        raw = json.loads(json.dumps(base.raw))
-        raw["engine"]["prompt_breaks"] = prompt_breaks
-        base = profile_from_dict(raw)
+        base = with_engine(base, {"prompt_breaks": prompt_breaks})
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
     choice: Choice | None = None
     if step_model == "table" or (step_model == "auto" and len(runs) >= 2):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from llmserve_env.sim.calibration.step_fit import fit_steps, ran_allreduce, read_steps, sidecar
+from llmserve_env.sim.calibration.step_fit import as_measured, fit_steps, ran_allreduce, read_steps, sidecar
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.step_time import StepTimeModel, elementwise_s
 
@@ -87,9 +87,7 @@ def predict_extra(models: dict[str, StepTimeModel], s: ExtraStep) -> float:
 
 def tier_models(profile: Profile, allreduce: bool = True) -> dict[str, StepTimeModel]:
     """A model per tier, as the measurement ran: a bf16 KV cache, and no all-reduces for a shard that had none."""
-    p = bf16_cache(profile)
-    if not allreduce:
-        p = dataclasses.replace(p, allreduce=None)
+    p = as_measured(bf16_cache(profile), allreduce)
     return {t: StepTimeModel(p, t) for t in TIERS if t in p.tiers}
 
 

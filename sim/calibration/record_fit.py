@@ -37,7 +37,7 @@ from llmserve_env.sim.calibration.replay import (
 )
 from llmserve_env.sim.caps import RequestCaps
 from llmserve_env.sim.measured_step import KEY, StepCoefficients
-from llmserve_env.sim.profiles import Profile, profile_from_dict
+from llmserve_env.sim.profiles import Profile, with_engine
 
 REQUIRED = ("request_id", "arrival_s", "status", "prompt_tokens", "target_output_tokens")
 REQUIRED_OK = ("dispatch_s", "first_token_s", "finish_s", "output_tokens")
@@ -156,11 +156,7 @@ def solve_fixed_and_scale(iterations: np.ndarray, gpu_s: np.ndarray, measured_s:
 
 
 def with_coefficients(base: Profile, coef: StepCoefficients, out_id: str | None = None) -> Profile:
-    d = json.loads(json.dumps(base.raw))
-    d["engine"][KEY] = coef.to_dict()
-    if out_id:
-        d["id"] = out_id
-    return profile_from_dict(d)
+    return with_engine(base, {KEY: coef.to_dict()}, out_id=out_id)
 
 
 def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 0.7, iters: int = 400,

@@ -89,10 +89,13 @@ def ran_allreduce(meta: dict) -> bool:
     return bool(meta.get("includes_allreduce", True))
 
 
+def as_measured(profile: Profile, includes_allreduce: bool) -> Profile:
+    """The profile priced as the measurement ran: without all-reduces for a shard measured on one GPU."""
+    return profile if includes_allreduce else dataclasses.replace(profile, allreduce=None)
+
+
 def _model(profile: Profile, includes_allreduce: bool) -> StepTimeModel:
-    if not includes_allreduce:
-        profile = dataclasses.replace(profile, allreduce=None)
-    return StepTimeModel(profile, "FP16")
+    return StepTimeModel(as_measured(profile, includes_allreduce), "FP16")
 
 
 def predict(model: StepTimeModel, s: MeasuredStep) -> float | None:

@@ -29,7 +29,6 @@ earned on episodes the fit never saw.
 from __future__ import annotations
 
 import csv
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,7 +46,7 @@ from llmserve_env.sim.calibration.record_fit import (
 from llmserve_env.sim.calibration.replay import Comparison, RecordedRun, pooled, replay
 from llmserve_env.sim.measured_step import KEY as AFFINE_KEY
 from llmserve_env.sim.measured_step import StepCoefficients
-from llmserve_env.sim.profiles import Profile, profile_from_dict
+from llmserve_env.sim.profiles import Profile, with_engine
 from llmserve_env.sim.step_table import KEY, StepTable, interpolate
 
 ProbePoint = tuple[int, float, float]  # (slots decoding, decode context summed over them, the engine's step s)
@@ -55,12 +54,7 @@ ProbePoint = tuple[int, float, float]  # (slots decoding, decode context summed 
 
 def with_table(base: Profile, table: StepTable, out_id: str | None = None) -> Profile:
     """`base` timed by `table` (its affine coefficients, if any, removed: one step model per profile)."""
-    d = json.loads(json.dumps(base.raw))
-    d["engine"].pop(AFFINE_KEY, None)
-    d["engine"][KEY] = table.to_dict()
-    if out_id:
-        d["id"] = out_id
-    return profile_from_dict(d)
+    return with_engine(base, {KEY: table.to_dict()}, drop=(AFFINE_KEY,), out_id=out_id)
 
 
 def most_in_flight(runs: list[RecordedRun]) -> int:
