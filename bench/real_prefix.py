@@ -23,8 +23,10 @@ Runs, each on fresh servers (empty caches):
   3. affinity: cache_affinity `--affinity` (0.5) over both servers.
 Then runs 2 and 3 are played in the simulator (ClusterBackend, 2 replicas, the fitted profile) twice: with
 vLLM's block cache and with llama-server's slot cache (sim/slot_cache.py, `-np` slots), in the engine's
-tokens (the profile is fitted to them; `in_engine_tokens`). The TTFT reduction measured (1 - mean TTFT with
-affinity / at 0) is set against each cache's prediction; the engines' own cache counts (usage / timings)
+tokens (the profile is fitted to them; `in_engine_tokens`), and a third time with the slot cache on the
+routes the gateway took (each request on the server its record names: the prediction for the run as it was
+routed, since the gateway's least-work router decides near-ties by the streams' timing). The TTFT reduction
+measured (1 - mean TTFT with affinity / at 0) is set against each prediction; the engines' own cache counts (usage / timings)
 give the measured hit rates; and each run's requests are replayed through the slot model in the engine's
 own order of dispatches and finishes, which checks the cache mechanism per request, free of step times.
 The last line is a JSON summary.
@@ -119,8 +121,34 @@ def play_real(urls: list[str], arrivals: list[Arrival], task: Any, affinity: flo
     return reports
 
 
-def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float | None) -> list[WindowReport]:
-    backend = ClusterBackend(profile, (2, 2), 2)
+class RoutedAsRecorded(ClusterBackend):
+    """The cluster with each request sent where the gateway sent it in a real run (`route`: request id to
+    replica index), for the prediction of that run's TTFT given its routes: the gateway's least-work router
+    decides near-ties in outstanding work by the streams' timing, which no deterministic replay repeats."""
+
+    def __init__(self, profile: Any, route: dict[int, int]) -> None:
+        super().__init__(profile, (2, 2), 2)
+        self.route = route
+
+    def _route(self, arrivals: list[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
+        routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas}
+        for a in arrivals:
+            routed[self.route[a.request_id]].append(a)
+        return routed
+
+
+def recorded_routes(records: Path) -> dict[int, int]:
+    """Request id to replica index (the endpoints in sorted order) from a run's records, every request."""
+    recs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    endpoints = sorted({r["endpoint"] for r in recs if r.get("endpoint")})
+    if len(endpoints) > 2:
+        raise ValueError(f"{records}: {len(endpoints)} endpoints, the replay has 2 replicas")
+    return {r["request_id"]: endpoints.index(r["endpoint"]) for r in recs if r.get("endpoint")}
+
+
+def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float | None,
+             route: dict[int, int] | None = None) -> list[WindowReport]:
+    backend = ClusterBackend(profile, (2, 2), 2) if route is None else RoutedAsRecorded(profile, route)
     backend.reset(0)
     dt = task.window_s
     ws = windows(arrivals, task)
@@ -190,6 +218,28 @@ def summary_records(path: Path) -> dict[str, Any]:
             "ttft_p50_ms": 1e3 * statistics.median(ttft) if ttft else None,
             "hit_rate": sum(r["cached_tokens"] for r in measured) / query if query else None,
             "hit_measured_requests": len(measured)}
+
+
+def ttft_by_hit(records: Path, reports: list[WindowReport]) -> dict[str, dict[str, Any]]:
+    """Per bucket of the engine's hit share (its cached over its prompt tokens: under 0.3, 0.3-0.7, over
+    0.7), the requests, the engine's mean TTFT and the simulator's over the same requests (a run played on
+    its own routes): where the prediction of a reduction goes wrong, by how much each request was cached."""
+    sim = {i: t for rep in reports for i, _, t in rep.first_tokens}
+    rows = []
+    for line in records.read_text().splitlines():
+        r = json.loads(line) if line.strip() else None
+        if (r and r.get("status") == "ok" and r.get("first_token_s") is not None and r.get("engine_prompt_tokens")
+                and r.get("cached_tokens") is not None and r["request_id"] in sim):
+            rows.append((r["cached_tokens"] / r["engine_prompt_tokens"], r["first_token_s"] - r["arrival_s"],
+                         sim[r["request_id"]]))
+    out = {}
+    for name, lo, hi in (("under_0.3", 0.0, 0.3), ("0.3-0.7", 0.3, 0.7), ("over_0.7", 0.7, 1.01)):
+        group = [x for x in rows if lo <= x[0] < hi]
+        if group:
+            real, model = statistics.fmean(x[1] for x in group), statistics.fmean(x[2] for x in group)
+            out[name] = {"requests": len(group), "engine_ttft_ms": 1e3 * real, "sim_ttft_ms": 1e3 * model,
+                         "sim_over_engine": model / real}
+    return out
 
 
 def summary(reports: list[WindowReport]) -> dict[str, Any]:
@@ -325,6 +375,19 @@ def main(argv: list[str] | None = None) -> None:
             key = f"sim_{cache}_{name}"
             results[key] = summary(play_sim(profile, engine_arrivals, task, affinity))
             print(f"sim ({cache:>6} cache) {name:>12}: {json.dumps(results[key])}")
+    # the same runs on the routes the gateway took (each request where its records say it went): what the
+    # simulator predicts for these runs given their routing, which the least-work router decided by near-ties
+    for name in ("least_work", "affinity"):
+        key = f"sim_slots_routed_{name}"
+        route = recorded_routes(out / f"records_{name}.jsonl")
+        reports = play_sim(models["slots"], engine_arrivals, task, None, route)
+        results[key] = summary(reports)
+        print(f"sim ( slots cache, the gateway's routes) {name:>12}: {json.dumps(results[key])}")
+        for bucket, row in ttft_by_hit(out / f"records_{name}.jsonl", reports).items():
+            print(f"    engine hit share {bucket:>9}: {row['requests']:2d} requests, TTFT engine "
+                  f"{row['engine_ttft_ms']:6.0f} ms, simulator {row['sim_ttft_ms']:6.0f} ms "
+                  f"({row['sim_over_engine']:.2f})")
+            results[key][f"sim_over_engine_ttft_hit_{bucket}"] = row["sim_over_engine"]
 
     # the cache mechanism alone: the engine's per-request hits against the slot model replayed on the
     # engine's own dispatch and finish times
@@ -343,16 +406,18 @@ def main(argv: list[str] | None = None) -> None:
 
     real_red = reduction(results["least_work"], results["affinity"])
     last: dict[str, Any] = {"real_ttft_reduction": real_red, "engine_tokens_per_o200k": ratio}
-    for cache in models:
+    for cache in (*models, "slots_routed"):
         sim_red = reduction(results[f"sim_{cache}_least_work"], results[f"sim_{cache}_affinity"])
         gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None
         last[f"sim_{cache}_ttft_reduction"] = sim_red
         last[f"{cache}_reduction_gap_pct"] = None if gap is None else 100 * gap
     for name in ("least_work", "affinity"):
         last[f"real_{name}_hit_rate"] = results[name]["hit_rate"]
-        for cache in models:
+        for cache in (*models, "slots_routed"):
             last[f"sim_{cache}_{name}_hit_rate"] = results[f"sim_{cache}_{name}"]["hit_rate"]
         last[f"slot_replay_{name}_mean_abs_err"] = agree[name]["mean_abs_err"]
+        last[f"routed_{name}_sim_over_engine_ttft_hit_over_0.7"] = results[f"sim_slots_routed_{name}"].get(
+            "sim_over_engine_ttft_hit_over_0.7")
     last["out"] = str(out)
     print(json.dumps(last))
 

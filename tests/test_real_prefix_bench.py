@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.sim.slot_cache import SlotCacheSpec
 
@@ -68,3 +69,41 @@ def test_slot_replay_matches_an_engine_that_behaves_as_the_model(tmp_path):
     assert prompt_ratio(rows) == 1.0  # what the bench scales the run by: the engine counted as o200k here
     summary = rp.summary_records(path)
     assert summary["requests_ok"] == len(arr) and summary["ttft_mean_ms"] == 500.0
+
+
+def test_the_prediction_on_recorded_routes_sends_each_request_where_the_records_say(tmp_path):
+    """`--replay`'s third prediction plays a run on the gateway's own routes: a conversation whose second
+    turn went to the other server finds no history there, and the records' endpoints name the replicas."""
+    rp = bench()
+    from llmserve_env.shared.workloads import resolve_task
+    from llmserve_env.sim.profiles import load_profile
+    arr = sorted(arrivals(tmp_path, rp), key=lambda a: a.arrival_s)
+    task = resolve_task(f"trace:{tmp_path / 't.jsonl'}?prefix_block_tokens=16&replicas=2&initial_replicas=2"
+                        "&window_s=5&horizon=4")
+    first = [a for a in arr if a.prompt_tokens == 304]
+    convo = {a.request_id: i for i, a in enumerate(first)}
+    for a in arr:  # a second turn resends its first turn's units: the conversation it belongs to
+        if a.request_id not in convo:
+            convo[a.request_id] = next(convo[f.request_id] for f in first
+                                       if a.prefix_ids[:len(f.prefix_ids)] == f.prefix_ids)
+
+    def records(split: bool) -> Path:
+        """Conversation c on server c; with `split`, each second turn on the other server."""
+        path = tmp_path / f"records_{split}.jsonl"
+        rows = [{"request_id": a.request_id, "status": "ok",
+                 "endpoint": f"http://e{(convo[a.request_id] + (split and a.prompt_tokens > 304)) % 2}"}
+                for a in arr]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+    kept, split = rp.recorded_routes(records(False)), rp.recorded_routes(records(True))
+    assert kept == {a.request_id: convo[a.request_id] for a in arr}
+    assert sum(kept[i] != split[i] for i in kept) == 2  # the two second turns moved
+    profile = load_profile("h100-llama3.1-8b")
+    hit_kept = rp.summary(rp.play_sim(profile, arr, task, None, kept))["hit_rate"]
+    hit_split = rp.summary(rp.play_sim(profile, arr, task, None, split))["hit_rate"]
+    assert hit_split < hit_kept
+    extra = tmp_path / "three.jsonl"
+    extra.write_text("".join(json.dumps({"request_id": i, "endpoint": f"http://e{i}"}) + "\n" for i in range(3)))
+    with pytest.raises(ValueError, match="3 endpoints"):
+        rp.recorded_routes(extra)
