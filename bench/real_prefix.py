@@ -274,7 +274,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--replay", type=Path, default=None,
                     help="a finished run's folder: refit and predict from its records, starting no engine "
                          "(give the run's own workload options)")
+    ap.add_argument("--cached-context-s", type=float, default=0.0,
+                    help="engine.cached_context_s, held fixed in the calibration fit: seconds per pair of a computed "
+                         "prompt token and a token before it (bench/cached_prefill.py measures it; 0: not priced)")
     a = ap.parse_args(argv)
+    if not a.cached_context_s >= 0:
+        ap.error(f"--cached-context-s must be >= 0, got {a.cached_context_s}")
     folder = llama_dir()
     if a.replay is None and not (folder / "llama-server").exists():
         print(json.dumps({"skipped": f"no llama-server in {folder} (scripts/build_llama_server.sh)"}))
@@ -344,13 +349,16 @@ def main(argv: list[str] | None = None) -> None:
     try:
         prof, fit = run_records(BASE_PROFILE, out / "records_calibration.jsonl", [fit_action],
                                 out / "llama-fit.json", window_s=task.window_s, windows=None, caps=caps,
-                                step_model="affine")
+                                step_model="affine", cached_context=a.cached_context_s or None)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"real_ttft_reduction": reduction(results["least_work"], results["affinity"]),
                           "sim_ttft_reduction": None, "refused": str(exc), "out": str(out)}))
         return
     c = fit.coefficients
+    if a.cached_context_s:  # the fit's per-token cost is then the rest (sim/cached_context.py)
+        print(f"attention priced per pair of a computed token and a token before it: {a.cached_context_s * 1e6:.3f} "
+              "us (engine.cached_context_s, held fixed in the fit)")
     print(f"fitted (calibration run): {c.step_s * 1e3:.2f} ms per iteration + {c.seq_s * 1e3:.2f} ms per decoding "
           f"sequence + {c.token_s * 1e3:.3f} ms per token + {c.ctx_s * 1e6:.3f} us per context token; fit TTFT err "
           f"{fit.after_summary['ttft_err_pct']:.1f} %")
@@ -405,7 +413,8 @@ def main(argv: list[str] | None = None) -> None:
         (out / f"hits_{name}.json").write_text(json.dumps(rows, indent=1))
 
     real_red = reduction(results["least_work"], results["affinity"])
-    last: dict[str, Any] = {"real_ttft_reduction": real_red, "engine_tokens_per_o200k": ratio}
+    last: dict[str, Any] = {"real_ttft_reduction": real_red, "engine_tokens_per_o200k": ratio,
+                            "cached_context_s": a.cached_context_s}
     for cache in (*models, "slots_routed"):
         sim_red = reduction(results[f"sim_{cache}_least_work"], results[f"sim_{cache}_affinity"])
         gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None

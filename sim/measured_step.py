@@ -10,6 +10,7 @@ the work of the iteration:
       + seq_s   * decoding sequences          batch growth: per-sequence cost of a decode step
       + token_s * tokens through the model    prefill per token (and each decoded/verified token)
       + ctx_s   * summed decode context        attention reading the KV cache
+      (+ engine.cached_context_s * causal pairs of the prefill chunks: sim/cached_context.py)
 
 stored in the profile as `engine.measured_step` (seconds). It honours the same calls the engine makes
 on a StepTimeModel (`iteration_s`, `decode_slope`, `transfer_s`), so the event engine, its closed-form
@@ -23,6 +24,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from llmserve_env.sim.cached_context import cached_context_s, causal_pairs
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.step_table import TableStepModel, table_models
 
@@ -62,12 +64,14 @@ class StepCoefficients:
 class MeasuredStepModel:
     """Iteration times from fitted coefficients, with the interface the engine uses of StepTimeModel."""
 
-    __slots__ = ("profile", "tier", "share", "c", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token")
+    __slots__ = ("profile", "tier", "share", "c", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token",
+                 "cached_ctx")
 
     def __init__(self, p: Profile, tier: str, coef: StepCoefficients, compute_share: float = 1.0):
         if tier not in p.tiers:
             raise KeyError(f"profile {p.id} has no tier {tier!r}")
         self.profile, self.tier, self.share, self.c = p, tier, compute_share, coef
+        self.cached_ctx = cached_context_s(p.raw.get("engine", {}))
         self.slow = 1.0 / compute_share
         self.t_fixed = coef.step_s
         self.gpu_scale = 1.0
@@ -81,6 +85,8 @@ class MeasuredStepModel:
         t = c.step_s + c.token_s * (decode_seqs * (depth + 1) + prefill_tokens)
         if decode_seqs:
             t += c.seq_s * decode_seqs + c.ctx_s * ctx_sum
+        if self.cached_ctx and chunks:
+            t += self.cached_ctx * causal_pairs(chunks)
         return t * self.slow
 
     def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:

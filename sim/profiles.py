@@ -292,7 +292,10 @@ def _load_file(path: str, mtime_ns: int) -> Profile:
         prof = profile_from_dict(d)
         from llmserve_env.sim.measured_step import measured_models  # lazily: it loads the step-time models
 
-        measured_models(prof)  # a measured step model (table or coefficients) is checked at load, named
+        measured = measured_models(prof)  # a measured step model (table or coefficients) is checked at load
+        if not measured and "cached_context_s" in d.get("engine", {}):
+            raise ValueError("engine.cached_context_s is a measured step model's term (engine.measured_step or "
+                             "engine.step_table); a kernel-based profile prices attention over the cache itself")
         return prof
     except (ValueError, KeyError, TypeError) as exc:
         raise InvalidProfileError(path, exc) from None

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from llmserve_env.sim.cached_context import cached_context_s, cached_pairs
 from llmserve_env.sim.lanes import lane_shares
 
 if TYPE_CHECKING:  # annotations only: profiles.py imports this module to check a profile at load
@@ -143,12 +144,14 @@ def prefill_at(m: float, tokens: tuple[float, ...], seconds: tuple[float, ...]) 
 class TableStepModel:
     """Iteration times from a measured table, with the interface the engine uses of StepTimeModel."""
 
-    __slots__ = ("profile", "tier", "share", "table", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token")
+    __slots__ = ("profile", "tier", "share", "table", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token",
+                 "cached_ctx")
 
     def __init__(self, p: Profile, tier: str, table: StepTable, compute_share: float = 1.0):
         if tier not in p.tiers:
             raise KeyError(f"profile {p.id} has no tier {tier!r}")
         self.profile, self.tier, self.share, self.table = p, tier, compute_share, table
+        self.cached_ctx = cached_context_s(p.raw.get("engine", {}))
         self.slow = 1.0 / compute_share
         self.t_fixed = table.step_s
         self.gpu_scale = 1.0
@@ -165,6 +168,8 @@ class TableStepModel:
             t += interpolate(rows, tb.slots, tb.decode_s) + tb.ctx_at(rows) * ctx_sum
             if prefill_tokens and tb.prefill_ctx_s:
                 t += tb.prefill_ctx_s * prefill_tokens * ctx_sum
+        if self.cached_ctx and chunks:
+            t += self.cached_ctx * cached_pairs(chunks)
         return t * self.slow
 
     def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:

@@ -94,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
                    "fitting and written into the profile: llama (llama-server's context checkpoints, made for "
                    "sliding-window and recurrent models; its -ub, 512 by default; sim/prompt_breaks.py) or none "
                    "[the base profile's]")
+    r.add_argument("--cached-context-s", type=float, default=None, metavar="S",
+                   help="the engine's attention cost per pair of a computed prompt token and a token before it "
+                   "(seconds; bench/cached_prefill.py measures it on llama-server), held fixed while fitting and "
+                   "written into the profile (sim/cached_context.py) [none: a cached prefix costs nothing]")
     _replay_args(r)
     rp = sub.add_parser("replay", help="replay a real-mode recording through the simulator")
     rp.add_argument("--profile", required=True, help="profile id or path")
@@ -134,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                         windows=args.windows, caps=caps, episode=args.episode,
                                         step_model=args.step_model, held_out=args.held_out, probe=probe,
                                         probe_ctx=probe_ctx, probe_points=points, prefix_cache=cache,
-                                        prompt_breaks=breaks)
+                                        prompt_breaks=breaks, cached_context=args.cached_context_s)
             else:
                 profile = load_profile(args.profile)
                 runs = load_runs(args.records, actions, window_s=args.window_s, windows=args.windows, caps=caps,

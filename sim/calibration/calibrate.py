@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.sim.cached_context import KEY as CACHED_KEY
 from llmserve_env.sim.calibration import fitting
 from llmserve_env.sim.calibration.profile_specs import SPECS, base_profile
 from llmserve_env.sim.calibration.record_fit import (
@@ -308,7 +309,8 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
                 probe: dict[int, float] | None = None, probe_ctx: dict[int, float] | None = None,
                 probe_points: list[ProbePoint] | None = None,
                 prefix_cache: dict[str, Any] | None = None,
-                prompt_breaks: dict[str, Any] | None = None) -> tuple[dict[str, Any], RecordFit]:
+                prompt_breaks: dict[str, Any] | None = None,
+                cached_context: float | None = None) -> tuple[dict[str, Any], RecordFit]:
     """Fit, and write `out` (and its report beside it) only when the fit beats the starting profile.
 
     The step model (`step_model`): "affine" (sim/measured_step.py) or "table" (sim/step_table.py); "auto"
@@ -321,12 +323,20 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     context cost, or one per slot count) as between table and affine.
     The profile also records how the engine counts prompts (engine.prompt_tokens, record_fit.py), which
     the stand-in serving it counts by. `prompt_breaks` (sim/prompt_breaks.py: where the recorded engine
-    stops a prompt's prefill between iterations) is played while fitting and kept in the profile."""
+    stops a prompt's prefill between iterations) is played while fitting and kept in the profile, and so is
+    `cached_context` (engine.cached_context_s, sim/cached_context.py: the engine's attention cost per pair of a
+    computed token and a token before it, measured by bench/cached_prefill.py; the fit's per-token cost is
+    then the rest)."""
     if step_model not in STEP_MODELS:
         raise ValueError(f"step_model must be one of {STEP_MODELS}, got {step_model!r}")
     base = load_profile(profile_ref)
     if prompt_breaks is not None:  # the fit replays the records as the engine batched their prompts
         base = with_engine(base, {"prompt_breaks": prompt_breaks})
+    if cached_context is not None:
+        if not cached_context >= 0:
+            raise ValueError(f"cached_context_s must be >= 0 (seconds per computed token per token before it), "
+                             f"got {cached_context}")
+        base = with_engine(base, {CACHED_KEY: cached_context}) if cached_context else base
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
     choice: Choice | None = None
     if step_model == "table" or (step_model == "auto" and len(runs) >= 2):
