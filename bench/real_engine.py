@@ -458,7 +458,13 @@ def main(argv: list[str] | None = None) -> None:
                     "replays: llama for a model llama-server makes context checkpoints for (sliding-window "
                     "attention, e.g. Gemma 3; recurrent or hybrid models), its -ub 512 by default; none for a plain "
                     "Llama-architecture model such as SmolLM2 (sim/prompt_breaks.py) [%(default)s]")
+    ap.add_argument("--cached-context-s", type=float, default=0.0, metavar="S",
+                    help="engine.cached_context_s, held fixed in the fit: the engine's attention cost per pair of a "
+                    "computed prompt token and a token before it (bench/cached_prefill.py measures it; "
+                    "sim/cached_context.py) [0: not priced]")
     a = ap.parse_args(argv)
+    if not a.cached_context_s >= 0:
+        ap.error(f"--cached-context-s must be >= 0, got {a.cached_context_s}")
     try:
         breaks = parse_prompt_breaks(a.prompt_breaks)
     except ValueError as exc:
@@ -589,7 +595,7 @@ def main(argv: list[str] | None = None) -> None:
             probe, probe_ctx = probe_dicts(points)
         prof, fit = run_records(BASE_PROFILE, fit_rec, [ACTION], out / "llama-cpu-fit.json", **kw,
                                 probe=probe or None, probe_ctx=probe_ctx, probe_points=points or None,
-                                prompt_breaks=breaks)
+                                prompt_breaks=breaks, cached_context=a.cached_context_s or None)
     except FitRefusedError as exc:
         print(f"fit refused: {exc}")
         print(json.dumps({"refused": str(exc)}))
