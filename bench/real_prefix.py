@@ -25,11 +25,13 @@ Then runs 2 and 3 are played in the simulator (ClusterBackend, 2 replicas, the f
 vLLM's block cache and with llama-server's slot cache (sim/slot_cache.py, `-np` slots), in the engine's
 tokens (the profile is fitted to them; `in_engine_tokens`), and a third time with the slot cache on the
 routes the gateway took (each request on the server its record names: the prediction for the run as it was
-routed, since the gateway's least-work router decides near-ties by the streams' timing). The TTFT reduction
-measured (1 - mean TTFT with affinity / at 0) is set against each prediction; the engines' own cache counts (usage / timings)
-give the measured hit rates; and each run's requests are replayed through the slot model in the engine's
-own order of dispatches and finishes, which checks the cache mechanism per request, free of step times.
-The last line is a JSON summary.
+routed, since the gateway's least-work router decides near-ties by the streams' timing; its TTFT is printed
+by the engine's hit share per request beside the engine's). The TTFT reduction measured (1 - mean TTFT with
+affinity / at 0) is set against each prediction; the engines' own cache counts (usage / timings) give the
+measured hit rates; and each run's requests are replayed through the slot model in the engine's own order
+of dispatches and finishes, which checks the cache mechanism per request, free of step times.
+`--cached-context-s S` fits the profile with the engine's attention over a cached prefix priced
+(sim/cached_context.py; bench/cached_prefill.py measures S). The last line is a JSON summary.
 """
 
 from __future__ import annotations
