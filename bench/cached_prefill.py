@@ -51,7 +51,8 @@ def complete(url: str, ids: list[int]) -> tuple[int, float]:
     """(prompt tokens computed, their eval ms) of one prompt of token ids on slot 0, one token generated."""
     r = httpx.post(f"{url}/completion", json={"prompt": ids, "n_predict": 1, "cache_prompt": True, "id_slot": 0,
                                               "temperature": 0.0}, timeout=300.0)
-    r.raise_for_status()
+    if r.status_code != 200:  # e.g. a prompt longer than a slot's context (-c / -np): the engine says which
+        raise RuntimeError(f"a prompt of {len(ids)} tokens: HTTP {r.status_code} from {url}/completion: {r.text[:300]}")
     t = r.json()["timings"]
     return int(t["prompt_n"]), float(t["prompt_ms"])
 
@@ -112,13 +113,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scratch", default="77,200,400,600,845", help="prompt lengths timed from scratch ('' none)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slots", type=int, default=8, help="llama-server -np when the script starts it (-c 8192 is "
+                    "shared: a slot holds 8192 / N tokens, 1024 at the runs' 8) [%(default)s]")
     ap.add_argument("--base-url", default=None, help="a running llama-server (its root, no /v1)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as CSV here")
     a = ap.parse_args(argv)
     cached = [int(x) for x in a.cached.split(",") if x.strip()]
     scratch = [int(x) for x in a.scratch.split(",") if x.strip()]
-    if len(set(cached)) < 2 or min(cached) < 0 or a.new < 1:
-        ap.error("--cached needs two or more distinct lengths >= 0, --new >= 1")
+    if len(set(cached)) < 2 or min(cached) < 0 or a.new < 1 or a.slots < 1:
+        ap.error("--cached needs two or more distinct lengths >= 0, --new >= 1, --slots >= 1")
     proc = None
     url = a.base_url
     if url is None:
@@ -128,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         port = free_port()
         log = Path(tempfile.mkdtemp(prefix="cached_prefill-")) / "llama-server.log"
-        proc = start_server(folder, folder / "model.gguf", MODEL_ALIAS, port, log, [])
+        proc = start_server(folder, folder / "model.gguf", MODEL_ALIAS, port, log, [], slots=a.slots)
         url = f"http://127.0.0.1:{port}"
     try:
         print(f"engine: {served_model(url + '/v1')} at {url}; {a.repeats} x ({len(cached)} cached lengths + "

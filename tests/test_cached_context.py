@@ -166,3 +166,12 @@ def test_the_probe_stops_when_the_slot_did_not_keep_the_prefix():
         respx.post("http://engine/completion").mock(side_effect=forgetful)
         with pytest.raises(RuntimeError, match="after 128 cached tokens the engine computed 205, not 77"):
             cp.measure("http://engine", [0, 128], 77, [], repeats=1, seed=0)
+
+
+def test_the_probe_names_what_the_engine_refused():
+    cp = probe_module()
+    with respx.mock:
+        respx.post("http://engine/completion").mock(return_value=httpx.Response(
+            400, json={"error": {"message": "request (1024 tokens) exceeds the available context size (1024 tokens)"}}))
+        with pytest.raises(RuntimeError, match=r"a prompt of 1024 tokens: HTTP 400 .*exceeds the available context"):
+            cp.measure("http://engine", [1024, 0], 77, [], repeats=1, seed=0)
