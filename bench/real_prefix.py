@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llmserve_env.gateway.backend import GatewayBackend  # noqa: E402
 from llmserve_env.gateway.config import GatewayConfig, Secret  # noqa: E402
 from llmserve_env.gateway.pricing import TierPrice, TierTable  # noqa: E402
+from llmserve_env.gateway.recorder import read_records  # noqa: E402
 from llmserve_env.shared.backend import Arrival, WindowReport  # noqa: E402
 from llmserve_env.shared.models import ServeAction  # noqa: E402
 from llmserve_env.shared.prefix import chain_ids  # noqa: E402
@@ -141,7 +142,7 @@ class RoutedAsRecorded(ClusterBackend):
 
 def recorded_routes(records: Path) -> dict[int, int]:
     """Request id to replica index (the endpoints in sorted order) from a run's records, every request."""
-    recs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    recs = read_records(records)
     endpoints = sorted({r["endpoint"] for r in recs if r.get("endpoint")})
     if len(endpoints) > 2:
         raise ValueError(f"{records}: {len(endpoints)} endpoints, the replay has 2 replicas")
@@ -166,7 +167,7 @@ def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) ->
     the comparison is of the cache mechanism alone, free of any step time. Rows: request, endpoint, the
     engine's hit share (cached / its prompt tokens) and the model's (units hit x unit / prompt tokens)."""
     by_id = {a.request_id: a for a in arrivals}
-    recs = [json.loads(line) for line in records.read_text().splitlines() if line.strip()]
+    recs = read_records(records)
     events = []  # (time, 0 = release before 1 = take at one instant, record)
     for r in recs:
         if r.get("status") == "ok" and r.get("dispatch_s") is not None and r["request_id"] in by_id:
@@ -210,8 +211,7 @@ def in_engine_tokens(arrivals: list[Arrival], ratio: float) -> list[Arrival]:
 
 def summary_records(path: Path) -> dict[str, Any]:
     """`summary` from a run's records (`--replay`): TTFT from arrival, the engines' own hit counts."""
-    recs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    ok = [r for r in recs if r.get("status") == "ok"]
+    ok = [r for r in read_records(path) if r.get("status") == "ok"]
     ttft = [r["first_token_s"] - r["arrival_s"] for r in ok if r.get("first_token_s") is not None]
     measured = [r for r in ok if r.get("prefix_units_sent") is not None and r.get("cached_tokens") is not None
                 and r.get("engine_prompt_tokens")]
@@ -227,13 +227,10 @@ def ttft_by_hit(records: Path, reports: list[WindowReport]) -> dict[str, dict[st
     0.7), the requests, the engine's mean TTFT and the simulator's over the same requests (a run played on
     its own routes): where the prediction of a reduction goes wrong, by how much each request was cached."""
     sim = {i: t for rep in reports for i, _, t in rep.first_tokens}
-    rows = []
-    for line in records.read_text().splitlines():
-        r = json.loads(line) if line.strip() else None
-        if (r and r.get("status") == "ok" and r.get("first_token_s") is not None and r.get("engine_prompt_tokens")
-                and r.get("cached_tokens") is not None and r["request_id"] in sim):
-            rows.append((r["cached_tokens"] / r["engine_prompt_tokens"], r["first_token_s"] - r["arrival_s"],
-                         sim[r["request_id"]]))
+    rows = [(r["cached_tokens"] / r["engine_prompt_tokens"], r["first_token_s"] - r["arrival_s"], sim[r["request_id"]])
+            for r in read_records(records)
+            if r.get("status") == "ok" and r.get("first_token_s") is not None and r.get("engine_prompt_tokens")
+            and r.get("cached_tokens") is not None and r["request_id"] in sim]
     out = {}
     for name, lo, hi in (("under_0.3", 0.0, 0.3), ("0.3-0.7", 0.3, 0.7), ("over_0.7", 0.7, 1.01)):
         group = [x for x in rows if lo <= x[0] < hi]
@@ -375,8 +372,7 @@ def main(argv: list[str] | None = None) -> None:
     models = {"blocks": load_profile(str(out / "llama-fit.json")),
               "slots": load_profile(str(out / "llama-fit-slots.json"))}
     # the engine's prompt tokens per o200k token on these runs (its tokenizer and chat template)
-    ratio = prompt_ratio(json.loads(line) for name in ("least_work", "affinity")
-                         for line in (out / f"records_{name}.jsonl").read_text().splitlines() if line.strip())
+    ratio = prompt_ratio(r for name in ("least_work", "affinity") for r in read_records(out / f"records_{name}.jsonl"))
     engine_arrivals = in_engine_tokens(arrivals, ratio)
     print(f"the engine counts {ratio:.3f} tokens per o200k token on these runs (median); the simulator plays "
           f"the run in the engine's tokens, as its profile was fitted")

@@ -17,7 +17,8 @@ token and a token before it in its context:
 Measured on llama-server by `bench/cached_prefill.py` (77 tokens computed after 0..768 cached on one
 slot: the slope of their eval time over the cached tokens, divided by 77): SmolLM2-135M Q4_1, one CPU
 thread: 2.13, 2.54 and 2.91 us in three runs, and 2.65 us on a line through 0..3,072 cached (each point
-within 2.1 %; sim/data/llama_cpu_cached_prefill.csv, PROVENANCE.md). Absent: 0, every profile as before. `calibrate records --cached-context-s` fits a profile with it.
+within 2.1 %; sim/data/llama_cpu_cached_prefill.csv, PROVENANCE.md). Absent: 0, every profile as before.
+`calibrate records --cached-context-s` fits a profile with it.
 """
 
 from __future__ import annotations

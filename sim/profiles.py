@@ -290,11 +290,12 @@ def _load_file(path: str, mtime_ns: int) -> Profile:
     try:
         d = json.loads(Path(path).read_text())
         prof = profile_from_dict(d)
+        from llmserve_env.sim.cached_context import KEY as CACHED_KEY
         from llmserve_env.sim.measured_step import measured_models  # lazily: it loads the step-time models
 
         measured = measured_models(prof)  # a measured step model (table or coefficients) is checked at load
-        if not measured and "cached_context_s" in d.get("engine", {}):
-            raise ValueError("engine.cached_context_s is a measured step model's term (engine.measured_step or "
+        if not measured and CACHED_KEY in d.get("engine", {}):
+            raise ValueError(f"engine.{CACHED_KEY} is a measured step model's term (engine.measured_step or "
                              "engine.step_table); a kernel-based profile prices attention over the cache itself")
         return prof
     except (ValueError, KeyError, TypeError) as exc:

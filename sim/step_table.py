@@ -33,6 +33,8 @@ measured and tabulates the one that is not:
                                         checkpoints split its prompt over three iterations, each with the
                                         decoding slots (sim/prompt_breaks.py); docs/real-mode.md has the
                                         numbers.
+      (+ engine.cached_context_s * pairs of a chunk's tokens with the cached tokens before it:
+         sim/cached_context.py)
 
 stored in the profile as `engine.measured_table`:
 

@@ -332,11 +332,11 @@ def run_records(profile_ref: str, records_path: Path, actions: list[ServeAction]
     base = load_profile(profile_ref)
     if prompt_breaks is not None:  # the fit replays the records as the engine batched their prompts
         base = with_engine(base, {"prompt_breaks": prompt_breaks})
-    if cached_context is not None:
-        if not cached_context >= 0:
-            raise ValueError(f"cached_context_s must be >= 0 (seconds per computed token per token before it), "
-                             f"got {cached_context}")
-        base = with_engine(base, {CACHED_KEY: cached_context}) if cached_context else base
+    if cached_context is not None and not cached_context >= 0:
+        raise ValueError(f"cached_context_s must be >= 0 (seconds per computed token per token before it), "
+                         f"got {cached_context}")
+    if cached_context:  # held fixed: the fit's per-token cost is what is left
+        base = with_engine(base, {CACHED_KEY: cached_context})
     runs = load_runs(records_path, actions, window_s=window_s, windows=windows, caps=caps, episode=episode)
     choice: Choice | None = None
     if step_model == "table" or (step_model == "auto" and len(runs) >= 2):
