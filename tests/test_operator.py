@@ -110,15 +110,36 @@ def test_emergency_step_on_a_queue_and_knobs_by_the_trade_offs() -> None:
 
 
 def test_announced_jobs_replace_the_published_ones_when_the_task_announces() -> None:
-    op = DayPlanPolicy(MULTI, DayPlanParams(alpha=1.0, emergency_queue=1e9))
-    # nothing announced, nothing arriving: the published 03:00 job is not assumed
+    op = DayPlanPolicy(MULTI, DayPlanParams(alpha=1.0, emergency_queue=1e9, job_prior=False))
+    # without the prior: nothing announced, nothing arriving, and the published 03:00 job is not assumed
     assert not op.act(_obs(7, {"interactive": 40, "batch": 0}, announced_jobs=[])).priority_routing
     # a job nobody announced: its observed rate is kept as a level
     assert op.act(_obs(8, {"interactive": 40, "batch": 40}, announced_jobs=[])).priority_routing
     assert op.extra["batch"] == pytest.approx(4.0)
-    op2 = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0, emergency_queue=1e9))
+    op2 = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0, emergency_queue=1e9, job_prior=False))
     late = [{"tenant": "batch", "start_window": 20, "windows": 4, "rate_rps": 8.0}]
     assert op2.act(_obs(20, {"interactive": 40, "batch": 0}, announced_jobs=late)).priority_routing
+
+
+def test_the_job_prior_keeps_published_jobs_until_an_announcement_takes_them() -> None:
+    """With `job_prior` (the default) a published job nobody announced is still expected at its time; an
+    announcement takes the nearest published job of its tenant, for good: not back when it leaves the list."""
+    quiet = {"interactive": 40, "batch": 0}
+    assert DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0)).act(_obs(7, quiet, announced_jobs=[])).priority_routing
+    op = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0))
+    moved = [{"tenant": "batch", "start_window": 9, "windows": 6, "rate_rps": 4.0}]  # the 03:00 job (6-11), later
+    assert not op.act(_obs(7, quiet, announced_jobs=moved)).priority_routing
+    assert op.matched == {("batch", 9): 0}
+    assert op.act(_obs(9, quiet, announced_jobs=moved)).priority_routing
+    assert not op.act(_obs(15, quiet, announced_jobs=[])).priority_routing  # ended: window 6's job stays taken
+    # the 15:00 job (30-33) is still expected, one cold start ahead: more replicas asked than without it
+    late = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0)).act(_obs(22, quiet, announced_jobs=[]))
+    none = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0, job_prior=False)).act(_obs(22, quiet, announced_jobs=[]))
+    assert late.replicas > none.replicas
+    # an announcement near 15:00 takes that job, not the 03:00 one
+    op3 = DayPlanPolicy(MULTI, DayPlanParams(alpha=0.0))
+    op3.act(_obs(1, quiet, announced_jobs=[{"tenant": "batch", "start_window": 27, "windows": 4, "rate_rps": 4.0}]))
+    assert op3.matched == {("batch", 27): 1}
 
 
 def test_registered_cluster_only_and_rivals_to_beat() -> None:
@@ -141,3 +162,27 @@ def test_tuner_refuses_a_single_server_task(capsys: pytest.CaptureFixture[str]) 
     with pytest.raises(SystemExit):
         main(["--task", "bursty_workload"])
     assert "single-server" in capsys.readouterr().err
+
+
+def test_the_operator_descent_also_starts_from_the_schedules_tuned_plan(tmp_path) -> None:
+    import json
+    from dataclasses import asdict
+
+    from llmserve_env.agents.operator import grid_for, schedule_start
+
+    grid = grid_for(MULTI)
+    names = list(grid)
+    base = asdict(DayPlanParams())
+    path = tmp_path / "tuned.json"
+    path.write_text(json.dumps({"tasks": {}}))
+    assert schedule_start("multitenant_autoscale", grid, names, base, path) is None
+    plan = {"rps_per_replica": 7.5, "lead": -2, "release_hold": 2, "low_priority_weight": 0.5, "batch_cap": 256,
+            "kv": 1.0, "spec_depth": 0, "spec_max_rps": 3.0, "slack": 0.2}
+    path.write_text(json.dumps({"tasks": {"multitenant_autoscale": {"schedule": {"params": plan}}}}))
+    start = schedule_start("multitenant_autoscale", grid, names, base, path)
+    assert start is not None
+    values = {n: grid[n][i] for n, i in zip(names, start, strict=True)}
+    assert values == {**{n: base[n] for n in names}, **plan}  # the plan's axes, the feedback axes at defaults
+    # the shifted test reads its training family's plan (shared.splits.tuned_task)
+    path.write_text(json.dumps({"tasks": {"multitenant_family": {"schedule": {"params": plan}}}}))
+    assert schedule_start("multitenant_family_shifted", grid, names, base, path) == start

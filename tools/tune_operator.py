@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> None:
     log = logging.getLogger(policy.__name__).info
     try:
         for task_id in tasks:
-            for kind in args.kind:
+            # the schedule first: the operator's descent also starts from the schedule's tuned plan
+            for kind in sorted(args.kind, key=lambda k: k != "schedule"):
                 t0, c0 = time.perf_counter(), time.process_time()
                 env = cli.EpisodeCounter(InProcessEnv(), f"tuning {kind} on {task_id}", quiet=args.quiet)
                 values, score, evaluated = tune(env, kind, task_id, train_seeds(args.seeds), log=log, runner=runner)
