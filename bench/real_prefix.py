@@ -26,7 +26,12 @@ vLLM's block cache and with llama-server's slot cache (sim/slot_cache.py, `-np` 
 tokens (the profile is fitted to them; `in_engine_tokens`), and a third time with the slot cache on the
 routes the gateway took (each request on the server its record names: the prediction for the run as it was
 routed, since the gateway's least-work router decides near-ties by the streams' timing; its TTFT is printed
-by the engine's hit share per request beside the engine's). The TTFT reduction measured (1 - mean TTFT with
+by the engine's hit share per request beside the engine's). A fourth prediction plays the slot cache on the
+simulator's own routing again with the tracked router (sim/cluster.py `router="tracked"`: each arrival routed
+on the replicas' true outstanding work at its arrival, as the gateway counts its in-flight requests, rather
+than on the default router's estimate drained from the window's start), and for each routing the
+conversations split across the servers (turns of one conversation on both) and the turn-to-turn server
+changes are counted beside the gateway's, from its records. The TTFT reduction measured (1 - mean TTFT with
 affinity / at 0) is set against each prediction; the engines' own cache counts (usage / timings) give the
 measured hit rates; and each run's requests are replayed through the slot model in the engine's own order
 of dispatches and finishes, which checks the cache mechanism per request, free of step times.
@@ -124,6 +129,21 @@ def play_real(urls: list[str], arrivals: list[Arrival], task: Any, affinity: flo
     return reports
 
 
+class RouteLog(ClusterBackend):
+    """The cluster under its own router (`router`: sim/cluster.py's "estimated" or "tracked"), noting where
+    each request went (`routes`: request id to replica index) to count the conversations it split."""
+
+    def __init__(self, profile: Any, router: str) -> None:
+        super().__init__(profile, (2, 2), 2, router=router)
+        self.routes: dict[int, int] = {}
+
+    def _choose(self, a: Arrival, eligible: list[Any], work: list[float], affinity: float | None,
+                sent: dict[int, set[int]]) -> tuple[int, int]:
+        i, hit = super()._choose(a, eligible, work, affinity, sent)
+        self.routes[a.request_id] = eligible[i].index
+        return i, hit
+
+
 class RoutedAsRecorded(ClusterBackend):
     """The cluster with each request sent where the gateway sent it in a real run (`route`: request id to
     replica index), for the prediction of that run's TTFT given its routes: the gateway's least-work router
@@ -150,15 +170,46 @@ def recorded_routes(records: Path) -> dict[int, int]:
 
 
 def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float | None,
-             route: dict[int, int] | None = None) -> list[WindowReport]:
-    backend = ClusterBackend(profile, (2, 2), 2) if route is None else RoutedAsRecorded(profile, route)
+             route: dict[int, int] | None = None, router: str = "estimated",
+             routes_out: dict[int, int] | None = None) -> list[WindowReport]:
+    """The run in the simulator: on `route` (the gateway's) if given, else on the cluster's own `router`,
+    whose routes are copied into `routes_out` if given."""
+    backend: ClusterBackend = RouteLog(profile, router) if route is None else RoutedAsRecorded(profile, route)
     backend.reset(0)
     dt = task.window_s
     ws = windows(arrivals, task)
     reports = [backend.run_window(action(affinity), w, k * dt, dt) for k, w in enumerate(ws)]
     for k in range(len(ws), len(ws) + DRAIN_WINDOWS):
         reports.append(backend.run_window(action(affinity), [], k * dt, dt))
+    if routes_out is not None and isinstance(backend, RouteLog):
+        routes_out.update(backend.routes)
     return reports
+
+
+def conversations(arrivals: list[Arrival]) -> dict[int, int]:
+    """Request id to its conversation (its first turn's request id): every later turn resends the first
+    turn's prompt, whose units then lead its own, and no other conversation's (its first message differs)."""
+    firsts: list[Arrival] = []
+    out = {}
+    for a in sorted(arrivals, key=lambda x: x.arrival_s):
+        ids = a.prefix_ids or ()
+        head = next((f for f in firsts if f.prefix_ids and ids[:len(f.prefix_ids)] == f.prefix_ids), None)
+        if head is None:
+            firsts.append(a)
+            head = a
+        out[a.request_id] = head.request_id
+    return out
+
+
+def splits(routes: dict[int, int], convo: dict[int, int]) -> dict[str, int]:
+    """How a routing treats the conversations: those with turns on more than one server, and the turns that
+    went to another server than their conversation's previous turn (request ids rise with arrival time)."""
+    servers: dict[int, list[int]] = {}
+    for rid in sorted(routes):
+        if rid in convo:
+            servers.setdefault(convo[rid], []).append(routes[rid])
+    return {"split": sum(1 for s in servers.values() if len(set(s)) > 1),
+            "changes": sum(sum(1 for x, y in zip(s, s[1:], strict=False) if x != y) for s in servers.values())}
 
 
 def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) -> list[dict[str, Any]]:
@@ -376,11 +427,21 @@ def main(argv: list[str] | None = None) -> None:
     engine_arrivals = in_engine_tokens(arrivals, ratio)
     print(f"the engine counts {ratio:.3f} tokens per o200k token on these runs (median); the simulator plays "
           f"the run in the engine's tokens, as its profile was fitted")
-    for cache, profile in models.items():
+    convo = conversations(arrivals)
+    routing: dict[str, dict[str, dict[str, int]]] = {name: {"engine": splits(
+        recorded_routes(out / f"records_{name}.jsonl"), convo)} for name in ("least_work", "affinity")}
+    # the slot cache a second time on the simulator's own routing with the tracked router: each arrival on
+    # the replicas' true outstanding work at its arrival, as the gateway routes (sim/cluster.py)
+    plays = [(cache, cache, "estimated") for cache in models] + [("slots_tracked", "slots", "tracked")]
+    for key_cache, cache, router in plays:
         for name, affinity in (("least_work", 0.0), ("affinity", a.affinity)):
-            key = f"sim_{cache}_{name}"
-            results[key] = summary(play_sim(profile, engine_arrivals, task, affinity))
-            print(f"sim ({cache:>6} cache) {name:>12}: {json.dumps(results[key])}")
+            key = f"sim_{key_cache}_{name}"
+            routes: dict[int, int] = {}
+            results[key] = summary(play_sim(models[cache], engine_arrivals, task, affinity, router=router,
+                                            routes_out=routes))
+            routing[name][f"sim_{key_cache}"] = splits(routes, convo)
+            print(f"sim ({cache:>6} cache{', tracked router' if router == 'tracked' else ''}) {name:>12}: "
+                  f"{json.dumps(results[key])}")
     # the same runs on the routes the gateway took (each request where its records say it went): what the
     # simulator predicts for these runs given their routing, which the least-work router decided by near-ties
     for name in ("least_work", "affinity"):
@@ -394,6 +455,11 @@ def main(argv: list[str] | None = None) -> None:
                   f"{row['engine_ttft_ms']:6.0f} ms, simulator {row['sim_ttft_ms']:6.0f} ms "
                   f"({row['sim_over_engine']:.2f})")
             results[key][f"sim_over_engine_ttft_hit_{bucket}"] = row["sim_over_engine"]
+
+    print(f"conversations split across the servers (of {len(set(convo.values()))}) / turn-to-turn server "
+          "changes, by routing:")
+    for name, row in routing.items():
+        print(f"  {name:>12}: " + ", ".join(f"{who} {x['split']} / {x['changes']}" for who, x in row.items()))
 
     # the cache mechanism alone: the engine's per-request hits against the slot model replayed on the
     # engine's own dispatch and finish times
@@ -413,18 +479,20 @@ def main(argv: list[str] | None = None) -> None:
     real_red = reduction(results["least_work"], results["affinity"])
     last: dict[str, Any] = {"real_ttft_reduction": real_red, "engine_tokens_per_o200k": ratio,
                             "cached_context_s": a.cached_context_s}
-    for cache in (*models, "slots_routed"):
+    for cache in (*models, "slots_tracked", "slots_routed"):
         sim_red = reduction(results[f"sim_{cache}_least_work"], results[f"sim_{cache}_affinity"])
         gap = abs(real_red - sim_red) / abs(sim_red) if real_red is not None and sim_red else None
         last[f"sim_{cache}_ttft_reduction"] = sim_red
         last[f"{cache}_reduction_gap_pct"] = None if gap is None else 100 * gap
     for name in ("least_work", "affinity"):
         last[f"real_{name}_hit_rate"] = results[name]["hit_rate"]
-        for cache in (*models, "slots_routed"):
+        for cache in (*models, "slots_tracked", "slots_routed"):
             last[f"sim_{cache}_{name}_hit_rate"] = results[f"sim_{cache}_{name}"]["hit_rate"]
         last[f"slot_replay_{name}_mean_abs_err"] = agree[name]["mean_abs_err"]
         last[f"routed_{name}_sim_over_engine_ttft_hit_over_0.7"] = results[f"sim_slots_routed_{name}"].get(
             "sim_over_engine_ttft_hit_over_0.7")
+        last[f"split_conversations_{name}"] = {who: x["split"] for who, x in routing[name].items()}
+        last[f"server_changes_{name}"] = {who: x["changes"] for who, x in routing[name].items()}
     last["out"] = str(out)
     print(json.dumps(last))
 

@@ -33,6 +33,22 @@ and running requests, it grows by each request routed there, and it drains at th
 processing rate (prompt + output tokens per busy second in its last window; a new replica starts from
 the cluster's mean).
 
+Router "tracked" (opt-in, `ClusterBackend(..., router="tracked")`): each arrival is routed on the replicas'
+true outstanding work at its arrival time, as the real-mode gateway sees its in-flight requests
+(gateway/dispatcher.py): every eligible replica's engine is first run to the arrival's time (an iteration
+that starts before it is simulated whole, as at a window's end), the work is summed over the requests it
+holds then (shared/routing.py `outstanding_work`, a request's routed cache hit left out until its first
+token, as the gateway leaves out its routed hit), and the arrival is handed to the chosen engine at once
+(sim/engine.py `begin_window` / `advance` / `add_arrival` / `end_window`). With `cache_affinity` set, a
+replica's cached share is its engine's cache at that instant plus what was routed there this window.
+Each engine draws an arrival's speculation acceptance as it receives it, rather than a window's at once;
+the routes differ from the estimated router's, so the engines' random streams do too: tracked episodes
+are their own (deterministic) trajectories, not the default's. An engine run to every arrival's time has
+its decode runs cut there; the engine skips scheduling passes within a decode run while its queue is
+blocked, so under KV pressure (a prefill that preempted itself) a cut can re-admit a waiting request
+sooner: even a single replica's tracked run then differs from its estimated one (without that pressure
+they agree). Routing costs O(requests held) per arrival and replica. The default, "estimated", is unchanged.
+
 Scenario families only (`disruptions`, shared/scenarios.py; None on every other task, which then
 behaves exactly as without it): each replica's cold start is the profile's times a drawn log-normal
 factor, and a spot preemption reclaims replica i at a drawn time after its request. A reclaimed
@@ -65,6 +81,7 @@ from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+ROUTERS = ("estimated", "tracked")  # the module docstring's two routers
 
 
 @dataclass(slots=True)
@@ -103,7 +120,10 @@ class ClusterBackend:
     name = "sim"
 
     def __init__(self, profile_id: str | Profile = "h100-llama3.1-8b", replicas: tuple[int, int] = (1, 8),
-                 initial: int = 1, disruptions: ReplicaDisruptions | None = None):
+                 initial: int = 1, disruptions: ReplicaDisruptions | None = None, router: str = "estimated"):
+        if router not in ROUTERS:
+            raise ValueError(f"router must be one of {ROUTERS}, got {router!r}")
+        self.router = router
         self.profile = profile_id if isinstance(profile_id, Profile) else load_profile(profile_id)
         lo, hi = replicas
         if not 1 <= lo <= initial <= hi <= MAX_REPLICAS:
@@ -195,28 +215,59 @@ class ClusterBackend:
         sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         for a in arrivals:
             t = a.arrival_s
-            eligible = [r for r in ready if r.ready_s <= t]
+            eligible = self._eligible(ready, a)
             if not eligible:  # only after a spot preemption: otherwise a ready replica exists from t0 on
-                if self.disruptions is None:
-                    raise RuntimeError(f"no ready replica at t={t:.3f}")
-                self._unrouted.append(a)
                 continue
             work = [r.work_at(t) for r in eligible]
-            hit = 0
-            if affinity is None:
-                i = least_outstanding(work)
-            else:
-                hits = self._cached_tokens(a, eligible, sent)
-                i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
-                hit = hits[i]
-                if a.prefix_ids is not None:
-                    sent[eligible[i].index].update(a.prefix_ids[:(a.prompt_tokens + a.output_tokens)
-                                                                // a.prefix_block_tokens])
+            i, hit = self._choose(a, eligible, work, affinity, sent)
             best = eligible[i]
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
         return routed
+
+    def _eligible(self, ready: list[Replica], a: Arrival) -> list[Replica]:
+        """The ready replicas that take `a` (ready by its time); none only after a spot preemption, when
+        the arrival is kept to be rejected."""
+        eligible = [r for r in ready if r.ready_s <= a.arrival_s]
+        if not eligible:
+            if self.disruptions is None:
+                raise RuntimeError(f"no ready replica at t={a.arrival_s:.3f}")
+            self._unrouted.append(a)
+        return eligible
+
+    def _choose(self, a: Arrival, eligible: list[Replica], work: list[float], affinity: float | None,
+                sent: dict[int, set[int]]) -> tuple[int, int]:
+        """(index into `eligible`, prompt tokens counted as cached there): least outstanding work, or the
+        cache-aware rule, which also remembers `a`'s units as sent to the replica chosen."""
+        if affinity is None:
+            return least_outstanding(work), 0
+        hits = self._cached_tokens(a, eligible, sent)
+        i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
+        if a.prefix_ids is not None:
+            sent[eligible[i].index].update(a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens])
+        return i, hits[i]
+
+    def _route_tracked(self, arrivals: list[Arrival], affinity: float | None = None) -> None:
+        """The tracked router (module docstring): each arrival, in time order, to the replica with the
+        least true outstanding work at its arrival (or the cache-aware rule over it), handed to that
+        engine at once. The engines' windows are begun; only the eligible ones are advanced (a draining
+        replica takes no arrival: it runs to the window's end in one go, as under the estimated router)."""
+        ready = [r for r in self.replicas if r.state == READY]
+        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
+        for a in arrivals:
+            eligible = self._eligible(ready, a)
+            if not eligible:
+                continue
+            engines = []
+            for r in eligible:
+                eng = r.engine
+                assert eng is not None  # a ready replica has its engine
+                eng.advance(a.arrival_s)
+                engines.append(eng)
+            work = [eng.outstanding_tokens() for eng in engines]
+            i, hit = self._choose(a, eligible, work, affinity, sent)
+            engines[i].add_arrival(a, hit)
 
     @staticmethod
     def _cached_tokens(a: Arrival, eligible: list[Replica], sent: dict[int, set[int]]) -> list[int]:
@@ -245,7 +296,15 @@ class ClusterBackend:
         for r in self.replicas:
             if r.state == STARTING and r.ready_s < t1:
                 self._make_ready(r)
-        routed = self._route(arrivals, action.cache_affinity)
+        tracked = self.router == "tracked"
+        if tracked:  # the engines run arrival by arrival while routing (_route_tracked), then to t1 below
+            for r in self.replicas:
+                if r.engine is not None and r.state in (READY, DRAINING):
+                    r.engine.begin_window(action, t0, dt)
+            self._route_tracked(arrivals, action.cache_affinity)
+            routed: dict[int, list[Arrival]] = {}
+        else:
+            routed = self._route(arrivals, action.cache_affinity)
         p = self.profile
         rep = WindowReport(t0=t0, dt=dt, quality=p.tiers[action.quantization_tier].quality,
                            applied=dict.fromkeys((*KNOBS, "replicas"), True))
@@ -263,7 +322,10 @@ class ClusterBackend:
                 continue
             eng = r.engine
             assert eng is not None  # a ready or draining replica has its engine
-            pending, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
+            if tracked:
+                pending, used, mem, acc = eng.end_window()  # runs to t1
+            else:
+                pending, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
             rep.finished += acc.finished
             rep.pending += pending
             rep.first_tokens += acc.first_tokens

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
+from llmserve_env.shared.routing import outstanding_work
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.prefix_cache import PrefixCache
@@ -247,25 +248,75 @@ class Engine:
             kappa = p.spec_concentration
             # drawn for every arrival whatever the policy, so the stream never depends on actions
             accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa).tolist()
-            for a, acc in zip(arrivals, accepts, strict=True):
-                rec = RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
-                                    a.output_tokens)
-                r = SimRequest(rec, acc)
-                if a.prefix_ids is not None:
-                    # prefix-unique ids are the cache's keys (shared/backend.py `Arrival`): the full units
-                    # of the prompt and answer
-                    self.pcache.bind(a.prefix_block_tokens)
-                    keys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
-                    if self.slots is None:
-                        r.pkeys = keys
-                    else:
-                        self.slots.unit = self.pcache.block_tokens
-                        r.skeys = keys
-                reqs.append(r)
+            reqs = [self._request_for(a, acc) for a, acc in zip(arrivals, accepts, strict=True)]
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         self.acc.busy = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+
+    def _request_for(self, a: Arrival, accept: float) -> SimRequest:
+        rec = RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens, a.output_tokens)
+        r = SimRequest(rec, accept)
+        if a.prefix_ids is not None:
+            # prefix-unique ids are the cache's keys (shared/backend.py `Arrival`): the full units
+            # of the prompt and answer
+            self.pcache.bind(a.prefix_block_tokens)
+            keys = a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens]
+            if self.slots is None:
+                r.pkeys = keys
+            else:
+                self.slots.unit = self.pcache.block_tokens
+                r.skeys = keys
+        return r
+
+    # A window arrival by arrival (ClusterBackend's tracked router, sim/cluster.py): begin_window, then
+    # per arrival advance(its time) and add_arrival, then end_window. Between the calls the engine's
+    # requests are its true state at the clock, which is what the router reads (outstanding_tokens).
+
+    def begin_window(self, action: ServeAction, t0: float, dt: float) -> None:
+        """Configure for `action` and open a window with no arrivals yet (add_arrival brings them)."""
+        self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
+                       action.quantization_tier, action.prefill_decode_split, action.priority_routing)
+        self.start_window([], t0, dt)
+
+    def add_arrival(self, a: Arrival, routed_hit: int = 0) -> None:
+        """One arrival of the open window, no earlier than the last one added. Its acceptance rate is
+        drawn here, one arrival at a time (start_window draws a window's at once; numpy's Generator
+        draws a vector element by element, so the same arrivals in the same order get the same rates,
+        but an engine's arrivals differ with its routes). `routed_hit`: the prompt tokens the router
+        counted as cached, left out of its outstanding work (outstanding_tokens)."""
+        kappa = self.profile.spec_concentration
+        mean = self.profile.acceptance_mean(a.tenant)
+        r = self._request_for(a, float(self.rng.beta(mean * kappa, (1.0 - mean) * kappa)))
+        r.routed_hit = routed_hit
+        self.arrivals.append(r)
+
+    def advance(self, t: float) -> None:
+        """Run the lanes to `t` (an iteration that starts before it is simulated whole) and stop there,
+        the window still open: run() continues from here."""
+        if self.split:
+            self._run_split(t)
+        else:
+            self._run_unified(t)
+
+    def end_window(self) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+        """Run to the window's end and close it: serve_window's return, for a window begun with begin_window."""
+        self.run(self.t0 + self.dt)
+        pending, used, mem = self.close_window()
+        return pending, used, mem, self.take_measurements()
+
+    def outstanding_tokens(self) -> float:
+        """Tokens still to process for every request the engine holds (queued, not yet reached, prefilling,
+        in transfer, decoding), by shared/routing.py's rule as the gateway counts them: a request's prompt
+        less its routed hit until its first token, then its output still to come."""
+        it = self.decode_iter
+        total = 0.0
+        for group in (self.arrivals[self.arrival_idx:], self.sched.waiting(), self.prefilling,
+                      (e[2] for e in self.transfers), self.decoding.values()):
+            for r in group:
+                total += outstanding_work(r.prompt - r.routed_hit, r.target, int(r.progress_at(it)),
+                                          r.rec.first_token_s is not None)
+        return total
 
     def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
                      dt: float) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
@@ -280,10 +331,9 @@ class Engine:
         return pending, used, mem, self.take_measurements()
 
     def run(self, t_end: float) -> None:
-        if self.split:
-            self._run_split(t_end)
-        else:
-            self._run_unified(t_end)
+        """Run to the window's end `t_end` and settle the window (every arrival queued, the busy time's
+        overhang carried): once per window."""
+        self.advance(t_end)
         self._admit_arrivals(INF)
         # every arrival is queued now: drop the window's list, whose finished requests a fork would copy
         # (a 10 s cluster window holds ~200, most of them done)

@@ -16,7 +16,7 @@ class SimRequest:
     __slots__ = ("rid", "tenant", "priority", "arrival", "prompt", "target", "rec", "accept", "e", "state",
                  "prefill_target", "prefilled", "blocks", "progress", "sync_iter", "finish_iter", "gen",
                  "last_emit_s", "reported", "wkey", "snap", "snap_key", "admitted_seq", "queued_clean",
-                 "pkeys", "phold", "pshared", "skeys", "pslot")
+                 "pkeys", "phold", "pshared", "skeys", "pslot", "routed_hit")
     # the snapshot is handed out read-only and replaced, never changed: a fork shares it (sim/fork.py)
     __fork_shared__ = ("snap",)
 
@@ -58,6 +58,9 @@ class SimRequest:
         # cache is never touched), and the slot the request runs in (-1: none)
         self.skeys: tuple[int, ...] | None = None
         self.pslot = -1
+        # prompt tokens the cluster's tracked router counted as cached when it routed the request (sim/cluster.py):
+        # left out of its outstanding work, as the gateway leaves out its routed hit; 0 otherwise
+        self.routed_hit = 0
 
     def progress_at(self, it: int) -> float:
         if self.state == DECODE:

@@ -107,3 +107,29 @@ def test_the_prediction_on_recorded_routes_sends_each_request_where_the_records_
     extra.write_text("".join(json.dumps({"request_id": i, "endpoint": f"http://e{i}"}) + "\n" for i in range(3)))
     with pytest.raises(ValueError, match="3 endpoints"):
         rp.recorded_routes(extra)
+
+
+def test_conversations_and_their_splits_by_a_routing(tmp_path):
+    """The bench counts, per routing, the conversations with turns on both servers and the turn-to-turn
+    server changes; a conversation is told by its first turn's units leading each later turn (two
+    conversations on one system prompt share only that)."""
+    rp = bench()
+    from llmserve_env.shared.workloads import resolve_task
+    from llmserve_env.sim.profiles import load_profile
+    arr = sorted(arrivals(tmp_path, rp), key=lambda a: a.arrival_s)
+    convo = rp.conversations(arr)
+    first = sorted(a.request_id for a in arr if a.prompt_tokens == 304)
+    assert sorted(set(convo.values())) == first and all(list(convo.values()).count(f) == 2 for f in first)
+    together = {a.request_id: first.index(convo[a.request_id]) for a in arr}
+    assert rp.splits(together, convo) == {"split": 0, "changes": 0}
+    moved = dict(together)
+    later = max(a.request_id for a in arr if convo[a.request_id] == first[0])
+    moved[later] = 1 - moved[later]
+    assert rp.splits(moved, convo) == {"split": 1, "changes": 1}
+    task = resolve_task(f"trace:{tmp_path / 't.jsonl'}?prefix_block_tokens=16&replicas=2&initial_replicas=2"
+                        "&window_s=5&horizon=4")
+    for router in ("estimated", "tracked"):  # the simulator's own routes, noted for every request
+        routes: dict[int, int] = {}
+        reports = rp.play_sim(load_profile("h100-llama3.1-8b"), arr, task, 0.0, router=router, routes_out=routes)
+        assert sorted(routes) == sorted(a.request_id for a in arr) and set(routes.values()) <= {0, 1}
+        assert rp.summary(reports)["requests_ok"] == len(arr)
