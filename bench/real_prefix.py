@@ -491,8 +491,9 @@ def main(argv: list[str] | None = None) -> None:
         last[f"slot_replay_{name}_mean_abs_err"] = agree[name]["mean_abs_err"]
         last[f"routed_{name}_sim_over_engine_ttft_hit_over_0.7"] = results[f"sim_slots_routed_{name}"].get(
             "sim_over_engine_ttft_hit_over_0.7")
-        last[f"split_conversations_{name}"] = {who: x["split"] for who, x in routing[name].items()}
-        last[f"server_changes_{name}"] = {who: x["changes"] for who, x in routing[name].items()}
+        for who, x in routing[name].items():  # flat keys, as every bench's last line
+            last[f"split_conversations_{name}_{who}"] = x["split"]
+            last[f"server_changes_{name}_{who}"] = x["changes"]
     last["out"] = str(out)
     print(json.dumps(last))
 
