@@ -132,31 +132,15 @@ def _cold_start_windows(task: TaskSpec) -> int:
     return math.ceil(load_profile(task.profile).cold_start_s() / task.window_s - 1e-9)
 
 
-def published_jobs(task: TaskSpec) -> list[dict[str, Any]]:
-    """Every job the task publishes, once per cycle of the episode, with its start in episode windows."""
-    w = task.workload
-    n = int(w.get("cycle_windows") or task.horizon)
-    return [{**j, "start_window": c * n + int(j["start_window"])}
-            for c in range(-(-task.horizon // n)) for j in w.get("jobs", [])
-            if c * n + int(j["start_window"]) < task.horizon]
-
-
-def _interval_rates(horizon: int, job: dict[str, Any]) -> np.ndarray:
-    """One job's req/s per episode window, its start in episode windows (published_jobs' form)."""
-    out = np.zeros(horizon)
-    start = int(job["start_window"])
-    out[max(0, start):max(0, start + int(job["windows"]))] = float(job["rate_rps"])
-    return out
-
-
-def match_jobs(published: Sequence[dict[str, Any]], announced: Sequence[dict[str, Any]],
+def match_jobs(published: Sequence[dict[str, Any]], announced: Sequence[dict[str, Any]], cycle: int,
                matched: dict[tuple[str, int], int]) -> None:
     """Pair each announced job, keyed (tenant, start), with the published job it stands for, into `matched`
-    (announced key -> index in `published`), keeping earlier pairs: an announcement leaves the observation
-    when its job ends, and the published job it took must not come back then. A new announcement takes
-    the nearest unpaired published job of its tenant by start: the family's jobs move around their
-    published times and only scheduled jobs are announced, so the nearest one is the job announced (a
-    shifted day moves jobs by hours, which nearest-first still pairs right with two jobs a day)."""
+    (announced key -> index in `published`, the task's `workload["jobs"]`), keeping earlier pairs: an
+    announcement leaves the observation when its job ends, and the published job it took must not come back
+    then. A new announcement takes the nearest unpaired published job of its tenant by start within the
+    `cycle`: the family's jobs move around their published times and only scheduled jobs are announced, so
+    the nearest one is the job announced (a shifted day moves jobs by hours, which nearest-first still pairs
+    right with two jobs a day)."""
     taken = set(matched.values())
     for a in announced:
         key = (str(a["tenant"]), int(a["start_window"]))
@@ -164,7 +148,7 @@ def match_jobs(published: Sequence[dict[str, Any]], announced: Sequence[dict[str
             continue
         mine = [i for i, j in enumerate(published) if i not in taken and j["tenant"] == a["tenant"]]
         if mine:
-            i = min(mine, key=lambda i: abs(int(published[i]["start_window"]) - key[1]))
+            i = min(mine, key=lambda i: abs(int(published[i]["start_window"]) - key[1] % cycle))
             matched[key] = i
             taken.add(i)
 
@@ -180,8 +164,8 @@ class DayPlanPolicy:
         self.name = name or ("operator" if self.p.feedback else "schedule")
         self.cycle = expected_rates(task, jobs=False)
         self.published_jobs = expected_rates(task)
-        self.jobs_published = published_jobs(task)
-        self.prior_rates = [_interval_rates(task.horizon, j) for j in self.jobs_published]
+        self.jobs = list(task.workload.get("jobs", []))  # the published jobs, each every cycle (job_rates)
+        self.prior_rates = [job_rates(task, j) for j in self.jobs]
         self.tenants = [t.name for t in task.tenants]
         top = min(t.priority for t in task.tenants)
         self.weight = {t.name: 1.0 if t.priority == top else self.p.low_priority_weight for t in task.tenants}
@@ -210,9 +194,10 @@ class DayPlanPolicy:
         for j in announced:
             out[j["tenant"]] = out[j["tenant"]] + job_rates(self.task, j)
         if self.p.job_prior:  # the published jobs nobody has announced yet: they may still come
-            match_jobs(self.jobs_published, announced, self.matched)
+            match_jobs(self.jobs, announced, int(self.task.workload.get("cycle_windows") or self.task.horizon),
+                       self.matched)
             taken = set(self.matched.values())
-            for i, j in enumerate(self.jobs_published):
+            for i, j in enumerate(self.jobs):
                 if i not in taken:
                     out[j["tenant"]] = out[j["tenant"]] + self.prior_rates[i]
         return out
@@ -335,7 +320,7 @@ def _mean(env: EpisodeEnv, kind: str, task_id: str, values: dict[str, Any], seed
 
 
 def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=print,
-         runner: Runner | None = None, path: Path = TUNED_PATH) -> tuple[dict[str, Any], float, int]:
+         runner: Runner | None = None) -> tuple[dict[str, Any], float, int]:
     """Coordinate descent over `GRID` (the open-loop rule: its `SCHEDULE_AXES`) from the defaults; the
     operator also from the schedule's tuned plan where one is stored (`schedule_start`)."""
     grid = grid_for(get_task(task_id))
@@ -349,7 +334,7 @@ def tune(env: EpisodeEnv, kind: str, task_id: str, seeds: Sequence[int], log=pri
         return {**base, **{n: grid[n][i] for n, i in zip(names, point, strict=True)}}
 
     starts = [tuple(grid[n].index(base[n]) for n in names)]
-    planned = schedule_start(task_id, grid, names, base, path) if kind == "operator" else None
+    planned = schedule_start(task_id, grid, names, base) if kind == "operator" else None
     if planned is not None and planned not in starts:
         starts.append(planned)
     best, score, evaluated = coordinate_descent(lambda pt: _mean(env, kind, task_id, values_at(pt), seeds, runner),

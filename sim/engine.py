@@ -273,11 +273,11 @@ class Engine:
     # per arrival advance(its time) and add_arrival, then end_window. Between the calls the engine's
     # requests are its true state at the clock, which is what the router reads (outstanding_tokens).
 
-    def begin_window(self, action: ServeAction, t0: float, dt: float) -> None:
-        """Configure for `action` and open a window with no arrivals yet (add_arrival brings them)."""
+    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
+        """Configure for `action` and open a window with `arrivals` (none: add_arrival brings them)."""
         self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
                        action.quantization_tier, action.prefill_decode_split, action.priority_routing)
-        self.start_window([], t0, dt)
+        self.start_window(arrivals or [], t0, dt)
 
     def add_arrival(self, a: Arrival, routed_hit: int = 0) -> None:
         """One arrival of the open window, no earlier than the last one added. Its acceptance rate is
@@ -323,12 +323,8 @@ class Engine:
         """One window under `action`, start to close: the driver SimBackend.run_window and each of
         ClusterBackend's replicas share. (pending records, KV blocks used, GPU memory used in GB,
         the window's measurements)."""
-        self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
-                       action.quantization_tier, action.prefill_decode_split, action.priority_routing)
-        self.start_window(arrivals, t0, dt)
-        self.run(t0 + dt)
-        pending, used, mem = self.close_window()
-        return pending, used, mem, self.take_measurements()
+        self.begin_window(action, t0, dt, arrivals)
+        return self.end_window()
 
     def run(self, t_end: float) -> None:
         """Run to the window's end `t_end` and settle the window (every arrival queued, the busy time's
