@@ -166,6 +166,7 @@ class DayPlanPolicy:
         self.published_jobs = expected_rates(task)
         self.jobs = list(task.workload.get("jobs", []))  # the published jobs, each every cycle (job_rates)
         self.prior_rates = [job_rates(task, j) for j in self.jobs]
+        self.cycle_windows = int(task.workload.get("cycle_windows") or task.horizon)  # match_jobs' cycle
         self.tenants = [t.name for t in task.tenants]
         top = min(t.priority for t in task.tenants)
         self.weight = {t.name: 1.0 if t.priority == top else self.p.low_priority_weight for t in task.tenants}
@@ -194,8 +195,7 @@ class DayPlanPolicy:
         for j in announced:
             out[j["tenant"]] = out[j["tenant"]] + job_rates(self.task, j)
         if self.p.job_prior:  # the published jobs nobody has announced yet: they may still come
-            match_jobs(self.jobs, announced, int(self.task.workload.get("cycle_windows") or self.task.horizon),
-                       self.matched)
+            match_jobs(self.jobs, announced, self.cycle_windows, self.matched)
             taken = set(self.matched.values())
             for i, j in enumerate(self.jobs):
                 if i not in taken:
