@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from llmserve_env.sim.cached_context import cached_context_s, causal_pairs
+from llmserve_env.sim.cached_context import causal_pairs
+from llmserve_env.sim.fitted_model import FittedStepModel
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.step_table import TableStepModel, table_models
 
@@ -61,23 +62,14 @@ class StepCoefficients:
         return cls(*values)
 
 
-class MeasuredStepModel:
+class MeasuredStepModel(FittedStepModel):
     """Iteration times from fitted coefficients, with the interface the engine uses of StepTimeModel."""
 
-    __slots__ = ("profile", "tier", "share", "c", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token",
-                 "cached_ctx")
+    __slots__ = ("c",)
 
     def __init__(self, p: Profile, tier: str, coef: StepCoefficients, compute_share: float = 1.0):
-        if tier not in p.tiers:
-            raise KeyError(f"profile {p.id} has no tier {tier!r}")
-        self.profile, self.tier, self.share, self.c = p, tier, compute_share, coef
-        self.cached_ctx = cached_context_s(p.raw.get("engine", {}))
-        self.slow = 1.0 / compute_share
-        self.t_fixed = coef.step_s
-        self.gpu_scale = 1.0
-        x = p.kv_transfer
-        self.xfer_c0 = x.c0_us * 1e-6
-        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)
+        super().__init__(p, tier, compute_share, coef.step_s)
+        self.c = coef
 
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
                     prefill_tokens: int, sampled_prefills: int) -> float:
@@ -91,9 +83,6 @@ class MeasuredStepModel:
 
     def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:
         return self.c.ctx_s * self.slow
-
-    def transfer_s(self, tokens: int) -> float:
-        return self.xfer_c0 + tokens * self.xfer_per_token
 
 
 def coefficients(p: Profile) -> StepCoefficients | None:

@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from llmserve_env.sim.cached_context import cached_context_s, cached_pairs
+from llmserve_env.sim.cached_context import cached_pairs
+from llmserve_env.sim.fitted_model import FittedStepModel
 from llmserve_env.sim.lanes import lane_shares
 
 if TYPE_CHECKING:  # annotations only: profiles.py imports this module to check a profile at load
@@ -143,23 +144,14 @@ def prefill_at(m: float, tokens: tuple[float, ...], seconds: tuple[float, ...]) 
     return seconds[-1] * m / tokens[-1]
 
 
-class TableStepModel:
+class TableStepModel(FittedStepModel):
     """Iteration times from a measured table, with the interface the engine uses of StepTimeModel."""
 
-    __slots__ = ("profile", "tier", "share", "table", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token",
-                 "cached_ctx")
+    __slots__ = ("table",)
 
     def __init__(self, p: Profile, tier: str, table: StepTable, compute_share: float = 1.0):
-        if tier not in p.tiers:
-            raise KeyError(f"profile {p.id} has no tier {tier!r}")
-        self.profile, self.tier, self.share, self.table = p, tier, compute_share, table
-        self.cached_ctx = cached_context_s(p.raw.get("engine", {}))
-        self.slow = 1.0 / compute_share
-        self.t_fixed = table.step_s
-        self.gpu_scale = 1.0
-        x = p.kv_transfer
-        self.xfer_c0 = x.c0_us * 1e-6
-        self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)
+        super().__init__(p, tier, compute_share, table.step_s)
+        self.table = table
 
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
                     prefill_tokens: int, sampled_prefills: int) -> float:
@@ -177,9 +169,6 @@ class TableStepModel:
     def decode_slope(self, depth: int, decode_seqs: int = 1) -> float:
         """d(iteration time)/d(summed context) of a decode iteration of `decode_seqs` sequences."""
         return self.table.ctx_at(decode_seqs * (depth + 1)) * self.slow
-
-    def transfer_s(self, tokens: int) -> float:
-        return self.xfer_c0 + tokens * self.xfer_per_token
 
 
 def table_of(p: Profile) -> StepTable | None:
