@@ -61,6 +61,7 @@ from llmserve_env.agents.routing import AFFINITY_GRID, AFFINITY_START
 from llmserve_env.agents.search import coordinate_descent, tuned_entry
 from llmserve_env.shared.day_shape import expected_rates, job_rates
 from llmserve_env.shared.models import ServeAction, ServeObservation
+from llmserve_env.shared.scenarios import job_cycle_windows
 from llmserve_env.shared.tasks import PREFIX_TASKS, TaskSpec, get_task
 
 TUNED_PATH = Path(__file__).resolve().parent / "operator_tuned.json"
@@ -166,7 +167,7 @@ class DayPlanPolicy:
         self.published_jobs = expected_rates(task)
         self.jobs = list(task.workload.get("jobs", []))  # the published jobs, each every cycle (job_rates)
         self.prior_rates = [job_rates(task, j) for j in self.jobs]
-        self.cycle_windows = int(task.workload.get("cycle_windows") or task.horizon)  # match_jobs' cycle
+        self.cycle_windows = job_cycle_windows(task)  # match_jobs' cycle
         self.tenants = [t.name for t in task.tenants]
         top = min(t.priority for t in task.tenants)
         self.weight = {t.name: 1.0 if t.priority == top else self.p.low_priority_weight for t in task.tenants}

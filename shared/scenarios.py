@@ -216,13 +216,18 @@ def draw_day(task: TaskSpec, seed: int) -> Day:
     return day
 
 
+def job_cycle_windows(task: TaskSpec) -> int:
+    """Windows after which a task's published jobs (`workload["jobs"]`) repeat: its day's cycle, else its horizon."""
+    return int(task.workload.get("cycle_windows") or task.horizon)
+
+
 def announced_jobs(task: TaskSpec, seed: int, k: int) -> list[dict[str, Any]]:
     """The jobs the observation shows before window k is served. A fixed-day task publishes its jobs
     (`workload["jobs"]`, every cycle), so each is known until it ends; a family shows its announced jobs
     from their announcement window on, and never the unannounced ones."""
     if is_family(task):
         return draw_day(task, seed).announced(k)
-    n = int(task.workload.get("cycle_windows") or task.horizon)
+    n = job_cycle_windows(task)
     kk = k % n
     return [{"tenant": j["tenant"], "start_window": k - kk + int(j["start_window"]), "windows": int(j["windows"]),
              "rate_rps": float(j["rate_rps"])}

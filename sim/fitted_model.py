@@ -19,19 +19,16 @@ if TYPE_CHECKING:  # annotations only: profiles.py imports the fitted models to 
 
 
 class FittedStepModel:
-    """The fields and the transfer time every fitted model has; `t_fixed` is its fixed cost of one iteration."""
+    """The lane's slowdown, the KV link and the cached-context price every fitted model reads; the tier is
+    checked against the profile (a fitted model times every tier alike)."""
 
-    __slots__ = ("profile", "tier", "share", "slow", "t_fixed", "gpu_scale", "xfer_c0", "xfer_per_token",
-                 "cached_ctx")
+    __slots__ = ("slow", "xfer_c0", "xfer_per_token", "cached_ctx")
 
-    def __init__(self, p: Profile, tier: str, compute_share: float, t_fixed: float):
+    def __init__(self, p: Profile, tier: str, compute_share: float):
         if tier not in p.tiers:
             raise KeyError(f"profile {p.id} has no tier {tier!r}")
-        self.profile, self.tier, self.share = p, tier, compute_share
         self.cached_ctx = cached_context_s(p.raw.get("engine", {}))
         self.slow = 1.0 / compute_share
-        self.t_fixed = t_fixed
-        self.gpu_scale = 1.0
         x = p.kv_transfer
         self.xfer_c0 = x.c0_us * 1e-6
         self.xfer_per_token = p.model.kv_bytes_per_token(p.tp) / (x.bw_gbs * 1e9)

@@ -68,7 +68,7 @@ class MeasuredStepModel(FittedStepModel):
     __slots__ = ("c",)
 
     def __init__(self, p: Profile, tier: str, coef: StepCoefficients, compute_share: float = 1.0):
-        super().__init__(p, tier, compute_share, coef.step_s)
+        super().__init__(p, tier, compute_share)
         self.c = coef
 
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],

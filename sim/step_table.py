@@ -150,7 +150,7 @@ class TableStepModel(FittedStepModel):
     __slots__ = ("table",)
 
     def __init__(self, p: Profile, tier: str, table: StepTable, compute_share: float = 1.0):
-        super().__init__(p, tier, compute_share, table.step_s)
+        super().__init__(p, tier, compute_share)
         self.table = table
 
     def iteration_s(self, decode_seqs: int, ctx_sum: float, depth: int, chunks: list[tuple[int, int]],
