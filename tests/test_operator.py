@@ -158,6 +158,22 @@ def test_registered_cluster_only_and_rivals_to_beat() -> None:
     assert 0.0 < env.grade()["score"] <= 1.0
 
 
+def test_a_stored_entry_without_a_later_axis_keeps_the_behaviour_it_was_tuned_with(tmp_path) -> None:
+    # Settings tuned before job_prior existed were played without it; the field's default (on) must not
+    # switch it on for them. An entry that names the axis gets its own value.
+    import json
+
+    params = {"rps_per_replica": 6.5, "lead": 2, "alpha": 0.1, "emergency_queue": 32.0}
+    path = tmp_path / "operator_tuned.json"
+    path.write_text(json.dumps({"tasks": {"multitenant_family": {"operator": {"params": params}}}}))
+    old = tuned_params("operator", "multitenant_family", path)
+    assert old.job_prior is False and old.rps_per_replica == 6.5 and old.lead == 2
+    path.write_text(json.dumps({"tasks": {"multitenant_family": {"operator": {"params": {**params, "job_prior": True}}}}}))
+    assert tuned_params("operator", "multitenant_family", path).job_prior is True
+    assert tuned_params("operator", "multitenant_family").job_prior is True  # the shipped file names it
+    assert DayPlanParams().job_prior is True  # an untuned rule keeps the field's default
+
+
 def test_tuner_refuses_a_single_server_task(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["--task", "bursty_workload"])
