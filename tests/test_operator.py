@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from llmserve_env.agents.autoscale import NotClusterTaskError
@@ -161,8 +163,6 @@ def test_registered_cluster_only_and_rivals_to_beat() -> None:
 def test_a_stored_entry_without_a_later_axis_keeps_the_behaviour_it_was_tuned_with(tmp_path) -> None:
     # Settings tuned before job_prior existed were played without it; the field's default (on) must not
     # switch it on for them. An entry that names the axis gets its own value.
-    import json
-
     params = {"rps_per_replica": 6.5, "lead": 2, "alpha": 0.1, "emergency_queue": 32.0}
     path = tmp_path / "operator_tuned.json"
     path.write_text(json.dumps({"tasks": {"multitenant_family": {"operator": {"params": params}}}}))
@@ -181,7 +181,6 @@ def test_tuner_refuses_a_single_server_task(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_operator_descent_also_starts_from_the_schedules_tuned_plan(tmp_path) -> None:
-    import json
     from dataclasses import asdict
 
     from llmserve_env.agents.operator import grid_for, schedule_start
