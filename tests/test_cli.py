@@ -90,6 +90,15 @@ def test_python_m_llmserve_env_train_refuses_without_torch_or_workers(tmp_path, 
     (["--agent", "planner", "--task", "static_workload", "--planner-off-family", "operator"], "--planner-off-family"),
     (["--agent", "planner", "--task", "diurnal_family", "--planner-off-family", "heuristic"], "--planner-off-family"),
     (["--agent", "operator", "--task", "diurnal_family", "--planner-off-family", "operator"], "--planner-off-family"),
+    (["--agent", "operator", "--task", "diurnal_family", "--planner-bases", "operator,ppo"], "--planner-bases"),
+    (["--agent", "planner", "--task", "diurnal_family", "--planner-bases", "operator,llm"], "--planner-bases"),
+    (["--agent", "planner", "--task", "diurnal_family", "--planner-bases", "planner"], "--planner-bases"),
+    # a base that cannot play a task is refused before any episode, not at the planner's first reset
+    (["--agent", "planner", "--task", "multitenant_family_shifted", "--planner-bases", "schedule,ppo"],
+     "--planner-bases"),
+    (["--agent", "planner", "--task", "mooncake_cluster", "--planner-bases", "hpa,tuned_static"], "--planner-bases"),
+    (["--agent", "planner", "--task", "diurnal_family", "--planner-bases", "schedule",
+      "--planner-off-family", "operator"], "--planner-off-family"),
 ])
 def test_evaluate_refuses_bad_arguments(argv, named, capsys):
     from llmserve_env.tools.evaluate import main
@@ -356,3 +365,19 @@ def test_evaluate_gives_the_planner_its_off_family_judge(monkeypatch, capsys):
     assert evaluate.main(["--agent", "planner,operator", "--task", "multitenant_family", "--episodes", "1",
                           "--planner-off-family", "operator", "--quiet"]) == 0
     assert seen == {"planner": {"off_family": "operator"}, "operator": {}}
+
+
+def test_evaluate_gives_the_planner_the_bases_named(monkeypatch, capsys):
+    """`--planner-bases` reaches the planner's constructor as its bases (the shipped actor among them)."""
+    from llmserve_env.tools import evaluate
+
+    seen: dict[str, dict] = {}
+
+    def fake(agent, task_id, episodes, runner=None, quiet=True, **options):
+        seen[agent] = options
+        return evaluate.AgentScores(agent, task_id, [1_000_000], [0.5], 0.0, {})
+
+    monkeypatch.setattr(evaluate, "evaluate_agent", fake)
+    assert evaluate.main(["--agent", "planner,schedule", "--task", "multitenant_family", "--episodes", "1",
+                          "--planner-bases", "schedule,operator,ppo", "--quiet"]) == 0
+    assert seen == {"planner": {"bases": ("schedule", "operator", "ppo")}, "schedule": {}}

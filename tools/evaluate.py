@@ -13,6 +13,8 @@ JSON object.
 `--agent all` plays every agent; `llm` only when OPENAI_API_KEY is set (otherwise listed as skipped).
 `--planner-off-family BASE` gives the planner its off-family judge (agents/planner.py: once the day looks
 outside the scenario family it follows BASE, one of its base policies); scenario-family tasks only.
+`--planner-bases A,B,...` sets the planner's base policies (default: the task's rivals, agents/planner.py
+`default_bases`), e.g. the rivals and the shipped actor (`ppo`): the rollout improves on every base it plays.
 """
 
 from __future__ import annotations
@@ -34,12 +36,15 @@ from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.seeds import eval_seeds
+from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.tools import cli
 
 AGENTS = ("random", "static", "tuned_static", "heuristic", "llm", "ppo")
+# a planner base is played to the episode's end on every rollout: not the llm policy (a chat request a window)
+PLANNER_BASES = tuple(n for n in SINGLES if n != "llm")
 
 
 @dataclass
@@ -79,22 +84,34 @@ def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | No
     return AgentScores(agent, task_id, seeds, scores, time.perf_counter() - t0, extra)
 
 
-def _planner_options(ap: cli.ArgumentParser, off_family: str | None, agents: list[str], tasks: list[str]
-                     ) -> dict[str, Any]:
-    """The planner's options from `--planner-off-family`, refused here (not mid-run) where they cannot apply:
-    the planner is built once per task, so its own check (a scenario family, BASE among its bases) decides."""
-    if off_family is None:
+def _planner_options(ap: cli.ArgumentParser, off_family: str | None, bases: list[str] | None, agents: list[str],
+                     tasks: list[str]) -> dict[str, Any]:
+    """The planner's options from `--planner-off-family` and `--planner-bases`, refused here (not mid-run) where
+    they cannot apply: the planner is built once per task, so its own checks (a scenario family, BASE among its
+    bases) decide, and each base is built once (a learned one needs the task's weights)."""
+    options: dict[str, Any] = {}
+    if off_family is not None:
+        options["off_family"] = off_family
+    if bases is not None:
+        options["bases"] = tuple(bases)
+    if not options:
         return {}
     from llmserve_env.agents.planner import PlannerPolicy
 
+    flag = "--planner-off-family" if off_family is not None else "--planner-bases"
     if "planner" not in agents:
-        ap.error("argument --planner-off-family: the planner is not among the agents (--agent planner,...)")
+        ap.error(f"argument {flag}: the planner is not among the agents (--agent planner,...)")
     for task_id in tasks:
         try:
-            PlannerPolicy(task_id, off_family=off_family)
+            PlannerPolicy(task_id, **options)
         except ValueError as exc:
-            ap.error(f"argument --planner-off-family: {exc}")
-    return {"off_family": off_family}
+            ap.error(f"argument {flag}: {exc}")
+        for name in bases or ():
+            try:
+                make_single(name, task_id)
+            except (WeightsNotFoundError, KeyError, ValueError) as exc:  # KeyError: not tuned, not a cluster task
+                ap.error(f"argument --planner-bases: {name!r} cannot play {task_id}: {exc}")
+    return options
 
 
 def _skip_reason(agent: str) -> str | None:
@@ -116,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--planner-off-family", default=None, metavar="BASE",
                     help="the planner follows BASE (one of its bases, e.g. operator) where its judge says the day "
                          "has left the scenario family; scenario-family tasks only")
+    ap.add_argument("--planner-bases", type=cli.names_from(PLANNER_BASES), default=None, metavar="A,B,...",
+                    help="the planner's base policies, comma-separated (default: the task's rivals), e.g. "
+                         "tuned_static,hpa,dynamo_planner,operator,schedule,ppo")
     add_runner_arguments(ap)
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
 
     agents, tasks = args.agent, args.task
-    planner_options = _planner_options(ap, args.planner_off_family, agents, tasks)
+    planner_options = _planner_options(ap, args.planner_off_family, args.planner_bases, agents, tasks)
     runner = runner_from_args(ap, args)
     results: dict[str, dict[str, AgentScores]] = {}
     skipped: dict[str, str] = {}
