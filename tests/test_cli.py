@@ -351,8 +351,12 @@ def test_every_folder_of_the_package_is_listed_for_setuptools():
             assert "llmserve_env." + ".".join(rel.parts) in listed, f"{rel} is not in [tool.setuptools] packages"
 
 
-def test_evaluate_gives_the_planner_its_off_family_judge(monkeypatch, capsys):
-    """`--planner-off-family` reaches the planner's constructor, and no other agent's."""
+@pytest.mark.parametrize(("flags", "planner_options"), [
+    (["--planner-off-family", "operator"], {"off_family": "operator"}),
+    (["--planner-bases", "schedule,operator,ppo"], {"bases": ("schedule", "operator", "ppo")}),  # the actor too
+])
+def test_evaluate_gives_the_planner_its_options(flags, planner_options, monkeypatch, capsys):
+    """`--planner-off-family` and `--planner-bases` reach the planner's constructor, and no other agent's."""
     from llmserve_env.tools import evaluate
 
     seen: dict[str, dict] = {}
@@ -363,21 +367,5 @@ def test_evaluate_gives_the_planner_its_off_family_judge(monkeypatch, capsys):
 
     monkeypatch.setattr(evaluate, "evaluate_agent", fake)
     assert evaluate.main(["--agent", "planner,operator", "--task", "multitenant_family", "--episodes", "1",
-                          "--planner-off-family", "operator", "--quiet"]) == 0
-    assert seen == {"planner": {"off_family": "operator"}, "operator": {}}
-
-
-def test_evaluate_gives_the_planner_the_bases_named(monkeypatch, capsys):
-    """`--planner-bases` reaches the planner's constructor as its bases (the shipped actor among them)."""
-    from llmserve_env.tools import evaluate
-
-    seen: dict[str, dict] = {}
-
-    def fake(agent, task_id, episodes, runner=None, quiet=True, **options):
-        seen[agent] = options
-        return evaluate.AgentScores(agent, task_id, [1_000_000], [0.5], 0.0, {})
-
-    monkeypatch.setattr(evaluate, "evaluate_agent", fake)
-    assert evaluate.main(["--agent", "planner,schedule", "--task", "multitenant_family", "--episodes", "1",
-                          "--planner-bases", "schedule,operator,ppo", "--quiet"]) == 0
-    assert seen == {"planner": {"bases": ("schedule", "operator", "ppo")}, "schedule": {}}
+                          *flags, "--quiet"]) == 0
+    assert seen == {"planner": planner_options, "operator": {}}
