@@ -14,7 +14,8 @@ JSON object.
 `--planner-off-family BASE` gives the planner its off-family judge (agents/planner.py: once the day looks
 outside the scenario family it follows BASE, one of its base policies); scenario-family tasks only.
 `--planner-bases A,B,...` sets the planner's base policies (default: the task's rivals, agents/planner.py
-`default_bases`), e.g. the rivals and the shipped actor (`ppo`): the rollout improves on every base it plays.
+`default_bases`), e.g. the rivals and the shipped actor (`ppo`). Only the clairvoyant bound is sure to match
+its best base; on sampled futures the planner can fall below one (docs/benchmarks.md, Headroom).
 """
 
 from __future__ import annotations
