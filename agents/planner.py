@@ -34,7 +34,8 @@ Information modes, named in every output (`name`):
   training seeds, the ones whose arrival counts over the last `match_windows` windows are nearest the
   counts observed; on a multi-turn chat, that day's conversations that start from now on plus a draw of
   the next turns of the episode's own running conversations, `running_turns`, so the rollouts resend
-  histories the replicas have cached). A candidate's value is the best base policy's mean over the samples; the grader's
+  histories the replicas have cached). A candidate's value is the best base policy's mean over the samples (with
+  `aggregate="worst"`, opt-in, its worst sample: a risk-averse value, docs/benchmarks.md); the grader's
   references are those of the observed past plus the sampled future. A candidate no base policy
   proposed is committed only if it beats the best base proposal by `margin` (0.01): with 2 samples, small
   gains are mostly their noise (validation seed 500,000 of multitenant_autoscale: 0.720 with no margin,
@@ -108,6 +109,9 @@ from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windo
 from llmserve_env.sim.cluster import ClusterBackend
 
 MODES = ("sampled", "clairvoyant")
+# How a candidate's continuation is valued over the sampled futures: their mean (the rollout algorithm's
+# expected value), or the worst of them (a risk-averse value: a switch must pay on every future drawn)
+AGGREGATES = ("mean", "worst")
 FORECASTS = ("posterior", "nearest")
 # What a learner or the planner is judged against on cluster tasks (bench/score_table.py, bench/headroom.py,
 # `<task>.best_rival`), and the planner's base policies there. The heuristic is not among them: it sets
@@ -232,11 +236,15 @@ class PlannerPolicy:
     def __init__(self, task_id: str, mode: str = "sampled", bases: Sequence[str] | None = None, samples: int = 2,
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
                  seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
-                 wide_prior: float = 0.0, off_family: str | None = None, running_turns: bool = True):
+                 wide_prior: float = 0.0, off_family: str | None = None, running_turns: bool = True,
+                 aggregate: str = "mean"):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
             raise ValueError(f"need samples >= 1 and pool >= samples (got samples={samples}, pool={pool})")
+        if aggregate not in AGGREGATES:
+            raise ValueError(f"aggregate must be one of {', '.join(AGGREGATES)}, got {aggregate!r}")
+        self.aggregate = aggregate
         if keep < 0:
             raise ValueError(f"keep must be >= 0 (0: only each candidate's first continuation), got {keep}")
         self.task_id = task_id
@@ -311,6 +319,14 @@ class PlannerPolicy:
         self.bases: list[Policy] = []
         self.incumbent: Branch | None = None
         self._true_ref: tuple[int, References] | None = None  # clairvoyant: (seed, the true references)
+        # every base is built here, so one that cannot play the task (a learned one without the task's weights,
+        # a rule not tuned for it, a cluster rule on a single server) is refused by name at construction, for
+        # every caller (the registry, evaluate, the benches), not at the first episode's reset
+        try:
+            self.reset()
+        except (FileNotFoundError, KeyError, ValueError) as exc:
+            name = self.base_names[len(self.bases)]
+            raise ValueError(f"bases: {name!r} cannot play {task_id}: {exc}") from exc
 
     # ------------------------------------------------------------------------------- episode
 
@@ -318,9 +334,10 @@ class PlannerPolicy:
         self.shadow = None
         self.incumbent = None
         self._followed = None
-        self.bases = [make_single(n, self.task_id) for n in self.base_names]
-        for b in self.bases:
-            b.reset()
+        self.bases = []
+        for n in self.base_names:  # appended one by one: the constructor names the base that failed
+            self.bases.append(make_single(n, self.task_id))
+            self.bases[-1].reset()
 
     def act(self, obs: ServeObservation) -> ServeAction:
         return self.commit(self.decide(obs))
@@ -437,10 +454,11 @@ class PlannerPolicy:
         return max(values, key=lambda ij: (values[ij], -ij[1]))[1]
 
     def _value(self, cand: ServeAction, j: int, futures: list[Future]) -> tuple[float, Branch]:
-        """Mean over the futures of the grade after serving `cand` now and base policy j to the end; the
-        branch (actions) of the first future."""
+        """The grade after serving `cand` now and base policy j to the end, over the futures (their mean, or
+        their worst with `aggregate="worst"`); the branch (actions) of the first future."""
         out = [self._rollout(cand, j, wins, ref) for wins, ref in futures]
-        value = float(np.mean([b.value for b in out]))
+        grades = [b.value for b in out]
+        value = float(np.mean(grades) if self.aggregate == "mean" else np.min(grades))
         return value, Branch(value, out[0].start, out[0].actions)
 
     def _rollout(self, cand: ServeAction, j: int, wins: list[list[Arrival]] | None,

@@ -167,6 +167,30 @@ def test_bad_arguments_name_the_argument() -> None:
         PlannerPolicy("bursty_workload", bases=("planner",))
     with pytest.raises(ValueError, match="bases"):
         PlannerPolicy("bursty_workload", bases=())
+    # a base that cannot play the task is refused by name when the planner is built, not at its first episode:
+    # the shifted task has no learned weights of its own, and a cluster rule cannot play a single server
+    with pytest.raises(ValueError, match="bases: 'ppo' cannot play multitenant_family_shifted"):
+        PlannerPolicy("multitenant_family_shifted", bases=("schedule", "ppo"))
+    with pytest.raises(ValueError, match="bases: 'hpa' cannot play bursty_workload"):
+        PlannerPolicy("bursty_workload", bases=("heuristic", "hpa"))
+
+
+def test_worst_future_values_a_branch_at_most_its_mean() -> None:
+    """`aggregate="worst"` values each (candidate, base) pair by its worst sampled future: on the same futures (the
+    same seed), never above the mean's value of that pair, and below it where the futures disagree."""
+    obs = InProcessEnv().reset("multitenant_family", 500_000)
+    seen = {}
+    for aggregate in ("mean", "worst"):  # two futures drawn from the family's posterior: they differ
+        planner = make_policy("planner", "multitenant_family", seed=3, **{**CHEAP, "samples": 2},
+                              aggregate=aggregate)
+        planner.decide(obs)
+        seen[aggregate] = planner.last_decision
+    both = seen["mean"].keys() & seen["worst"].keys()
+    assert both
+    assert all(seen["worst"][ij] <= seen["mean"][ij] + 1e-12 for ij in both)
+    assert any(seen["worst"][ij] < seen["mean"][ij] - 1e-9 for ij in both)
+    with pytest.raises(ValueError, match="aggregate must be one of mean, worst"):
+        PlannerPolicy(SHORT_CLUSTER, aggregate="median")
 
 
 def test_sampled_planner_leaves_the_base_proposals_only_by_its_margin() -> None:

@@ -37,7 +37,7 @@ from llmserve_env.agents.ppo_policy import WeightsNotFoundError
 from llmserve_env.agents.registry import POLICIES, make_policy, registry_job
 from llmserve_env.agents.rollout import EpisodeEnv, play_episode
 from llmserve_env.agents.seeds import eval_seeds
-from llmserve_env.agents.singles import SINGLES, make_single
+from llmserve_env.agents.singles import SINGLES
 from llmserve_env.agents.stats import MeanCI, mean_ci, paired_diff_ci
 from llmserve_env.agents.tuned_static import NotTunedError
 from llmserve_env.core.inprocess import InProcessEnv
@@ -88,8 +88,8 @@ def evaluate_agent(agent: str, task_id: str, episodes: int, env: EpisodeEnv | No
 def _planner_options(ap: cli.ArgumentParser, off_family: str | None, bases: list[str] | None, agents: list[str],
                      tasks: list[str]) -> dict[str, Any]:
     """The planner's options from `--planner-off-family` and `--planner-bases`, refused here (not mid-run) where
-    they cannot apply: the planner is built once per task, so its own checks (a scenario family, BASE among its
-    bases) decide, and each base is built once (a learned one needs the task's weights)."""
+    they cannot apply: the planner is built once per task with them, so its own checks decide (each base built, a
+    learned one needing the task's weights; a scenario family and BASE among the bases for the judge)."""
     options: dict[str, Any] = {}
     if off_family is not None:
         options["off_family"] = off_family
@@ -99,19 +99,18 @@ def _planner_options(ap: cli.ArgumentParser, off_family: str | None, bases: list
         return {}
     from llmserve_env.agents.planner import PlannerPolicy
 
-    flag = "--planner-off-family" if off_family is not None else "--planner-bases"
     if "planner" not in agents:
+        flag = "--planner-off-family" if off_family is not None else "--planner-bases"
         ap.error(f"argument {flag}: the planner is not among the agents (--agent planner,...)")
+    # the bases first, alone, so a refusal names the flag that caused it
+    checks = ([("--planner-bases", {"bases": options["bases"]})] if bases is not None else []) + \
+        ([("--planner-off-family", options)] if off_family is not None else [])
     for task_id in tasks:
-        try:
-            PlannerPolicy(task_id, **options)
-        except ValueError as exc:
-            ap.error(f"argument {flag}: {exc}")
-        for name in bases or ():
+        for flag, given in checks:
             try:
-                make_single(name, task_id)
-            except (WeightsNotFoundError, KeyError, ValueError) as exc:  # KeyError: not tuned, not a cluster task
-                ap.error(f"argument --planner-bases: {name!r} cannot play {task_id}: {exc}")
+                PlannerPolicy(task_id, **given)
+            except ValueError as exc:
+                ap.error(f"argument {flag}: {exc}")
     return options
 
 
