@@ -501,8 +501,6 @@ class PlannerPolicy:
         return a
 
     def _sync(self, obs: ServeObservation) -> None:
-        if not self.bases:
-            self.reset()
         if self.shadow is None or obs.step_index == 0:
             meta = obs.metadata or {}
             if meta.get("mode", "sim") != "sim" or "seed" not in meta:
