@@ -14,6 +14,13 @@ that are not today's. `DayForecast` is the posterior of the same model given the
   decaying at the family's phi, not a sampled path: with the planner's 2 futures a sampled path's noise
   was most of a forecast's error (bench/forecast_error.py). No flash crowds ahead: at the families' 0.5 a
   day they add ~3 % to the expected rate, and one drawn at the wrong time was a large error.
+  With `noise="sampled"` (opt-in) each future plays one drawn path instead (the last window's noise drawn
+  given its residual, then the AR(1) forward) and flash crowds ahead at the family's rate: worse as a
+  point forecast, but a policy valued on it meets the day's swings, as the one that comes will have them.
+- **The surprises, stratified** (`stratified`, the planner's opt-in `surprises`): futures without an ad-hoc
+  job or flash crowd ahead and futures with some, each set weighted by its chance over the windows left, so
+  that every decision's values weigh the surprises a day may still bring at their odds, where two futures
+  drawn at random hold one or not by luck.
 - **The jobs** (tenants with jobs only, no cycle): the announced jobs the observation shows, as
   announced; a job running unannounced (arrivals no announced job explains) continues at its observed rate
   for a length drawn from its scheduled slot's range (or the ad-hoc range), at least what it has run; each
@@ -44,6 +51,7 @@ from llmserve_env.shared.workloads import arrivals_at_rates
 
 FORECAST_STREAM = 0x464F5245  # "FORE"
 WIDE_STREAM = 0x57494445  # "WIDE"
+SURPRISE_STREAM = 0x53555250  # "SURP"
 STUDENT_NU = 4.0
 # ASSUMPTION, the hedge's ranges (not any task's): a peak anywhere in the cycle, half to twice the published
 # load, a flatter or steeper day than the families'. Wide enough to hold a day the family never drew.
@@ -51,6 +59,9 @@ WIDE_PRIOR = {"level": (0.5, 2.0), "peak_to_trough": (1.5, 5.0)}
 # the off-family judge's hedge: a quarter of its particles wide, prior odds 1:3 that the day left the family;
 # chosen before any shifted day was played, not tuned
 OFF_FAMILY_WIDE = 0.25
+# how a future's noise ahead is played: its expected path from the last window (the default), or a path drawn
+# from the AR(1) given the last window, with flash crowds ahead drawn at the family's rate (module docstring)
+NOISE_MODES = ("expected", "sampled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +97,11 @@ def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
 class DayForecast:
     """The posterior over a family task's day given the episode so far (module docstring)."""
 
-    def __init__(self, task: TaskSpec, particles: int = 2048, seed: int = 0, wide: float = 0.0):
+    def __init__(self, task: TaskSpec, particles: int = 2048, seed: int = 0, wide: float = 0.0,
+                 noise: str = "expected"):
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
+        self.noise = noise
         if not is_family(task):
             raise ValueError(f"task {task.task_id!r} is not a scenario family: its day has no distribution to condition")
         if particles < 1:
@@ -98,6 +113,7 @@ class DayForecast:
         fam = w["family"]
         self.horizon, self.window_s = task.horizon, task.window_s
         self.phi, self.sigma = float(fam["noise"]["phi"]), float(fam["noise"]["sigma"])
+        self.crowds = fam.get("flash_crowds")
         rng = np.random.default_rng([int(seed), FORECAST_STREAM])
         peak, level, ratio = (rng.uniform(float(fam[key][0]), float(fam[key][1]), particles)
                               for key in ("peak_window", "level", "peak_to_trough"))
@@ -187,8 +203,7 @@ class DayForecast:
                 seed: int, first_id: int) -> list[list[list[Arrival]]]:
         """`samples` futures: arrival windows k..horizon-1 each, drawn from the posterior given the counts
         of windows 0..k-1 (tenant -> counts) and the jobs announced before window k."""
-        if not 0 <= k < self.horizon:
-            raise ValueError(f"window k must be in 0..{self.horizon - 1}, got {k}")
+        self._check_window(k)
         rng = np.random.default_rng([int(seed), FORECAST_STREAM, k])
         w = self.posterior(counts)
         picks = rng.choice(w.shape[0], size=samples, p=w)
@@ -196,16 +211,78 @@ class DayForecast:
         out = []
         next_id = first_id
         for j in picks.tolist():
-            rates = self._cycle_ahead(int(j), k, counts)
-            for job in known + self._jobs_drawn(k, running, unseen, rng):
-                lo, hi = max(job.start, k), min(job.start + job.windows, self.horizon)
-                if hi > lo:
-                    r = rates.setdefault(job.tenant, np.zeros(self.horizon - k))
-                    r[lo - k:hi - k] += job.rate_rps
-            wins = arrivals_at_rates(self.task, rates, k, rng, next_id)
+            rates = self._rates_ahead(int(j), k, counts, rng)
+            wins = self._arrivals(k, rates, known + self._jobs_drawn(k, running, unseen, rng), rng, next_id)
             next_id += sum(len(x) for x in wins)
             out.append(wins)
         return out
+
+    def stratified(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]], samples: int,
+                   surprises: int, seed: int, first_id: int) -> tuple[list[list[list[Arrival]]], list[float]]:
+        """Futures stratified by the day's surprises ahead, with their weights (summing to 1): `samples`
+        futures with none (no ad-hoc job, no flash crowd from window k on) weighted by the chance of none over
+        the windows left, and `surprises` futures with at least one (their number the Poisson's given one or
+        more; each a flash crowd or an ad-hoc job in proportion to the family's rates of each, at a time drawn
+        uniformly over the windows left, drawn as the family draws one) weighted by the chance of some. Each
+        stratum is otherwise the posterior's, as `futures` draws it (the noise's expected path): the expectation
+        of futures drawn with the surprises at random (`noise="sampled"`; the default futures leave the flash
+        crowds out), without two futures' luck deciding whether a surprise is in them at all."""
+        self._check_window(k)
+        rng = np.random.default_rng([int(seed), FORECAST_STREAM, k, SURPRISE_STREAM])
+        w = self.posterior(counts)
+        picks = rng.choice(w.shape[0], size=samples + surprises, p=w)
+        known, running, unseen = self._jobs_seen(k, counts, announced)
+        left = self.horizon - k
+        lam_crowd = float(self.crowds["per_day"]) * left / self.horizon if self.crowds else 0.0
+        lam_job = float(self.extra["per_day"]) * left / self.horizon if self.extra else 0.0
+        p_some = 1.0 - float(np.exp(-(lam_crowd + lam_job)))
+        out = []
+        next_id = first_id
+        for n, j in enumerate(picks.tolist()):
+            rates = self._rates_ahead(int(j), k, counts, rng, crowds=False)
+            jobs = known + self._jobs_drawn(k, running, unseen, rng, adhoc=False)
+            if n >= samples and p_some > 0.0:
+                # how many surprises: the Poisson's count given at least one (drawn until it is one or more)
+                count = 0
+                while count == 0:
+                    count = int(rng.poisson(lam_crowd + lam_job))
+                for _ in range(count):
+                    start = k + draw_integer(rng, (0, left - 1))
+                    if rng.random() * (lam_crowd + lam_job) < lam_crowd:
+                        assert self.crowds is not None
+                        length = draw_integer(rng, self.crowds["windows"])
+                        factor = draw_uniform(rng, self.crowds["factor"])
+                        if self.crowds["tenant"] in rates:
+                            rates[self.crowds["tenant"]][start - k:start - k + length] *= factor
+                    else:
+                        assert self.extra is not None
+                        jobs.append(Job(self.extra["tenant"], start, draw_integer(rng, self.extra["windows"]),
+                                        draw_uniform(rng, self.extra["rate_rps"])))
+            wins = self._arrivals(k, rates, jobs, rng, next_id)
+            next_id += sum(len(x) for x in wins)
+            out.append(wins)
+        weights = [(1.0 - p_some) / samples] * samples + [p_some / surprises] * surprises if surprises \
+            else [1.0 / samples] * samples
+        return out, weights
+
+    def _check_window(self, k: int) -> None:
+        if not 0 <= k < self.horizon:
+            raise ValueError(f"window k must be in 0..{self.horizon - 1}, got {k}")
+
+    def _rates_ahead(self, j: int, k: int, counts: dict[str, np.ndarray], rng: np.random.Generator,
+                     crowds: bool = True) -> dict[str, np.ndarray]:
+        return self._cycle_ahead(j, k, counts) if self.noise == "expected" \
+            else self._cycle_drawn(j, k, counts, rng, crowds)
+
+    def _arrivals(self, k: int, rates: dict[str, np.ndarray], jobs: list[Job], rng: np.random.Generator,
+                  first_id: int) -> list[list[Arrival]]:
+        """The arrival windows k.. of the cycled tenants' rates plus the jobs' (each over its windows)."""
+        for job in jobs:
+            lo, hi = max(job.start, k), min(job.start + job.windows, self.horizon)
+            if hi > lo:
+                r = rates.setdefault(job.tenant, np.zeros(self.horizon - k))
+                r[lo - k:hi - k] += job.rate_rps
+        return arrivals_at_rates(self.task, rates, k, rng, first_id)
 
     def _cycle_ahead(self, j: int, k: int, counts: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Each cycled tenant's expected rate over windows k.. under particle j, given the last residual: with
@@ -221,6 +298,39 @@ class DayForecast:
                 rates[name] = m[j, k:] * np.exp(decay * x - 0.5 * s2 * decay * decay)
             else:
                 rates[name] = m[j, k:].copy()  # the stationary noise's mean factor is 1
+        return rates
+
+    def _cycle_drawn(self, j: int, k: int, counts: dict[str, np.ndarray], rng: np.random.Generator,
+                     crowds: bool = True) -> dict[str, np.ndarray]:
+        """Each cycled tenant's rate over windows k.. under particle j on one drawn noise path (`noise="sampled"`):
+        the last window's noise drawn from its posterior given the residual (Gaussian: the AR(1)'s sigma^2
+        against the Poisson share), carried forward by the AR(1) as shared.scenarios draws a day; then flash
+        crowds ahead at the family's rate over the windows left, each drawn as the family draws one."""
+        s2 = self.sigma ** 2
+        innov = self.sigma * float(np.sqrt(max(0.0, 1.0 - self.phi ** 2)))
+        left = self.horizon - k
+        rates: dict[str, np.ndarray] = {}
+        for name, m in self.cycle.items():
+            c = np.asarray(counts.get(name, ()), dtype=np.float64)
+            eps = rng.standard_normal(left)
+            path = np.empty(left)
+            if k > 0 and c.shape[0] == k:
+                z, p = self._residuals(m[j:j + 1, k - 1:k], c[k - 1:k])
+                share = s2 / (s2 + float(p[0, 0]))
+                x = float(z[0, 0]) * share + float(np.sqrt(s2 * (1.0 - share))) * float(rng.standard_normal())
+                path[0] = self.phi * x + innov * float(eps[0])
+            else:
+                path[0] = self.sigma * float(eps[0])  # nothing seen: the stationary distribution
+            for i in range(1, left):
+                path[i] = self.phi * path[i - 1] + innov * float(eps[i])
+            rates[name] = m[j, k:] * np.exp(path - 0.5 * s2)
+        if self.crowds and crowds:
+            fc = self.crowds
+            for _ in range(int(rng.poisson(float(fc["per_day"]) * left / self.horizon))):
+                start, length = draw_integer(rng, (0, left - 1)), draw_integer(rng, fc["windows"])
+                factor = draw_uniform(rng, fc["factor"])
+                if fc["tenant"] in rates:
+                    rates[fc["tenant"]][start:start + length] *= factor
         return rates
 
     def _jobs_seen(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]]
@@ -264,9 +374,9 @@ class DayForecast:
         return known, running, unseen
 
     def _jobs_drawn(self, k: int, running: list[tuple[Job, Any]], unseen: list[dict[str, Any]],
-                    rng: np.random.Generator) -> list[Job]:
+                    rng: np.random.Generator, adhoc: bool = True) -> list[Job]:
         """One draw of what the episode has not shown: each running job's length, each unseen slot's job
-        in what is left of its start range, and ad-hoc jobs at the family's rate."""
+        in what is left of its start range, and (`adhoc`) ad-hoc jobs at the family's rate."""
         jobs = []
         for job, bounds in running:
             lo, hi = (max(int(x), job.windows) for x in bounds)
@@ -274,7 +384,7 @@ class DayForecast:
         for spec in unseen:
             start = draw_integer(rng, (max(int(spec["start_window"][0]), k), spec["start_window"][1]))
             jobs.append(Job(spec["tenant"], start, draw_integer(rng, spec["windows"]), draw_uniform(rng, spec["rate_rps"])))
-        if self.extra:
+        if self.extra and adhoc:
             left = self.horizon - k
             for _ in range(int(rng.poisson(float(self.extra["per_day"]) * left / self.horizon))):
                 jobs.append(Job(self.extra["tenant"], k + draw_integer(rng, (0, left - 1)),

@@ -35,7 +35,9 @@ Information modes, named in every output (`name`):
   counts observed; on a multi-turn chat, that day's conversations that start from now on plus a draw of
   the next turns of the episode's own running conversations, `running_turns`, so the rollouts resend
   histories the replicas have cached). A candidate's value is the best base policy's mean over the samples (with
-  `aggregate="worst"`, opt-in, its worst sample: a risk-averse value, docs/benchmarks.md); the grader's
+  `aggregate="worst"`, opt-in, its worst sample: a risk-averse value, docs/benchmarks.md; with `surprises=n`,
+  opt-in, the mean weighted over `samples` futures without an ad-hoc job or flash crowd ahead and n with some,
+  each set at its chance: agents/forecast.py `stratified`); the grader's
   references are those of the observed past plus the sampled future. A candidate no base policy
   proposed is committed only if it beats the best base proposal by `margin` (0.01): with 2 samples, small
   gains are mostly their noise (validation seed 500,000 of multitenant_autoscale: 0.720 with no margin,
@@ -237,7 +239,7 @@ class PlannerPolicy:
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
                  seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
                  wide_prior: float = 0.0, off_family: str | None = None, running_turns: bool = True,
-                 aggregate: str = "mean"):
+                 aggregate: str = "mean", noise: str = "expected", surprises: int = 0):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -272,8 +274,19 @@ class PlannerPolicy:
         # hedge against a day the family never drew); 0, the default, is the family's prior alone
         if wide_prior and self.forecast != "posterior":
             raise ValueError(f"wide_prior needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
-        self._day_forecast = DayForecast(self.task, seed=seed, wide=wide_prior) \
+        # noise: the futures' noise ahead, its expected path (default) or a drawn path with flash crowds
+        # (agents/forecast.py's NOISE_MODES)
+        if noise != "expected" and self.forecast != "posterior":
+            raise ValueError(f"noise {noise!r} needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
+        self._day_forecast = DayForecast(self.task, seed=seed, wide=wide_prior, noise=noise) \
             if self.forecast == "posterior" and mode == "sampled" else None
+        # surprises: futures stratified by the day's surprises ahead (agents/forecast.py `stratified`): `samples`
+        # futures without an ad-hoc job or flash crowd and `surprises` with one, each weighted by its chance
+        if surprises < 0 or (surprises and self._day_forecast is None):
+            raise ValueError(f"surprises must be >= 0, and > 0 only for a sampled planner on a scenario family "
+                             f"(the 'posterior' forecast), got {surprises} (mode {mode}, forecast {self.forecast})")
+        self.surprises = surprises
+        self._weights: list[float] | None = None  # the current futures' weights (None: equal)
         # off_family: the base policy followed, without rollouts, once the day is judged outside the family (a
         # second posterior, hedged with OFF_FAMILY_WIDE of wide particles, holds more than half its mass on
         # them): the rollouts' futures are the family's, so there they rank the bases as if the day were a
@@ -458,7 +471,7 @@ class PlannerPolicy:
         their worst with `aggregate="worst"`); the branch (actions) of the first future."""
         out = [self._rollout(cand, j, wins, ref) for wins, ref in futures]
         grades = [b.value for b in out]
-        value = float(np.mean(grades) if self.aggregate == "mean" else np.min(grades))
+        value = float(np.average(grades, weights=self._weights) if self.aggregate == "mean" else np.min(grades))
         return value, Branch(value, out[0].start, out[0].actions)
 
     def _rollout(self, cand: ServeAction, j: int, wins: list[list[Arrival]] | None,
@@ -530,6 +543,7 @@ class PlannerPolicy:
         """(arrival windows for the rollouts or None for the true ones, the grader's references)."""
         ep = self.shadow
         assert ep is not None
+        self._weights = None
         if self.mode == "clairvoyant":
             if self._true_ref is None or self._true_ref[0] != ep.seed:
                 self._true_ref = (ep.seed, compute_references(self.played, ep.seed, arrivals=self._true_arrivals))
@@ -549,8 +563,12 @@ class PlannerPolicy:
         seed's day are read, as the observation shows them)."""
         k = len(seen)
         if self._day_forecast is not None:
-            fut = self._day_forecast.futures(k, tenant_counts(self.task, seen), announced_jobs(self.played, seed, k),
-                                             self.samples, self._seed, SAMPLE_ID_BASE)
+            counts, announced = tenant_counts(self.task, seen), announced_jobs(self.played, seed, k)
+            if self.surprises:
+                fut, self._weights = self._day_forecast.stratified(k, counts, announced, self.samples, self.surprises,
+                                                                   self._seed, SAMPLE_ID_BASE)
+            else:
+                fut = self._day_forecast.futures(k, counts, announced, self.samples, self._seed, SAMPLE_ID_BASE)
             return [seen + wins for wins in fut]
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)

@@ -153,6 +153,9 @@ def bench_main(script: str):
     ("forecast_error", ["--wide", "0,2"], "--wide"),
     ("forecast_error", ["--split", "validation"], "--split"),
     ("compiled_loop", ["--requests", "0"], "--requests"),
+    ("planner_value_bias", ["--task", "diurnal_autoscale"], "--task"),  # a fixed day has no posterior
+    ("planner_value_bias", ["--follow", "hpa"], "--follow"),  # not among the default bases
+    ("planner_value_bias", ["--surprises", "-1"], "--surprises"),
     ("gate_confirm", ["--family", "diurnal_autoscale", "--inside", "operator", "--outside", "schedule"], "--family"),
     ("gate_confirm", ["--family", "diurnal_family", "--inside", "missing.npz", "--outside", "schedule"], "--inside"),
     ("gate_confirm", ["--family", "diurnal_family", "--inside", "operator", "--outside", "nope"], "--outside"),

@@ -156,3 +156,57 @@ def test_the_likelihood_asked_window_by_window_is_the_one_computed_from_scratch(
     other = tenant_counts(family, windows(generate_arrivals(family, 7), family)[:20])
     other = {name: c + (np.arange(20) == 3) for name, c in other.items()}  # the same length, another past
     assert np.array_equal(asked.log_weights(other), DayForecast(family, seed=3, wide=0.25).log_weights(other))
+
+
+def test_drawn_noise_paths_average_to_the_expected_path_and_vary_as_the_familys_noise() -> None:
+    """`noise="sampled"`: each future plays one AR(1) path from the last window; over many draws the rate
+    ahead averages to the expected path's (flash crowds off: they add rate by design), and each path's
+    log-rate spread is the family's stationary sigma far ahead. The expected mode is left as it was."""
+    f = DayForecast(DIURNAL, particles=64, noise="sampled")
+    e = DayForecast(DIURNAL, particles=64)
+    f.crowds = None
+    k, j = 20, 5
+    counts = {"chat": f.cycle["chat"][j, :k] * DIURNAL.window_s * 1.3}
+    expected = e._cycle_ahead(j, k, counts)["chat"]
+    rng = np.random.default_rng(7)
+    drawn = np.stack([f._cycle_drawn(j, k, counts, rng)["chat"] for _ in range(4000)])
+    assert np.abs(drawn.mean(axis=0) / expected - 1).max() < 0.03
+    far = np.log(drawn[:, -1] / f.cycle["chat"][j, -1])
+    assert abs(far.std() - f.sigma) < 0.01
+    assert np.abs(np.log(drawn[:, 0] / expected[0])).std() < f.sigma  # the last window pins the next one
+    a = f.futures(k, counts, [], 2, 0, 1 << 40)
+    assert a == f.futures(k, counts, [], 2, 0, 1 << 40)
+    assert [len(w) for w in a[0]] != [len(w) for w in e.futures(k, counts, [], 2, 0, 1 << 40)[0]]
+    with pytest.raises(ValueError, match="noise must be one of expected, sampled"):
+        DayForecast(DIURNAL, noise="random")
+    with pytest.raises(ValueError, match="noise 'sampled' needs the 'posterior' forecast"):
+        PlannerPolicy("diurnal_autoscale", noise="sampled")
+
+
+def test_futures_stratified_by_surprises_keep_the_days_expected_load() -> None:
+    """`stratified`: futures without a surprise weighted by the chance of none over the windows left
+    (Poisson, the family's flash crowds and ad-hoc jobs a day), futures with some by the rest; weighted, the
+    load ahead is what futures with the surprises drawn at random carry (`noise="sampled"`, whose noise path
+    averages to the expected one: the same expectation, stratified; ~1 % standard error here)."""
+    f = DayForecast(MT, particles=64)
+    g = DayForecast(MT, particles=64, noise="sampled")
+    wins = windows(generate_arrivals(MT, 500_000), MT)
+    k = 36
+    counts = tenant_counts(MT, wins[:k])
+    lam = (0.5 + 0.5) * (MT.horizon - k) / MT.horizon
+    fut, w = f.stratified(k, counts, [], 2, 2, 0, 1 << 40)
+    assert w == pytest.approx([np.exp(-lam) / 2] * 2 + [(1 - np.exp(-lam)) / 2] * 2) and sum(w) == pytest.approx(1)
+    assert (fut, w) == f.stratified(k, counts, [], 2, 2, 0, 1 << 40)
+    assert f.stratified(k, counts, [], 2, 0, 0, 1 << 40)[1] == [0.5, 0.5]
+    plain, strat = [], []
+    for seed in range(150):
+        plain += [sum(len(x) for x in fu) for fu in g.futures(k, counts, [], 2, seed, 0)]
+        fu, wt = f.stratified(k, counts, [], 1, 1, seed, 0)
+        strat.append(sum(q * sum(len(x) for x in one) for q, one in zip(wt, fu, strict=True)))
+    assert abs(np.mean(strat) / np.mean(plain) - 1) < 0.035
+    # the surprise stratum carries more load than the quiet one, by the family's surprises
+    quiet = np.mean([sum(len(x) for x in f.stratified(k, counts, [], 1, 1, s, 0)[0][0]) for s in range(40)])
+    loud = np.mean([sum(len(x) for x in f.stratified(k, counts, [], 1, 1, s, 0)[0][1]) for s in range(40)])
+    assert loud > quiet * 1.02
+    with pytest.raises(ValueError, match="surprises must be >= 0"):
+        PlannerPolicy("diurnal_autoscale", surprises=1)
