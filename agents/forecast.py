@@ -228,6 +228,9 @@ class DayForecast:
         of futures drawn with the surprises at random (`noise="sampled"`; the default futures leave the flash
         crowds out), without two futures' luck deciding whether a surprise is in them at all."""
         self._check_window(k)
+        if samples < 1 or surprises < 1:
+            raise ValueError(f"stratified futures need samples >= 1 and surprises >= 1 (without a surprise stratum the "
+                             f"quiet futures alone would leave the surprises out), got {samples} and {surprises}")
         rng = np.random.default_rng([int(seed), FORECAST_STREAM, k, SURPRISE_STREAM])
         w = self.posterior(counts)
         picks = rng.choice(w.shape[0], size=samples + surprises, p=w)
@@ -261,9 +264,7 @@ class DayForecast:
             wins = self._arrivals(k, rates, jobs, rng, next_id)
             next_id += sum(len(x) for x in wins)
             out.append(wins)
-        weights = [(1.0 - p_some) / samples] * samples + [p_some / surprises] * surprises if surprises \
-            else [1.0 / samples] * samples
-        return out, weights
+        return out, [(1.0 - p_some) / samples] * samples + [p_some / surprises] * surprises
 
     def _check_window(self, k: int) -> None:
         if not 0 <= k < self.horizon:

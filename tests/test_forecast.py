@@ -197,7 +197,8 @@ def test_futures_stratified_by_surprises_keep_the_days_expected_load() -> None:
     fut, w = f.stratified(k, counts, [], 2, 2, 0, 1 << 40)
     assert w == pytest.approx([np.exp(-lam) / 2] * 2 + [(1 - np.exp(-lam)) / 2] * 2) and sum(w) == pytest.approx(1)
     assert (fut, w) == f.stratified(k, counts, [], 2, 2, 0, 1 << 40)
-    assert f.stratified(k, counts, [], 2, 0, 0, 1 << 40)[1] == [0.5, 0.5]
+    with pytest.raises(ValueError, match="surprises >= 1"):
+        f.stratified(k, counts, [], 2, 0, 0, 1 << 40)
     plain, strat = [], []
     for seed in range(150):
         plain += [sum(len(x) for x in fu) for fu in g.futures(k, counts, [], 2, seed, 0)]
