@@ -88,7 +88,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.agents.base import Policy
-from llmserve_env.agents.forecast import DayForecast, OffFamilyJudge, tenant_counts
+from llmserve_env.agents.forecast import NOISE_MODES, DayForecast, OffFamilyJudge, tenant_counts
 from llmserve_env.agents.seeds import TRAIN_SEED_LIMIT
 from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
@@ -276,8 +276,11 @@ class PlannerPolicy:
             raise ValueError(f"wide_prior needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
         # noise: the futures' noise ahead, its expected path (default) or a drawn path with flash crowds
         # (agents/forecast.py's NOISE_MODES)
-        if noise != "expected" and self.forecast != "posterior":
-            raise ValueError(f"noise {noise!r} needs the 'posterior' forecast (a scenario family), not {self.forecast!r}")
+        if noise not in NOISE_MODES:
+            raise ValueError(f"noise must be one of {', '.join(NOISE_MODES)}, got {noise!r}")
+        if noise != "expected" and (self.forecast != "posterior" or mode != "sampled"):
+            raise ValueError(f"noise {noise!r} needs a sampled planner with the 'posterior' forecast (a scenario "
+                             f"family), not mode {mode!r} with forecast {self.forecast!r}")
         self._day_forecast = DayForecast(self.task, seed=seed, wide=wide_prior, noise=noise) \
             if self.forecast == "posterior" and mode == "sampled" else None
         # surprises: futures stratified by the day's surprises ahead (agents/forecast.py `stratified`): `samples`

@@ -179,8 +179,10 @@ def test_drawn_noise_paths_average_to_the_expected_path_and_vary_as_the_familys_
     assert [len(w) for w in a[0]] != [len(w) for w in e.futures(k, counts, [], 2, 0, 1 << 40)[0]]
     with pytest.raises(ValueError, match="noise must be one of expected, sampled"):
         DayForecast(DIURNAL, noise="random")
-    with pytest.raises(ValueError, match="noise 'sampled' needs the 'posterior' forecast"):
+    with pytest.raises(ValueError, match="noise 'sampled' needs a sampled planner with the 'posterior' forecast"):
         PlannerPolicy("diurnal_autoscale", noise="sampled")
+    with pytest.raises(ValueError, match="noise must be one of expected, sampled"):
+        PlannerPolicy("diurnal_family", mode="clairvoyant", noise="random")
 
 
 def test_futures_stratified_by_surprises_keep_the_days_expected_load() -> None:
