@@ -45,7 +45,14 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
-from llmserve_env.shared.scenarios import draw_integer, draw_uniform, is_family, raised_cosine
+from llmserve_env.shared.scenarios import (
+    FlashCrowd,
+    draw_flash_crowd,
+    draw_integer,
+    draw_uniform,
+    is_family,
+    raised_cosine,
+)
 from llmserve_env.shared.tasks import TaskSpec
 from llmserve_env.shared.workloads import arrivals_at_rates
 
@@ -253,14 +260,9 @@ class DayForecast:
                     start = k + draw_integer(rng, (0, left - 1))
                     if rng.random() * (lam_crowd + lam_job) < lam_crowd:
                         assert self.crowds is not None
-                        length = draw_integer(rng, self.crowds["windows"])
-                        factor = draw_uniform(rng, self.crowds["factor"])
-                        if self.crowds["tenant"] in rates:
-                            rates[self.crowds["tenant"]][start - k:start - k + length] *= factor
+                        self._crowd_on(rates, k, draw_flash_crowd(rng, self.crowds, start))
                     else:
-                        assert self.extra is not None
-                        jobs.append(Job(self.extra["tenant"], start, draw_integer(rng, self.extra["windows"]),
-                                        draw_uniform(rng, self.extra["rate_rps"])))
+                        jobs.append(self._adhoc_job(rng, start))
             wins = self._arrivals(k, rates, jobs, rng, next_id)
             next_id += sum(len(x) for x in wins)
             out.append(wins)
@@ -326,13 +328,22 @@ class DayForecast:
                 path[i] = self.phi * path[i - 1] + innov * float(eps[i])
             rates[name] = m[j, k:] * np.exp(path - 0.5 * s2)
         if self.crowds and crowds:
-            fc = self.crowds
-            for _ in range(int(rng.poisson(float(fc["per_day"]) * left / self.horizon))):
-                start, length = draw_integer(rng, (0, left - 1)), draw_integer(rng, fc["windows"])
-                factor = draw_uniform(rng, fc["factor"])
-                if fc["tenant"] in rates:
-                    rates[fc["tenant"]][start:start + length] *= factor
+            for _ in range(int(rng.poisson(float(self.crowds["per_day"]) * left / self.horizon))):
+                self._crowd_on(rates, k, draw_flash_crowd(rng, self.crowds, k + draw_integer(rng, (0, left - 1))))
         return rates
+
+    @staticmethod
+    def _crowd_on(rates: dict[str, np.ndarray], k: int, crowd: FlashCrowd) -> None:
+        """Multiply the crowd's tenant's rates (windows k..) over the crowd's windows by its factor."""
+        if crowd.tenant in rates:
+            lo = crowd.start_window - k
+            rates[crowd.tenant][lo:lo + crowd.windows] *= crowd.factor
+
+    def _adhoc_job(self, rng: np.random.Generator, start: int) -> Job:
+        """One ad-hoc job from window `start`: its length and rate drawn from the family's `extra_jobs`."""
+        assert self.extra is not None
+        return Job(self.extra["tenant"], start, draw_integer(rng, self.extra["windows"]),
+                   draw_uniform(rng, self.extra["rate_rps"]))
 
     def _jobs_seen(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]]
                    ) -> tuple[list[Job], list[tuple[Job, Any]], list[dict[str, Any]]]:
@@ -388,8 +399,7 @@ class DayForecast:
         if self.extra and adhoc:
             left = self.horizon - k
             for _ in range(int(rng.poisson(float(self.extra["per_day"]) * left / self.horizon))):
-                jobs.append(Job(self.extra["tenant"], k + draw_integer(rng, (0, left - 1)),
-                                draw_integer(rng, self.extra["windows"]), draw_uniform(rng, self.extra["rate_rps"])))
+                jobs.append(self._adhoc_job(rng, k + draw_integer(rng, (0, left - 1))))
         return jobs
 
 

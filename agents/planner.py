@@ -143,8 +143,9 @@ LIGHT_VIEW_BASES = frozenset({"random", "starve", "vllm_default", "static", "tun
 # turns of the episode's running conversations (multi-turn tasks) get their own range above those.
 SAMPLE_ID_BASE = 1 << 40
 CONTINUED_ID_BASE = 1 << 41
-# One future a rollout plays: its arrival windows (None: the episode's true ones) and the grader's references.
-Future = tuple[list[list[Arrival]] | None, References]
+# One future a rollout plays: its arrival windows (None: the episode's true ones), the grader's references, and its
+# weight in a candidate's value (the futures' weights sum to 1)
+Future = tuple[list[list[Arrival]] | None, References, float]
 
 
 class PlannerError(EnvError):
@@ -289,7 +290,6 @@ class PlannerPolicy:
             raise ValueError(f"surprises must be >= 0, and > 0 only for a sampled planner on a scenario family "
                              f"(the 'posterior' forecast), got {surprises} (mode {mode}, forecast {self.forecast})")
         self.surprises = surprises
-        self._weights: list[float] | None = None  # the current futures' weights (None: equal)
         # off_family: the base policy followed, without rollouts, once the day is judged outside the family (a
         # second posterior, hedged with OFF_FAMILY_WIDE of wide particles, holds more than half its mass on
         # them): the rollouts' futures are the family's, so there they rank the bases as if the day were a
@@ -470,11 +470,18 @@ class PlannerPolicy:
         return max(values, key=lambda ij: (values[ij], -ij[1]))[1]
 
     def _value(self, cand: ServeAction, j: int, futures: list[Future]) -> tuple[float, Branch]:
-        """The grade after serving `cand` now and base policy j to the end, over the futures (their mean, or
-        their worst with `aggregate="worst"`); the branch (actions) of the first future."""
-        out = [self._rollout(cand, j, wins, ref) for wins, ref in futures]
+        """The grade after serving `cand` now and base policy j to the end, over the futures (their mean, weighted
+        where their weights differ (`surprises`), or their worst with `aggregate="worst"`); the branch (actions)
+        of the first future."""
+        out = [self._rollout(cand, j, wins, ref) for wins, ref, _ in futures]
         grades = [b.value for b in out]
-        value = float(np.average(grades, weights=self._weights) if self.aggregate == "mean" else np.min(grades))
+        weights = [w for _, _, w in futures]
+        if self.aggregate == "worst":
+            value = float(np.min(grades))
+        elif len(set(weights)) == 1:
+            value = float(np.mean(grades))  # equal weights: the plain mean (1/3 is not exact in floating point)
+        else:
+            value = float(np.average(grades, weights=weights))
         return value, Branch(value, out[0].start, out[0].actions)
 
     def _rollout(self, cand: ServeAction, j: int, wins: list[list[Arrival]] | None,
@@ -543,18 +550,18 @@ class PlannerPolicy:
                                "played from its reset by this planner alone?)")
 
     def _futures(self) -> list[Future]:
-        """(arrival windows for the rollouts or None for the true ones, the grader's references)."""
+        """(arrival windows for the rollouts or None for the true ones, the grader's references, the weight)."""
         ep = self.shadow
         assert ep is not None
-        self._weights = None
         if self.mode == "clairvoyant":
             if self._true_ref is None or self._true_ref[0] != ep.seed:
                 self._true_ref = (ep.seed, compute_references(self.played, ep.seed, arrivals=self._true_arrivals))
-            return [(None, self._true_ref[1])]
+            return [(None, self._true_ref[1], 1.0)]
         k = ep.step_count
         past = [a for w in ep.windows[:k] for a in w]
-        return [(wins, compute_references(self.played, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]))
-                for wins in self.future_windows(ep.seed, ep.windows[:k])]
+        drawn, weights = self.weighted_futures(ep.seed, ep.windows[:k])
+        return [(wins, compute_references(self.played, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]), wt)
+                for wins, wt in zip(drawn, weights, strict=True)]
 
     def judged_outside(self, seen: list[list[Arrival]]) -> bool:
         """Whether the windows seen make the day more likely outside the family than in it (`off_family`)."""
@@ -564,15 +571,26 @@ class PlannerPolicy:
         """The sampled futures after the windows `seen` of the episode with `seed`: each the whole episode's
         windows, the seen ones as they were, the rest drawn by `forecast` (only the announced jobs of the
         seed's day are read, as the observation shows them)."""
+        return self.weighted_futures(seed, seen)[0]
+
+    def weighted_futures(self, seed: int, seen: list[list[Arrival]]) -> tuple[list[list[list[Arrival]]], list[float]]:
+        """`future_windows` and each future's weight in a candidate's value: equal, or with `surprises` each
+        stratum's chance (agents/forecast.py `stratified`)."""
         k = len(seen)
         if self._day_forecast is not None:
             counts, announced = tenant_counts(self.task, seen), announced_jobs(self.played, seed, k)
             if self.surprises:
-                fut, self._weights = self._day_forecast.stratified(k, counts, announced, self.samples, self.surprises,
-                                                                   self._seed, SAMPLE_ID_BASE)
-            else:
-                fut = self._day_forecast.futures(k, counts, announced, self.samples, self._seed, SAMPLE_ID_BASE)
-            return [seen + wins for wins in fut]
+                fut, weights = self._day_forecast.stratified(k, counts, announced, self.samples, self.surprises,
+                                                             self._seed, SAMPLE_ID_BASE)
+                return [seen + wins for wins in fut], weights
+            fut = self._day_forecast.futures(k, counts, announced, self.samples, self._seed, SAMPLE_ID_BASE)
+            return [seen + wins for wins in fut], [1.0 / len(fut)] * len(fut)
+        out = self._nearest_futures(seed, seen)
+        return out, [1.0 / len(out)] * len(out)
+
+    def _nearest_futures(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
+        """The `nearest` forecast's futures: days of the task's workload under other seeds (module docstring)."""
+        k = len(seen)
         pool = self._sample_pool()
         lo = max(0, k - self.match_windows)
         counts_seen = np.array([len(w) for w in seen[lo:k]], dtype=float)

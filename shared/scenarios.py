@@ -137,6 +137,12 @@ def draw_integer(rng: np.random.Generator, bounds: Any) -> int:
     return int(rng.integers(lo, hi + 1)) if hi > lo else lo
 
 
+def draw_flash_crowd(rng: np.random.Generator, spec: dict[str, Any], start: int) -> FlashCrowd:
+    """One flash crowd of the family's `flash_crowds` spec from window `start`: its length, then its factor (the
+    order a day draws them in, after the start; the planner's forecast draws crowds ahead the same way)."""
+    return FlashCrowd(spec["tenant"], start, draw_integer(rng, spec["windows"]), draw_uniform(rng, spec["factor"]))
+
+
 def raised_cosine(k: np.ndarray, n: int, peak_window: float) -> np.ndarray:
     """The daily shape at window centres: 1 at the peak, 0 half a cycle away (as shared.workloads.cycle_rate)."""
     phase = ((k + 0.5 - peak_window) / n) % 1.0
@@ -170,8 +176,7 @@ def _draw(task: TaskSpec, seed: int) -> Day:
     fc = fam.get("flash_crowds")
     if fc:
         for _ in range(int(rng.poisson(float(fc["per_day"])))):
-            c = FlashCrowd(fc["tenant"], draw_integer(rng, (0, horizon - 1)), draw_integer(rng, fc["windows"]),
-                           draw_uniform(rng, fc["factor"]))
+            c = draw_flash_crowd(rng, fc, draw_integer(rng, (0, horizon - 1)))
             rates[c.tenant][c.start_window:c.start_window + c.windows] *= c.factor
             crowds.append(c)
     jobs: list[DrawnJob] = []
