@@ -69,6 +69,11 @@ OFF_FAMILY_WIDE = 0.25
 # how a future's noise ahead is played: its expected path from the last window (the default), or a path drawn
 # from the AR(1) given the last window, with flash crowds ahead drawn at the family's rate (module docstring)
 NOISE_MODES = ("expected", "sampled")
+# the stratified futures' peak zone (`DayForecast.peak_zone`): a surprise starting up to 4 windows before the
+# peak window or 1 after it meets the peak's windows (the families' flash crowds last 1-4 windows, ad-hoc jobs
+# 2-6). Any zone keeps the stratified values unbiased (the split is weighted by its chance); chosen before any
+# run, not tuned
+PEAK_ZONE = (4, 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,7 +230,8 @@ class DayForecast:
         return out
 
     def stratified(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]], samples: int,
-                   surprises: int, seed: int, first_id: int) -> tuple[list[list[list[Arrival]]], list[float]]:
+                   surprises: int, seed: int, first_id: int, peak: bool = False
+                   ) -> tuple[list[list[list[Arrival]]], list[float]]:
         """Futures stratified by the day's surprises ahead, with their weights (summing to 1): `samples`
         futures with none (no ad-hoc job, no flash crowd from window k on) weighted by the chance of none over
         the windows left, and `surprises` futures with at least one (their number the Poisson's given one or
@@ -233,11 +239,20 @@ class DayForecast:
         uniformly over the windows left, drawn as the family draws one) weighted by the chance of some. Each
         stratum is otherwise the posterior's, as `futures` draws it (the noise's expected path): the expectation
         of futures drawn with the surprises at random (`noise="sampled"`; the default futures leave the flash
-        crowds out), without two futures' luck deciding whether a surprise is in them at all."""
+        crowds out), without two futures' luck deciding whether a surprise is in them at all.
+
+        With `peak` (surprises >= 2) the surprise stratum is split again by where its first surprise starts: in
+        the peak zone (`peak_zone`: the windows from which a surprise meets the posterior's peak) in even-numbered
+        surprise futures, elsewhere in odd ones, each half weighted by that chance (the zone's share of the windows
+        left). The first surprise's start is uniform over the windows left, so the split keeps the stratum's
+        expectation whatever the zone; it puts a surprise at the peak, where a rule without headroom loses most,
+        into every decision's values at its odds instead of into a draw's luck. Where the zone is behind or covers
+        every window left, the stratum is drawn as without `peak`."""
         self._check_window(k)
-        if samples < 1 or surprises < 1:
+        if samples < 1 or surprises < 1 or (peak and surprises < 2):
             raise ValueError(f"stratified futures need samples >= 1 and surprises >= 1 (without a surprise stratum the "
-                             f"quiet futures alone would leave the surprises out), got {samples} and {surprises}")
+                             f"quiet futures alone would leave the surprises out), and surprises >= 2 with peak (a "
+                             f"future in the zone and one outside it), got {samples} and {surprises}")
         rng = np.random.default_rng([int(seed), FORECAST_STREAM, k, SURPRISE_STREAM])
         w = self.posterior(counts)
         picks = rng.choice(w.shape[0], size=samples + surprises, p=w)
@@ -246,6 +261,10 @@ class DayForecast:
         lam_crowd = float(self.crowds["per_day"]) * left / self.horizon if self.crowds else 0.0
         lam_job = float(self.extra["per_day"]) * left / self.horizon if self.extra else 0.0
         p_some = 1.0 - float(np.exp(-(lam_crowd + lam_job)))
+        zone = self.peak_zone(k, w) if peak else []
+        inside = len(zone) / left
+        split = 0.0 < inside < 1.0
+        outside = [i for i in range(k, self.horizon) if not zone[0] <= i <= zone[-1]] if split else []
         out = []
         next_id = first_id
         for n, j in enumerate(picks.tolist()):
@@ -256,8 +275,12 @@ class DayForecast:
                 count = 0
                 while count == 0:
                     count = int(rng.poisson(lam_crowd + lam_job))
-                for _ in range(count):
-                    start = k + draw_integer(rng, (0, left - 1))
+                for m in range(count):
+                    if m == 0 and split:
+                        where = zone if (n - samples) % 2 == 0 else outside
+                        start = where[draw_integer(rng, (0, len(where) - 1))]
+                    else:
+                        start = k + draw_integer(rng, (0, left - 1))
                     if rng.random() * (lam_crowd + lam_job) < lam_crowd:
                         assert self.crowds is not None
                         self._crowd_on(rates, k, draw_flash_crowd(rng, self.crowds, start))
@@ -266,7 +289,20 @@ class DayForecast:
             wins = self._arrivals(k, rates, jobs, rng, next_id)
             next_id += sum(len(x) for x in wins)
             out.append(wins)
-        return out, [(1.0 - p_some) / samples] * samples + [p_some / surprises] * surprises
+        if not split:
+            return out, [(1.0 - p_some) / samples] * samples + [p_some / surprises] * surprises
+        n_in = (surprises + 1) // 2
+        return out, [(1.0 - p_some) / samples] * samples + [
+            p_some * (inside / n_in if i % 2 == 0 else (1.0 - inside) / (surprises - n_in)) for i in range(surprises)]
+
+    def peak_zone(self, k: int, weights: np.ndarray) -> list[int]:
+        """The windows from k on where a surprise that starts meets the day's peak: the posterior mean cycle's
+        highest window of the day (summed over the cycled tenants) and the PEAK_ZONE windows before it (a surprise
+        lasts some windows) and after it. Empty once the peak is behind."""
+        mean = sum(weights @ m for m in self.cycle.values())
+        top = int(np.argmax(mean))
+        lo, hi = top - PEAK_ZONE[0], top + PEAK_ZONE[1]
+        return list(range(max(lo, k), min(hi, self.horizon - 1) + 1))
 
     def _check_window(self, k: int) -> None:
         if not 0 <= k < self.horizon:

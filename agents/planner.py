@@ -37,7 +37,8 @@ Information modes, named in every output (`name`):
   histories the replicas have cached). A candidate's value is the best base policy's mean over the samples (with
   `aggregate="worst"`, opt-in, its worst sample: a risk-averse value, docs/benchmarks.md; with `surprises=n`,
   opt-in, the mean weighted over `samples` futures without an ad-hoc job or flash crowd ahead and n with some,
-  each set at its chance: agents/forecast.py `stratified`); the grader's
+  each set at its chance: agents/forecast.py `stratified`; with `surprise_peak` too, that set split again by
+  whether its first surprise meets the day's peak); the grader's
   references are those of the observed past plus the sampled future. A candidate no base policy
   proposed is committed only if it beats the best base proposal by `margin` (0.01): with 2 samples, small
   gains are mostly their noise (validation seed 500,000 of multitenant_autoscale: 0.720 with no margin,
@@ -240,7 +241,7 @@ class PlannerPolicy:
                  pool: int = 16, match_windows: int = 2, keep: int = 2, bridging: bool = True, margin: float = 0.01,
                  seed: int = 0, fast_rollouts: bool = True, forecast: str | None = None, fortify: bool = True,
                  wide_prior: float = 0.0, off_family: str | None = None, running_turns: bool = True,
-                 aggregate: str = "mean", noise: str = "expected", surprises: int = 0):
+                 aggregate: str = "mean", noise: str = "expected", surprises: int = 0, surprise_peak: bool = False):
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
         if samples < 1 or pool < samples:
@@ -290,6 +291,12 @@ class PlannerPolicy:
             raise ValueError(f"surprises must be >= 0, and > 0 only for a sampled planner on a scenario family "
                              f"(the 'posterior' forecast), got {surprises} (mode {mode}, forecast {self.forecast})")
         self.surprises = surprises
+        # surprise_peak: the surprise futures split again by whether their first surprise meets the day's peak,
+        # each half at its chance (agents/forecast.py `stratified`'s `peak`)
+        if surprise_peak and surprises < 2:
+            raise ValueError(f"surprise_peak needs surprises >= 2 (a surprise future in the peak zone and one "
+                             f"outside it), got surprises={surprises}")
+        self.surprise_peak = surprise_peak
         # off_family: the base policy followed, without rollouts, once the day is judged outside the family (a
         # second posterior, hedged with OFF_FAMILY_WIDE of wide particles, holds more than half its mass on
         # them): the rollouts' futures are the family's, so there they rank the bases as if the day were a
@@ -581,7 +588,7 @@ class PlannerPolicy:
             counts, announced = tenant_counts(self.task, seen), announced_jobs(self.played, seed, k)
             if self.surprises:
                 fut, weights = self._day_forecast.stratified(k, counts, announced, self.samples, self.surprises,
-                                                             self._seed, SAMPLE_ID_BASE)
+                                                             self._seed, SAMPLE_ID_BASE, peak=self.surprise_peak)
                 return [seen + wins for wins in fut], weights
             fut = self._day_forecast.futures(k, counts, announced, self.samples, self._seed, SAMPLE_ID_BASE)
             return [seen + wins for wins in fut], [1.0 / len(fut)] * len(fut)

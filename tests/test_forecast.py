@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from llmserve_env.agents.forecast import DayForecast, tenant_counts
+from llmserve_env.agents.forecast import PEAK_ZONE, DayForecast, tenant_counts
 from llmserve_env.agents.planner import PlannerPolicy
 from llmserve_env.shared.scenarios import announced_jobs, draw_day
 from llmserve_env.shared.tasks import get_task
@@ -213,3 +213,43 @@ def test_futures_stratified_by_surprises_keep_the_days_expected_load() -> None:
     assert loud > quiet * 1.02
     with pytest.raises(ValueError, match="surprises must be >= 0"):
         PlannerPolicy("diurnal_autoscale", surprises=1)
+
+
+def test_the_surprise_stratum_split_at_the_peak_keeps_its_expectation() -> None:
+    """`stratified(peak=True)`: the surprise futures split by whether their first surprise starts in the peak
+    zone (even-numbered) or outside it, weighted by the zone's share of the windows left: the peak's expected
+    load is what the unsplit stratum gives (~1 % standard error here), the in-zone future carries more of it,
+    and once the peak is behind nothing is split."""
+    f = DayForecast(MT, particles=64)
+    wins = windows(generate_arrivals(MT, 500_000), MT)
+    k = 10
+    counts = tenant_counts(MT, wins[:k])
+    zone = f.peak_zone(k, f.posterior(counts))
+    assert len(zone) == sum(PEAK_ZONE) + 1 and zone[0] > k
+    lam = (0.5 + 0.5) * (MT.horizon - k) / MT.horizon
+    some, inside = 1 - np.exp(-lam), len(zone) / (MT.horizon - k)
+    fut, w = f.stratified(k, counts, [], 1, 2, 0, 1 << 40, peak=True)
+    assert w == pytest.approx([1 - some, some * inside, some * (1 - inside)]) and sum(w) == pytest.approx(1)
+    assert (fut, w) == f.stratified(k, counts, [], 1, 2, 0, 1 << 40, peak=True)
+
+    def at_peak(one: list) -> int:
+        return sum(len(one[i - k]) for i in zone)
+
+    plain, split, near, far = [], [], [], []
+    for seed in range(120):
+        fu, wt = f.stratified(k, counts, [], 1, 2, seed, 0)
+        plain.append(sum(q * at_peak(one) for q, one in zip(wt, fu, strict=True)))
+        fu, wt = f.stratified(k, counts, [], 1, 2, seed, 0, peak=True)
+        split.append(sum(q * at_peak(one) for q, one in zip(wt, fu, strict=True)))
+        near.append(at_peak(fu[1]))
+        far.append(at_peak(fu[2]))
+    assert abs(np.mean(split) / np.mean(plain) - 1) < 0.03
+    assert np.mean(near) > np.mean(far) * 1.05
+    late = MT.horizon - 8
+    assert f.peak_zone(late, f.posterior(tenant_counts(MT, wins[:late]))) == []
+    assert f.stratified(late, tenant_counts(MT, wins[:late]), [], 1, 2, 0, 0, peak=True)[1] == \
+        f.stratified(late, tenant_counts(MT, wins[:late]), [], 1, 2, 0, 0)[1]
+    with pytest.raises(ValueError, match="surprises >= 2 with peak"):
+        f.stratified(k, counts, [], 1, 1, 0, 0, peak=True)
+    with pytest.raises(ValueError, match="surprise_peak needs surprises >= 2"):
+        PlannerPolicy("multitenant_family", surprises=1, surprise_peak=True)
