@@ -156,6 +156,9 @@ def bench_main(script: str):
     ("planner_value_bias", ["--task", "diurnal_autoscale"], "--task"),  # a fixed day has no posterior
     ("planner_value_bias", ["--follow", "hpa"], "--follow"),  # not among the default bases
     ("planner_value_bias", ["--surprises", "-1"], "--surprises"),
+    ("headroom_sources", ["--task", "diurnal_autoscale"], "--task"),  # a fixed day: no drawn day to know
+    ("headroom_sources", ["--seeds", "5:5"], "--seeds"),
+    ("headroom_sources", ["--oracles", "weather"], "--oracles"),
     ("gate_confirm", ["--family", "diurnal_autoscale", "--inside", "operator", "--outside", "schedule"], "--family"),
     ("gate_confirm", ["--family", "diurnal_family", "--inside", "missing.npz", "--outside", "schedule"], "--inside"),
     ("gate_confirm", ["--family", "diurnal_family", "--inside", "operator", "--outside", "nope"], "--outside"),
@@ -196,6 +199,28 @@ def test_gate_confirm_bench_plays_the_gate_its_halves_and_every_rival_on_the_sam
     assert out["shifted.outside_minus_best_rival"] == pytest.approx(
         out["shifted.operator.mean"] - out[f"shifted.{best}.mean"], abs=2e-4)
     assert out["shifted.gated.mean"] > out["shifted.inside.mean"]
+
+
+def test_headroom_sources_oracles_know_the_surprises_only_as_asked():
+    """bench/headroom_sources.py's oracles on test seed 1,000,000 (a flash crowd at windows 26-27, x1.76): before
+    it begins only the `surprises` oracle's futures hold it; once it has begun both do, the same; deterministic."""
+    from llmserve_env.shared.scenarios import draw_day
+    from llmserve_env.shared.tasks import get_task
+    from llmserve_env.shared.workloads import generate_arrivals, windows
+
+    m = bench_module("headroom_sources")
+    task, seed = get_task("multitenant_family"), 1_000_000
+    (crowd,) = draw_day(task, seed).flash_crowds
+    assert (crowd.start_window, crowd.windows) == (26, 2)
+    wins = windows(generate_arrivals(task, seed), task)
+    day, loud = m.DayOracle(task, seed, False), m.DayOracle(task, seed, True)
+
+    def at_crowd(oracle, k: int) -> float:
+        futures = oracle.futures(k, wins[:k], 4, 0)  # windows k.. each
+        return sum(len(f[i - k]) for f in futures for i in range(max(k, 26), 28)) / 4
+
+    assert at_crowd(loud, 20) > 1.4 * at_crowd(day, 20)
+    assert at_crowd(loud, 27) == at_crowd(day, 27) > 0 and day.futures(20, wins[:20], 2, 0) == day.futures(20, wins[:20], 2, 0)
 
 
 def test_bench_command_runs_the_script_with_its_own_arguments(capsys):
