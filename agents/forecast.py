@@ -47,6 +47,7 @@ import numpy as np
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.scenarios import (
     FlashCrowd,
+    cycle_mean,
     draw_flash_crowd,
     draw_integer,
     draw_uniform,
@@ -143,9 +144,7 @@ class DayForecast:
         # each cycled tenant's expected rate per particle and window, as shared.scenarios._draw builds it
         self.cycle: dict[str, np.ndarray] = {}
         for name, spec in w["tenants"].items():
-            mean = 0.5 * (float(spec["trough_rps"]) + float(spec["peak_rps"]))
-            trough = 2.0 * mean * level / (1.0 + ratio)
-            self.cycle[name] = trough[:, None] * (1.0 + (ratio[:, None] - 1.0) * shape)
+            self.cycle[name] = cycle_mean(spec, level[:, None], ratio[:, None], shape)
         self.job_tenants = [t.name for t in task.tenants if t.name not in self.cycle]
         # per cycled tenant: the counts last conditioned on and their likelihood terms (`_terms`)
         self._memo: dict[str, tuple[np.ndarray, np.ndarray]] = {}

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from typing import Any
 
@@ -38,15 +37,15 @@ from llmserve_env.agents.forecast import FORECAST_STREAM, DayForecast, Job, tena
 from llmserve_env.agents.planner import PlannerPolicy
 from llmserve_env.agents.registry import make_policy
 from llmserve_env.agents.rollout import play_episode
+from llmserve_env.agents.stats import paired_diff_ci
 from llmserve_env.core.inprocess import InProcessEnv
 from llmserve_env.shared.backend import Arrival
-from llmserve_env.shared.scenarios import Day, draw_day, is_family, raised_cosine
+from llmserve_env.shared.scenarios import Day, cycle_mean, draw_day, is_family, raised_cosine
 from llmserve_env.shared.tasks import TaskSpec, get_task
 from llmserve_env.tools import cli
 
 ORACLES = ("day", "surprises")
 ORACLE_STREAM = 0x4F524143  # "ORAC"
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 class DayOracle:
@@ -59,11 +58,9 @@ class DayOracle:
         w = task.workload
         n = int(w["cycle_windows"])
         shape = raised_cosine(np.arange(task.horizon, dtype=np.float64), n, self.day.peak_window)
-        self.mean: dict[str, np.ndarray] = {}
-        for name, spec in w["tenants"].items():  # as shared.scenarios._draw builds the mean cycle, noise aside
-            mean = 0.5 * (float(spec["trough_rps"]) + float(spec["peak_rps"]))
-            trough = 2.0 * mean * self.day.level / (1.0 + self.day.peak_to_trough)
-            self.mean[name] = trough * (1.0 + (self.day.peak_to_trough - 1.0) * shape)
+        # the day's mean cycle, its noise aside
+        self.mean = {name: cycle_mean(spec, self.day.level, self.day.peak_to_trough, shape)
+                     for name, spec in w["tenants"].items()}
         self.scheduled = len(w["family"].get("jobs", []))  # the day's first jobs are the scheduled ones
 
     def futures(self, k: int, seen: list[list[Arrival]], samples: int, first_id: int) -> list[list[list[Arrival]]]:
@@ -115,14 +112,6 @@ def seed_list(text: str) -> list[int]:
     return seeds
 
 
-def paired(a: list[float], b: list[float]) -> tuple[float, float | None]:
-    d = [x - y for x, y in zip(a, b, strict=True)]
-    if len(d) < 2:
-        return (d[0] if d else math.nan), None
-    t = T95.get(len(d) - 1, 2.0 if len(d) > 30 else 2.1)
-    return statistics.mean(d), t * statistics.stdev(d) / math.sqrt(len(d))
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python bench/headroom_sources.py", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
@@ -166,11 +155,13 @@ def main(argv: list[str] | None = None) -> None:
     for n in names:
         out[f"{a.task}.{n}.mean"] = round(statistics.mean(rows[n]), 4)
         if n != "schedule":
-            m, ci = paired(rows[n], rows["schedule"])
-            out[f"{a.task}.{n}.minus_schedule"] = round(m, 4)
+            d = paired_diff_ci(rows[n], rows["schedule"])
+            ci = d.finite_half_width
+            out[f"{a.task}.{n}.minus_schedule"] = round(d.mean, 4)
             out[f"{a.task}.{n}.minus_schedule_ci95"] = None if ci is None else round(ci, 4)
             if not a.quiet:
-                print(f"{n} minus schedule: {m:+.4f}" + ("" if ci is None else f" ± {ci:.4f}") + f" over {len(seeds)} seeds")
+                print(f"{n} minus schedule: {d.mean:+.4f}" + ("" if ci is None else f" ± {ci:.4f}")
+                      + f" over {len(seeds)} seeds")
     print(json.dumps(out))
 
 

@@ -149,6 +149,15 @@ def raised_cosine(k: np.ndarray, n: int, peak_window: float) -> np.ndarray:
     return 0.5 * (1.0 + np.cos(2.0 * np.pi * phase))
 
 
+def cycle_mean(spec: dict[str, Any], level: Any, ratio: Any, shape: np.ndarray) -> np.ndarray:
+    """A cycled tenant's mean rate (req/s) at each window of `shape` (raised_cosine) before the day's noise: its
+    published trough-peak mean scaled by `level`, spread by the peak-to-trough `ratio`. Scalars for one day, or
+    column arrays for many (the planner's forecast particles): the same operations either way."""
+    mean = 0.5 * (float(spec["trough_rps"]) + float(spec["peak_rps"]))
+    trough = 2.0 * mean * level / (1.0 + ratio)
+    return trough * (1.0 + (ratio - 1.0) * shape)
+
+
 def _draw(task: TaskSpec, seed: int) -> Day:
     w = task.workload
     fam = w["family"]
@@ -163,15 +172,13 @@ def _draw(task: TaskSpec, seed: int) -> Day:
     phi, sigma = float(fam["noise"]["phi"]), float(fam["noise"]["sigma"])
     rates: dict[str, np.ndarray] = {}
     for name, spec in w["tenants"].items():
-        mean = 0.5 * (float(spec["trough_rps"]) + float(spec["peak_rps"]))
-        trough = 2.0 * mean * level / (1.0 + ratio)
         eps = rng.standard_normal(horizon)
         x = np.empty(horizon)
         x[0] = sigma * eps[0]  # started in the stationary distribution
         innov = sigma * math.sqrt(max(0.0, 1.0 - phi * phi))
         for i in range(1, horizon):
             x[i] = phi * x[i - 1] + innov * eps[i]
-        rates[name] = trough * (1.0 + (ratio - 1.0) * shape) * np.exp(x - 0.5 * sigma * sigma)
+        rates[name] = cycle_mean(spec, level, ratio, shape) * np.exp(x - 0.5 * sigma * sigma)
     crowds: list[FlashCrowd] = []
     fc = fam.get("flash_crowds")
     if fc:
