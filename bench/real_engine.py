@@ -265,6 +265,15 @@ class ProbeRow:
     timings_ms_per_token: float  # median over the b requests of the engine's predicted_ms / predicted_n
 
 
+def probe_client() -> httpx.AsyncClient:
+    """A client that opens a connection per probe request. llama-server can close a connection after a
+    streamed reply without saying so; a pooled client then sends the next probe on the dead socket and
+    gets "Server disconnected without sending a response", which ended the bench (and its engine) in its
+    first seconds in stops 45, 46 and 59. A loopback connect is well under a millisecond, and a probe's
+    steps are read from its own token stream, so nothing measured changes."""
+    return httpx.AsyncClient(timeout=300.0, limits=httpx.Limits(max_keepalive_connections=0))
+
+
 async def _probe_one(client: httpx.AsyncClient, base_url: str, model: str, words: int, tokens: int,
                      rng: random.Random) -> tuple[list[float], dict[str, Any]]:
     """One streamed completion: the arrival time of each token's chunk and the engine's final `timings`."""
@@ -310,7 +319,7 @@ def decode_probe(base_url: str, model: str, batches: list[int], words: int, toke
 
     async def run() -> list[ProbeRow]:
         rows = []
-        async with httpx.AsyncClient(timeout=300.0) as client:
+        async with probe_client() as client:
             for b in batches:
                 got = await asyncio.gather(*[_probe_one(client, base_url, model, words, tokens, rng) for _ in range(b)])
                 ts = [t for _, t in got]
@@ -332,7 +341,7 @@ def speed_probe(base_url: str, model: str, n: int, tokens: int, boundary: int) -
 
     async def run() -> list[float]:
         steps = []
-        async with httpx.AsyncClient(timeout=300.0) as client:
+        async with probe_client() as client:
             for _ in range(n):
                 times, _ = await _probe_one(client, base_url, model, 8, tokens, rng)
                 span = lockstep_step([times])

@@ -345,3 +345,38 @@ def test_replay_prefills_the_engine_s_prompt_counts_under_a_prompt_cap(tmp_path)
         assert max(r["usage_prompt_tokens"] for r in run.rows) > 64
         errs.append(replay(run, truth).summary()["ttft_err_pct"])
     assert errs[0] == errs[1] and errs[0] < 1.0
+
+
+def test_the_engine_against_itself_is_nothing_when_nothing_changed_and_finds_a_slower_second_run(tmp_path, capsys):
+    """Two recordings of one seed on one engine (the simulator plays a deterministic one) are apart by
+    nothing; a second recording on an engine 10 % slower a step is 10 % slower on TPOT at every concurrency,
+    and its TTFT slower too. bench/engine_repeat.py prints the same, and names a seed the folders lack."""
+    from llmserve_env.sim.calibration.replay import engine_repeat
+    from test_cli import bench_main
+
+    slow = StepCoefficients(*(v * 1.1 for v in (CPU.step_s, CPU.seq_s, CPU.token_s, CPU.ctx_s)))
+    for name, coef in (("a", CPU), ("b", CPU), ("slow", slow)):
+        (tmp_path / name).mkdir()
+        engine_records(coef, tmp_path / name / "records_seed5.jsonl", seed=5, rate=0.3, windows_n=60)
+    a, b, s = (load_runs(tmp_path / n / "records_seed5.jsonl", [ACTION], windows=60) for n in ("a", "b", "slow"))
+    total, rows = engine_repeat(a, b)
+    assert total.n_ttft > 10 and total.ttft_err_pct == 0 and total.tpot_err_pct == 0
+    assert [r.lo for r in rows] == [1.0, 1.5, 2.5, 4.0] and all(r.ttft_err_pct == r.tpot_err_pct == 0 for r in rows)
+    total, rows = engine_repeat(a, s)
+    assert all(r.tpot_bias_pct > 9 for r in rows) and total.tpot_err_pct > 9
+    assert all(r.sim_ttft_ms > r.real_ttft_ms for r in rows)
+    other = load_runs(engine_records(CPU, tmp_path / "seed6.jsonl", seed=6, rate=0.3, windows_n=60), [ACTION], windows=60)
+    with pytest.raises(ValueError, match="no seed recorded in both"):
+        engine_repeat(a, other)
+
+    main = bench_main("engine_repeat")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("sys.argv", ["engine_repeat.py", str(tmp_path / "a"), str(tmp_path / "slow")])
+        main()
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["seeds"] == "5" and out["tpot_err_pct"] == pytest.approx(total.tpot_err_pct, abs=0.01)
+    assert out["c4_inf_n"] == rows[-1].n and out["c1_1p5_tpot_err_pct"] > 9
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(SystemExit):
+        mp.setattr("sys.argv", ["engine_repeat.py", str(tmp_path / "a"), str(tmp_path / "slow"), "--seeds", "7"])
+        main()
+    assert "seed 7 is not recorded in both folders" in capsys.readouterr().err

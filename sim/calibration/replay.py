@@ -303,7 +303,12 @@ def _request_points(run: RecordedRun, profile: Profile) -> list[RequestPoint]:
 
 def by_concurrency(runs: list[RecordedRun], profile: Profile) -> list[ConcurrencyRow]:
     """The replay's per-request errors of `runs` on `profile`, bucketed by the real engine's concurrency."""
-    pts = [p for run in runs for p in _request_points(run, profile)]
+    return bucketed([p for run in runs for p in _request_points(run, profile)])
+
+
+def bucketed(pts: list[RequestPoint]) -> list[ConcurrencyRow]:
+    """Per-request points (concurrency, reference TTFT, compared TTFT, reference TPOT, compared TPOT) as
+    one row per concurrency bucket that holds any."""
     rows = []
     for lo, hi in BUCKETS:
         g = [p for p in pts if lo <= p[0] < hi]
@@ -317,6 +322,30 @@ def by_concurrency(runs: list[RecordedRun], profile: Profile) -> list[Concurrenc
             _median([b for _, b in tp]) * 1e3, _median([abs_err_pct(b, a) for a, b in tp]),
             _median([(b / a - 1.0) * 100.0 for a, b in tp])))
     return rows
+
+
+def repeat_points(first: RecordedRun, second: RecordedRun) -> list[RequestPoint]:
+    """Two recordings of one seed's episode on the same engine, request by request: the first run's values
+    as the reference (and its concurrency), the second's as compared. Where neither the arrivals nor the
+    engine changed, what differs is the engine's and the machine's timing noise: the floor under any
+    deterministic replay's per-request error."""
+    if first.seed != second.seed:
+        raise ValueError(f"runs of seeds {first.seed} and {second.seed}: a repeat compares one seed's episode")
+    a, b = real_side(first), real_side(second)
+    conc = _concurrency([r for r in first.rows if r["status"] == "ok"])
+    return [(c, a.ttft.get(rid), b.ttft.get(rid), a.tpot.get(rid), b.tpot.get(rid)) for rid, c in conc.items()]
+
+
+def engine_repeat(first: list[RecordedRun], second: list[RecordedRun]) -> tuple[Comparison, list[ConcurrencyRow]]:
+    """How far a second recording of the same seeds is from the first: the replay's own error measures
+    (medians of |second / first - 1| over requests, overall and by the first run's concurrency), runs
+    matched by seed."""
+    by_seed = {run.seed: run for run in second}
+    pairs = [(run, by_seed[run.seed]) for run in first if run.seed in by_seed]
+    if not pairs:
+        raise ValueError(f"no seed recorded in both: {sorted(r.seed for r in first)} and {sorted(by_seed)}")
+    total = pooled([compare(real_side(a), real_side(b)) for a, b in pairs])
+    return total, bucketed([p for a, b in pairs for p in repeat_points(a, b)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -340,9 +369,10 @@ def alone_by_run(runs: list[RecordedRun], profile: Profile) -> list[AloneRow]:
     return out
 
 
-def concurrency_table(rows: list[ConcurrencyRow]) -> str:
-    lines = [f"{'concurrency':>11} {'requests':>8} {'real TTFT ms':>12} {'sim TTFT ms':>11} {'TTFT err %':>10} "
-             f"{'real TPOT ms':>12} {'sim TPOT ms':>11} {'TPOT err %':>10} {'TPOT bias %':>11}"]
+def concurrency_table(rows: list[ConcurrencyRow], names: tuple[str, str] = ("real", "sim")) -> str:
+    r0, s0 = names
+    lines = [f"{'concurrency':>11} {'requests':>8} {r0 + ' TTFT ms':>12} {s0 + ' TTFT ms':>11} {'TTFT err %':>10} "
+             f"{r0 + ' TPOT ms':>12} {s0 + ' TPOT ms':>11} {'TPOT err %':>10} {'TPOT bias %':>11}"]
     for r in rows:
         span = f"{r.lo:g}-{r.hi:g}" if math.isfinite(r.hi) else f"{r.lo:g}+"
         lines.append(f"{span:>11} {r.n:>8} {r.real_ttft_ms:>12.0f} {r.sim_ttft_ms:>11.0f} {r.ttft_err_pct:>10.1f} "
