@@ -24,11 +24,9 @@ import math
 import re
 from pathlib import Path
 
-from llmserve_env.shared.tasks import get_task
 from llmserve_env.sim.calibration.record_fit import load_runs
 from llmserve_env.sim.calibration.replay import ConcurrencyRow, concurrency_table, engine_repeat
-from llmserve_env.sim.caps import RequestCaps
-from real_engine import ACTION  # the action every real_engine.py episode plays
+from real_engine import ACTION, replay_options  # what every real_engine.py episode plays
 
 SEED_FILE = re.compile(r"records_seed(\d+)\.jsonl$")
 
@@ -59,9 +57,7 @@ def main() -> None:
         ap.error(f"seed {missing[0] if missing else '(none)'} is not recorded in both folders "
                  f"(in both: {both or 'none'})")
 
-    task = get_task("static_workload")
-    kw = {"window_s": task.window_s, "windows": task.horizon,
-          "caps": RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)}  # as real_engine.py plays
+    kw = replay_options(a.max_prompt_tokens, a.max_completion_tokens)
     runs = {d: [r for s in seeds for r in load_runs(d / f"records_seed{s}.jsonl", [ACTION], **kw)]
             for d in (a.first, a.second)}
     print(f"the same seeds {seeds} recorded twice on one engine: A = {a.first}, B = {a.second}")

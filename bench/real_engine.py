@@ -118,6 +118,14 @@ ACTION = ServeAction(batch_cap=8, kv_budget_fraction=1.0, speculation_depth=0, q
                      prefill_decode_split=False, priority_routing=False)
 
 
+def replay_options(max_prompt_tokens: int, max_completion_tokens: int) -> dict[str, Any]:
+    """What `load_runs` needs to read an episode this bench played: static_workload's windows and the caps the
+    gateway played under (64 requests a step, the prompt and completion caps of --max-*-tokens)."""
+    task = get_task("static_workload")
+    return {"window_s": task.window_s, "windows": task.horizon,
+            "caps": RequestCaps(64, max_prompt_tokens, max_completion_tokens)}
+
+
 def llama_dir() -> Path:
     return Path(os.environ.get("LLMSERVE_LLAMA_DIR") or Path.home() / ".cache" / "llmserve_env" / "llama")
 
@@ -525,7 +533,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"skipped: {reason}")
         print(json.dumps({"skipped": reason}))
         return
-    caps = RequestCaps(64, a.max_prompt_tokens, a.max_completion_tokens)
+    kw = replay_options(a.max_prompt_tokens, a.max_completion_tokens)
+    caps = kw["caps"]
     out = a.refit or a.out_dir or Path(tempfile.mkdtemp(prefix="real_engine_"))
     nice0 = os.getpriority(os.PRIO_PROCESS, 0)
     proc = None
@@ -570,10 +579,8 @@ def main(argv: list[str] | None = None) -> None:
                 proc.terminate()
                 proc.wait(timeout=30)
     os.setpriority(os.PRIO_PROCESS, 0, nice0)  # the fit is ours, not the measurement's
-    task = get_task("static_workload")
     fit_rec = out / "records_fit.jsonl"
     fit_rec.write_text("".join((out / f"records_seed{s}.jsonl").read_text() for s in fit_seeds))
-    kw = {"window_s": task.window_s, "windows": task.horizon, "caps": caps}
     engine = (f"llama-server (-np 8 -t 1) serving {gguf.name} as {served}" if proc is not None
               else f"{served} at {base_url}" if a.refit is None
               else f"the records an earlier run kept in {out} (refit: nothing played)")
