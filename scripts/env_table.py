@@ -74,6 +74,9 @@ def rows() -> list[tuple[str, str, str, str]]:
     from llmserve_env.sim.profiles import PROFILE_PATH_ENV, PROFILE_PATH_HELP
 
     out.append((PROFILE_PATH_ENV, "simulator", "(unset)", PROFILE_PATH_HELP))
+    from llmserve_env.sim.array_engine import SIM_CORE_ENV, SIM_CORE_HELP
+
+    out.append((SIM_CORE_ENV, "simulator", "auto", SIM_CORE_HELP))
     return out
 
 

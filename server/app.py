@@ -126,6 +126,12 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # adds the ones only a runner can enforce (request-head timeout, connection cap).
     raise_open_file_limit()
     bound_logs()
+    if config.mode == "sim":
+        # the simulator's compiled engine (sim/array_engine.py): compiled, or loaded from numba's cache, before
+        # the first step rather than during it
+        from llmserve_env.sim.array_engine import warm
+
+        warm()
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
     parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 

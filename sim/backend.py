@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import KNOBS, ServeAction
+from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.measured_step import measured_models
@@ -43,10 +44,10 @@ class SimBackend:
     def __init__(self, profile_id: str | Profile = "h100-llama3.1-8b"):
         self.profile = profile_id if isinstance(profile_id, Profile) else load_profile(profile_id)
         self._models = _models_for(self.profile)
-        self._engine = Engine(self.profile, 0, self._models)
+        self._engine: Engine | ArrayEngine = make_engine(self.profile, 0, self._models)
 
     def reset(self, seed: int) -> None:
-        self._engine = Engine(self.profile, seed, self._models)
+        self._engine = make_engine(self.profile, seed, self._models)
 
     def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
         eng = self._engine
@@ -75,4 +76,4 @@ class SimBackend:
         return fork_engine(self, shared=(self._models, *self._models.values()))
 
     def close(self) -> None:
-        self._engine = Engine(self.profile, 0, self._models)
+        self._engine = make_engine(self.profile, 0, self._models)

@@ -4,7 +4,7 @@
     backend.reset(seed)
     report = backend.run_window(action, arrivals, t0, dt)   # action.replicas scales the cluster
 
-Each replica is the single-server simulator's `sim.engine.Engine`, driven exactly as `SimBackend`
+Each replica is the single-server simulator's engine (`sim.array_engine.make_engine`), driven exactly as `SimBackend`
 drives it (Engine.serve_window: configure / start_window / run / close_window); the six per-replica knobs apply to every
 replica. What is added is the cluster around them:
 
@@ -75,6 +75,7 @@ from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
+from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
@@ -92,7 +93,7 @@ class Replica:
     requested_s: float
     ready_s: float
     state: str = STARTING
-    engine: Engine | None = None
+    engine: Engine | ArrayEngine | None = None
     gone_s: float | None = None
     rate_tps: float = 0.0      # measured prompt + output tokens per busy second, last window
     est_work: float = 0.0      # router's outstanding-work estimate (tokens) at est_t
@@ -172,7 +173,7 @@ class ClusterBackend:
         return lost
 
     def _make_ready(self, r: Replica) -> None:
-        r.engine = Engine(self.profile, self.seed * MAX_REPLICAS + r.index, self._models)
+        r.engine = make_engine(self.profile, self.seed * MAX_REPLICAS + r.index, self._models)
         r.state = READY
         r.est_t = r.ready_s
         rates = [x.rate_tps for x in self.replicas if x.state in (READY, DRAINING) and x.rate_tps > 0]
@@ -212,7 +213,9 @@ class ClusterBackend:
         (shared/prefix_routing.py); a hit's tokens are not added to the replica's work."""
         ready = [r for r in self.replicas if r.state == READY]
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
-        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
+        if affinity is None:
+            return self._route_least_work(arrivals, ready, routed)
+        sent: dict[int, set[int]] = {r.index: set() for r in ready}
         for a in arrivals:
             t = a.arrival_s
             eligible = self._eligible(ready, a)
@@ -222,6 +225,30 @@ class ClusterBackend:
             i, hit = self._choose(a, eligible, work, affinity, sent)
             best = eligible[i]
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
+            best.est_t = t
+            routed[best.index].append(a)
+        return routed
+
+    def _route_least_work(self, arrivals: list[Arrival], ready: list[Replica],
+                          routed: dict[int, list[Arrival]]) -> dict[int, list[Arrival]]:
+        """`_route` without cache affinity, its per-arrival calls inlined (every arrival of every cluster window
+        passes here): each arrival to the eligible replica with the least `work_at` its time, ties to the
+        lowest index (shared/routing.py `least_outstanding`), its prompt and output added to that work."""
+        for a in arrivals:
+            t = a.arrival_s
+            best = None
+            best_w = 0.0
+            for r in ready:
+                if r.ready_s <= t:
+                    w = r.est_work - r.rate_tps * (t - r.est_t)  # Replica.work_at
+                    if not w > 0.0:
+                        w = 0.0
+                    if best is None or w < best_w:
+                        best, best_w = r, w
+            if best is None:
+                self._eligible(ready, a)  # raises, or keeps the arrival to be rejected (a spot preemption)
+                continue
+            best.est_work = best_w + a.prompt_tokens + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
         return routed

@@ -1,5 +1,10 @@
 """The event engine: continuous batching, one iteration at a time, with decode runs skipped in closed form.
 
+This is the reference engine. sim/array_engine.py's `ArrayEngine` is its compiled twin (numba over arrays,
+sim/compiled_core.py), bit-identical by tests/test_array_engine.py, and serves by default where it applies
+(`make_engine`: numba installed, no slots or prompt breaks); a change to the physics here is made there
+too, or the differential test fails.
+
 Between events nothing changes the batch: a run of identical decode iterations has step times
 t_j = A + B * j (the KV stream grows by the tokens each iteration adds), so k of them take
 k * A + B * k * (k - 1) / 2 and every decoding request's progress is a linear function of the

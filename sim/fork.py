@@ -15,7 +15,8 @@ original. What is never written during an episode is shared by reference, not co
   request's last handed-out snapshot record; the slot itself may be rebound, the object is not
   changed).
 
-numpy Generators are copied with their bit generator's state, so the copy draws the numbers the
+numpy arrays (the compiled engine's state, sim/array_engine.py) are copied; numpy Generators are
+copied with their bit generator's state, so the copy draws the numbers the
 original would have drawn. Renaming or adding engine fields needs no change here; a field holding
 a new mutable type (a deque, say) is refused with TypeError rather than shared by mistake.
 
@@ -153,6 +154,10 @@ def _copier(memo: dict[int, Any]) -> Callable[[Any], Any]:
         if _frozen_dataclass(t):
             memo[id(v)] = v
             return v
+        if t is np.ndarray:  # the compiled engine's state (sim/array_engine.py): plain numeric arrays
+            out_arr = v.copy()
+            memo[id(v)] = out_arr
+            return out_arr
         if t.__module__ == "builtins" or isinstance(v, np.ndarray):
             raise TypeError(f"fork: do not know how to copy a {t.__qualname__}; add it to sim/fork.py")
         fn = class_copiers[t] = _class_copier(t)

@@ -83,7 +83,9 @@ def test_a_copy_of_a_copy_and_save_restore() -> None:
     assert saved.step_count == 24  # the snapshot itself never moved
 
 
-def test_constants_are_shared_and_state_is_not() -> None:
+def test_constants_are_shared_and_state_is_not(monkeypatch) -> None:
+    """The Python engine's structures (the compiled engine's arrays: tests/test_array_engine.py)."""
+    monkeypatch.setenv("LLMSERVE_SIM_CORE", "python")
     env = _midway()
     ep = env.episode
     clone = ep.fork()

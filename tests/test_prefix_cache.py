@@ -13,6 +13,14 @@ from llmserve_env.shared.prefix import chain_ids
 from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.prefix_cache import PrefixCache
 
+
+@pytest.fixture(autouse=True)
+def python_engine(monkeypatch):
+    """These tests read the Python engine's prefix cache and counters, which serves every prefix-caching episode
+    (the compiled engine hands such episodes over to it: tests/test_array_engine.py)."""
+    monkeypatch.setenv("LLMSERVE_SIM_CORE", "python")
+
+
 BASE = dict(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
             prefill_decode_split=False, priority_routing=False)
 

@@ -12,6 +12,7 @@ from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
 from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS, TaskSpec, TenantSpec
 from llmserve_env.shared.workloads import generate_arrivals, windows
+from llmserve_env.sim.array_engine import COMPACT_MIN_DONE
 from llmserve_env.sim.backend import SimBackend
 from llmserve_env.sim.engine import steps_to_cover, tokens_per_step
 from llmserve_env.sim.profiles import load_profile
@@ -212,7 +213,11 @@ STEADY = TaskSpec("steady", "x", "steady chat load well inside capacity",
                   workload={"kind": "poisson", "rate_rps": 20.0}, horizon=600)
 
 
-def test_memory_stays_flat_over_a_long_episode():
+@pytest.mark.parametrize("core", ["python", "compiled"])
+def test_memory_stays_flat_over_a_long_episode(core, monkeypatch):
+    if core == "compiled":
+        pytest.importorskip("numba")
+    monkeypatch.setenv("LLMSERVE_SIM_CORE", core)
     wins = windows(generate_arrivals(STEADY, 0), STEADY)
     b = SimBackend(STEADY.profile)
     b.reset(0)
@@ -230,6 +235,13 @@ def test_memory_stays_flat_over_a_long_episode():
     finally:
         tracemalloc.stop()
     eng = b._engine
-    assert len(eng.fin_heap) <= len(eng.decoding) + 64
-    assert len(eng.sched.heap) < 50
+    if core == "python":
+        assert len(eng.fin_heap) <= len(eng.decoding) + 64
+        assert len(eng.sched.heap) < 50
+    else:  # finished requests' rows are dropped (ArrayEngine._compact): the rows are the live requests and a window's
+        from llmserve_env.sim import compiled_core as cc
+
+        assert eng.SI[cc.SI_NFH] <= eng.SI[cc.SI_NDEC] + 64
+        assert eng.SI[cc.SI_NW] < 50
+        assert eng.SI[cc.SI_NREQ] < 2 * COMPACT_MIN_DONE + 64
     assert last - first < 256 * 1024

@@ -29,11 +29,14 @@ def records(reports: list[WindowReport]) -> list[tuple]:
             for rep in reports for r in rep.finished]
 
 
-def test_tracked_router_skips_a_replica_still_busy_that_the_estimate_thinks_drained():
+def test_tracked_router_skips_a_replica_still_busy_that_the_estimate_thinks_drained(monkeypatch):
     """Window 0's long prompt gives replica 0 a high measured rate (tokens per busy second), so the estimate
     drains a long answer's 2000 tokens within a fraction of a second; one second later that answer has barely
     started decoding. The estimated router sees two idle replicas and sends the next request to replica 0
-    (ties to the lower index); the tracked router sees replica 0's true work and sends it to idle replica 1."""
+    (ties to the lower index); the tracked router sees replica 0's true work and sends it to idle replica 1.
+    The Python engine, whose decoding map the test reads (the compiled one routes the same:
+    tests/test_array_engine.py)."""
+    monkeypatch.setenv("LLMSERVE_SIM_CORE", "python")
     act = ACT.model_copy(update={"speculation_depth": 0})  # one token per step: the answers outlast the window
 
     def where(router: str) -> dict[int, list[int]]:

@@ -1,0 +1,529 @@
+"""`ArrayEngine`: sim/engine.py's `Engine` with its event loop compiled (sim/compiled_core.py), over arrays.
+
+The same interface and, bit for bit, the same results as `Engine` (tests/test_array_engine.py plays
+random actions through both, window by window): what changes is where the requests live (rows of
+arrays rather than objects) and who runs the loop (numba rather than CPython). Records are built when
+the report needs them: a finished request's once, a pending one's snapshot when it changed.
+
+`supports(profile)` says whether a profile is in its scope (no slots or prompt breaks, a kernel-fitted
+step-time model); arrivals carrying prefix ids are refused (ValueError): the Python engine serves
+prefix caching. `make_engine` picks this engine where numba imports and the profile is in scope, the
+Python engine elsewhere; `LLMSERVE_SIM_CORE=python` forces the Python engine, `compiled` requires
+this one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import TYPE_CHECKING
+
+import numpy as np
+from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
+from llmserve_env.sim import compiled_core as cc
+from llmserve_env.sim.engine import SAMPLES_PER_WINDOW, Engine, WindowMeasurements
+from llmserve_env.sim.kv_cache import KVCache
+from llmserve_env.sim.lanes import lane_shares
+from llmserve_env.sim.profiles import Profile
+from llmserve_env.sim.prompt_breaks import PromptBreaks
+from llmserve_env.sim.slot_cache import SlotCacheSpec
+from llmserve_env.sim.step_time import IterationModel, StepTimeModel
+
+if TYPE_CHECKING:
+    from llmserve_env.shared.models import ServeAction
+
+INF = math.inf
+CORES = ("auto", "python", "compiled")
+SIM_CORE_ENV = "LLMSERVE_SIM_CORE"
+SIM_CORE_HELP = ("which engine the simulator runs: `auto` the compiled one (numba, sim/array_engine.py) where it "
+                 "applies, else the Python one; `python` always the Python one (sim/engine.py); `compiled` the "
+                 "compiled one or an error. Both give bit-identical episodes")
+# Finished requests' rows are dropped (`ArrayEngine._compact`) at a window's start once there are this many and
+# at least as many as live ones: forks copy every row, and a long episode would otherwise keep them all
+COMPACT_MIN_DONE = 256
+REJECTED_WHY = "request needs more KV blocks than the whole budget"  # sim/engine.py's words
+_NAN = math.nan
+
+# A model's packed arrays, keyed by the model object's id (the model kept alive beside them): shared by every
+# engine and fork, never written
+_PACKED: dict[int, tuple[IterationModel, tuple[np.ndarray, ...]]] = {}
+
+
+def _packed(model: StepTimeModel) -> tuple[np.ndarray, ...]:
+    got = _PACKED.get(id(model))
+    if got is not None and got[0] is model:
+        return got[1]
+    ms = np.zeros(cc.NM)
+    pf = model.pre_fit
+    for k, v in ((cc.M_TFIX, model.t_fixed), (cc.M_TFIXD, model.t_fixed_draft), (cc.M_DEC_C0, model.dec_c0),
+                 (cc.M_DEC_SEQ, model.dec_seq), (cc.M_DEC_CTX, model.dec_ctx), (cc.M_DDEC_C0, model.ddec_c0),
+                 (cc.M_DDEC_SEQ, model.ddec_seq), (cc.M_DDEC_CTX, model.ddec_ctx), (cc.M_PRE_LAYERS, model.pre_layers),
+                 (cc.M_PF_C0, pf.c0_us), (cc.M_PF_BW, pf.bw_gbs), (cc.M_PF_TF, pf.tflops), (cc.M_PF_P, pf.p),
+                 (cc.M_HEADS, model.heads), (cc.M_KVH, model.kv_heads), (cc.M_HD, model.head_dim),
+                 (cc.M_ELEM, model.attn_elem_bytes), (cc.M_XC0, model.xfer_c0), (cc.M_XPT, model.xfer_per_token)):
+        ms[k] = v
+    arrays = (ms, np.asarray(model.dense, dtype=float), np.asarray(model.head, dtype=float),
+              np.asarray(model.draft_dense, dtype=float), np.asarray(model.draft_head, dtype=float))
+    _PACKED[id(model)] = (model, arrays)
+    return arrays
+
+
+def supports(profile: Profile, models: dict) -> bool:
+    """True when the compiled engine serves this profile as the Python one does."""
+    engine = profile.raw.get("engine", {})
+    if SlotCacheSpec.from_engine(engine) is not None or PromptBreaks.from_engine(engine) is not None:
+        return False
+    return not models or all(type(m) is StepTimeModel for m in models.values())
+
+
+def core_choice() -> str:
+    core = os.environ.get(SIM_CORE_ENV, "auto")
+    if core not in CORES:
+        raise ValueError(f"{SIM_CORE_ENV} must be one of {', '.join(CORES)}, got {core!r}")
+    return core
+
+
+def make_engine(profile: Profile, seed: int, models: dict) -> Engine | ArrayEngine:
+    """The compiled engine where it applies (numba installed, the profile in scope), else the Python one."""
+    core = core_choice()
+    if core == "python":
+        return Engine(profile, seed, models)
+    ok = cc.HAVE_NUMBA and supports(profile, models)
+    if core == "compiled" and not ok:
+        why = "numba is not installed" if not cc.HAVE_NUMBA else f"profile {profile.id} is outside its scope"
+        raise RuntimeError(f"LLMSERVE_SIM_CORE=compiled: {why}")
+    return ArrayEngine(profile, seed, models) if ok else Engine(profile, seed, models)
+
+
+class ArrayEngine:
+    """One simulated serving engine, its loop compiled: drive it as `Engine` (see there)."""
+
+    def __init__(self, profile: Profile, seed: int, models: dict[tuple[str, str], IterationModel]):
+        self.profile = profile
+        self.models = models
+        self.seed = seed
+        self.rng = np.random.default_rng([int(seed), 0x5EED51])  # the engine stream, as Engine's
+        # Prefix caching is outside this engine's scope, and whether arrivals carry prefix ids is known only when
+        # they come: until the first request, every call is logged, so that an engine whose first arrivals carry
+        # prefix ids hands over to a Python `Engine` that replays the log (the same calls: the same state), and
+        # forwards every call to it from then on (`_py`).
+        self._log: list[tuple[str, tuple]] | None = []
+        self._py: Engine | None = None
+        self.kv = KVCache()
+        self.F, self.Ix, self.SF, self.SI, self.C, self.H = cc.empty_state(64)
+        self.SF[cc.SF_NEXT_SAMPLE] = INF
+        self.SF[cc.SF_DT] = 1.0
+        self.SF[cc.SF_SHARE] = profile.split_prefill_compute_share
+        self.SI[cc.SI_MEMO_IT] = -1
+        self.SI[cc.SI_CAP] = 1
+        self.SI[cc.SI_KVTOT] = 1
+        self.SI[cc.SI_BUDGET] = profile.token_budget
+        self.tenants: list[str] = []
+        self.snaps: list[RequestRecord | None] = []  # each request's last pending snapshot
+        self.fin_out = np.zeros(64, dtype=np.int64)
+        self.ft_idx = np.zeros(64, dtype=np.int64)
+        self.ft_val = np.zeros(64)
+        self.itl_v = np.zeros(1024)
+        self.itl_n = np.zeros(1024, dtype=np.int64)
+        self.samp_f = np.zeros(cc.MAX_SAMPLES)
+        self.samp_i = np.zeros((cc.MAX_SAMPLES, 3), dtype=np.int64)
+        self.pend_idx = np.zeros(64, dtype=np.int64)
+        self.pend_cur = np.zeros(64, dtype=np.int64)
+        self.pend_reuse = np.zeros(64, dtype=np.int64)
+        self.samples: list[ResourceSample] = []
+        self.action_key: tuple | None = None
+        self.tier = "FP16"
+        self.split = False
+        self.carry = (0.0, 0.0, 0.0)
+        self.t0 = 0.0
+        self.dt = 1.0
+        self._model("FP16", "unified")
+
+    # ----------------------------------------------------------------------------------- storage
+
+    def _grow(self, need: int) -> None:
+        """Room for `need` requests in every per-request array (doubling)."""
+        cap = self.F.shape[0]
+        if need <= cap:
+            return
+        new = max(need, 2 * cap)
+        F, Ix, _, _, C, _ = cc.empty_state(new)
+        F[:cap] = self.F
+        Ix[:cap] = self.Ix
+        C[:, :cap] = self.C
+        H = np.zeros((max(2 * new + 1, self.H.shape[0]), 4), dtype=np.int64)
+        H[:self.H.shape[0] - 1] = self.H[:-1]
+        self.F, self.Ix, self.C, self.H = F, Ix, C, H
+        for name in ("fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur", "pend_reuse"):
+            old = getattr(self, name)
+            arr = np.zeros(new, dtype=old.dtype)
+            arr[:cap] = old
+            setattr(self, name, arr)
+
+    def _compact(self) -> None:
+        """Drop the finished requests' rows, keeping the others' order (between windows: every arrival is queued,
+        the window's outputs were taken). The ordered rows of C and the heaps keep their layouts with the requests
+        renumbered; the finish heap loses the entries of finished requests (stale entries, which every pop skips:
+        the pops' order is its keys' order, unique, whatever the layout)."""
+        SI = self.SI
+        n = int(SI[cc.SI_NREQ])
+        if int(SI[cc.SI_ARR_IDX]) != n:
+            return
+        keep = self.Ix[:n, cc.I_STATE] != cc.DONE
+        rows = np.flatnonzero(keep)
+        m = len(rows)
+        new = np.full(n, -1, dtype=np.int64)
+        new[rows] = np.arange(m)
+        self.F[:m] = self.F[rows]
+        self.Ix[:m] = self.Ix[rows]
+        self.F[m:n] = 0.0
+        self.F[m:n, cc.F_FT] = self.F[m:n, cc.F_DISP] = self.F[m:n, cc.F_FIN] = math.nan
+        self.Ix[m:n] = 0
+        for row, count in ((cc.C_DEC, cc.SI_NDEC), (cc.C_PRE, cc.SI_NPRE), (cc.C_TR, cc.SI_NTR),
+                           (cc.C_FRESH, cc.SI_NFRESH), (cc.C_WQ, cc.SI_NW)):
+            k = int(SI[count])
+            self.C[row, :k] = new[self.C[row, :k]]
+        nfh = int(SI[cc.SI_NFH])
+        H = self.H[:nfh]
+        live = H[new[H[:, 3]] >= 0]
+        live[:, 3] = new[live[:, 3]]
+        self.H[:len(live)] = live
+        cc.fheapify(self.H, len(live))
+        SI[cc.SI_NFH] = len(live)
+        SI[cc.SI_NREQ] = SI[cc.SI_ARR_IDX] = m
+        kept = rows.tolist()
+        self.tenants = [self.tenants[r] for r in kept]
+        self.snaps = [self.snaps[r] for r in kept]
+
+    def _more_room(self) -> None:
+        """The loop stopped for want of output room: double the ITL buffer and the finish heap."""
+        for name in ("itl_v", "itl_n"):
+            old = getattr(self, name)
+            arr = np.zeros(2 * old.shape[0], dtype=old.dtype)
+            arr[:old.shape[0]] = old
+            setattr(self, name, arr)
+        H = np.zeros((2 * self.H.shape[0], 4), dtype=np.int64)
+        H[:self.H.shape[0] - 1] = self.H[:-1]
+        self.H = H
+
+    def _model(self, tier: str, lane: str) -> tuple[np.ndarray, ...]:
+        key = (tier, lane)
+        m = self.models.get(key)
+        if m is None:
+            m = self.models[key] = StepTimeModel(self.profile, tier, *lane_shares(self.profile, lane))
+        if type(m) is not StepTimeModel:
+            raise TypeError(f"ArrayEngine runs kernel-fitted step-time models, not {type(m).__name__}")
+        return _packed(m)
+
+    # ----------------------------------------------------------------------------------- policy
+
+    def configure(self, batch_cap: int, kv_fraction: float, depth: int, tier: str, split: bool,
+                  priority_routing: bool) -> None:
+        if self._py is not None:
+            return self._py.configure(batch_cap, kv_fraction, depth, tier, split, priority_routing)
+        if self._log is not None:
+            self._log.append(("configure", (batch_cap, kv_fraction, depth, tier, split, priority_routing)))
+        key = (batch_cap, kv_fraction, depth, tier, split, priority_routing)
+        if key == self.action_key:
+            return None
+        self.action_key = key
+        SF, SI = self.SF, self.SI
+        self.kv.configure(self.profile, tier, depth > 0, kv_fraction)
+        SI[cc.SI_CAP] = batch_cap
+        SI[cc.SI_KVTOT] = self.kv.total
+        cc.reprioritise(self.F, self.Ix, SI, self.C, int(priority_routing))
+        if split != self.split:
+            if split:
+                SF[cc.SF_PCLOCK] = SF[cc.SF_DCLOCK] = SF[cc.SF_CLOCK]
+            else:
+                SF[cc.SF_CLOCK] = max(SF[cc.SF_PCLOCK], SF[cc.SF_DCLOCK])
+            self.split = split
+            SI[cc.SI_SPLIT] = int(split)
+        self.tier = tier
+        self._model(tier, "unified")
+        if split:
+            self._model(tier, "prefill")
+            self._model(tier, "decode")
+        if depth != SI[cc.SI_DEPTH]:
+            SI[cc.SI_DEPTH] = depth
+            if SI[cc.SI_NDEC] > self.H.shape[0] - 1:
+                self._more_room()
+            cc.resync_decoding(self.F, self.Ix, SF, SI, self.C, self.H)
+        now = max(SF[cc.SF_PCLOCK], SF[cc.SF_DCLOCK]) if split else SF[cc.SF_CLOCK]
+        cc.shrink_to_pool(self.F, self.Ix, SF, SI, self.C, now)
+        return None
+
+    def _hand_over(self, arrivals: list[Arrival]) -> bool:
+        """True when these arrivals go to the Python engine (they carry prefix ids; see __init__)."""
+        if self._py is not None:
+            return True
+        if not any(a.prefix_ids is not None for a in arrivals):
+            return False
+        if self._log is None:
+            raise ValueError("arrivals with prefix ids after requests without: the compiled engine serves no prefix "
+                             "caching (LLMSERVE_SIM_CORE=python serves them)")
+        py = Engine(self.profile, self.seed, self.models)
+        for name, args in self._log:
+            getattr(py, name)(*args)
+        self._py, self._log, self.kv = py, None, py.kv
+        return True
+
+    # ----------------------------------------------------------------------------------- window
+
+    def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
+        if self._hand_over(arrivals):
+            assert self._py is not None
+            self._py.start_window(arrivals, t0, dt)
+            return None
+        if self._log is not None:
+            if arrivals:
+                self._log = None
+            else:
+                self._log.append(("start_window", ([], t0, dt)))
+        SF, SI = self.SF, self.SI
+        done = int(SI[cc.SI_NREQ]) - int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR] + SI[cc.SI_NW])
+        if done >= COMPACT_MIN_DONE and 2 * done >= int(SI[cc.SI_NREQ]):
+            self._compact()
+        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_NSAMP, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT,
+                  cc.SI_SPEC_PROP, cc.SI_ITERS, cc.SI_REJ):
+            SI[k] = 0
+        SF[cc.SF_SPEC_ACC] = 0.0
+        self.t0, self.dt = t0, dt
+        SF[cc.SF_T0], SF[cc.SF_DT] = t0, dt
+        SF[cc.SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
+        self.samples = []
+        if arrivals:
+            p = self.profile
+            mean_of = {t: p.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
+            means = np.array([mean_of[a.tenant] for a in arrivals])
+            kappa = p.spec_concentration
+            accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa)  # as Engine.start_window draws them
+            self._add(arrivals, accepts)
+        cu, cp, cd = self.carry
+        share = self.profile.split_prefill_compute_share
+        SF[cc.SF_BUSY] = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+        return None
+
+    def _add(self, arrivals: list[Arrival], accepts: np.ndarray) -> None:
+        n0 = int(self.SI[cc.SI_NREQ])
+        n = len(arrivals)
+        self._grow(n0 + n)
+        F, Ix = self.F, self.Ix
+        rows = slice(n0, n0 + n)
+        F[rows, cc.F_ARR] = [a.arrival_s for a in arrivals]
+        F[rows, cc.F_ACC] = accepts
+        Ix[rows, cc.I_RID] = [a.request_id for a in arrivals]
+        Ix[rows, cc.I_PRIO] = [a.priority for a in arrivals]
+        prompts = [a.prompt_tokens for a in arrivals]
+        Ix[rows, cc.I_PROMPT] = prompts
+        Ix[rows, cc.I_PTGT] = prompts
+        Ix[rows, cc.I_TARGET] = [a.output_tokens for a in arrivals]
+        self.tenants.extend(a.tenant for a in arrivals)
+        self.snaps.extend([None] * n)
+        self.SI[cc.SI_NREQ] = n0 + n
+
+    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
+        self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
+                       action.quantization_tier, action.prefill_decode_split, action.priority_routing)
+        self.start_window(arrivals or [], t0, dt)
+
+    def add_arrival(self, a: Arrival, routed_hit: int = 0) -> None:
+        if self._hand_over([a]):
+            assert self._py is not None
+            self._py.add_arrival(a, routed_hit)
+            return None
+        self._log = None
+        kappa = self.profile.spec_concentration
+        mean = self.profile.acceptance_mean(a.tenant)
+        accept = float(self.rng.beta(mean * kappa, (1.0 - mean) * kappa))
+        self._add([a], np.array([accept]))
+        self.Ix[int(self.SI[cc.SI_NREQ]) - 1, cc.I_RHIT] = routed_hit
+        return None
+
+    def advance(self, t: float) -> None:
+        if self._py is not None:
+            return self._py.advance(t)
+        if self._log is not None:
+            self._log.append(("advance", (t,)))
+        while True:
+            if self.split:
+                mp, md = self._model(self.tier, "prefill"), self._model(self.tier, "decode")
+                status = cc.run_split(self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx,
+                                      self.ft_val, self.itl_v, self.itl_n, self.samp_f, self.samp_i, t, *mp, *md)
+            else:
+                status = cc.run_unified(self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx,
+                                        self.ft_val, self.itl_v, self.itl_n, self.samp_f, self.samp_i, t,
+                                        *self._model(self.tier, "unified"))
+            if status == cc.RUN_DONE:
+                return None
+            self._flush_samples()
+            self._more_room()
+
+    def _flush_samples(self) -> None:
+        n = int(self.SI[cc.SI_NSAMP])
+        if n:
+            total, mem = self.kv.total, self.kv.memory_gib
+            for t, (running, waiting, used) in zip(self.samp_f[:n].tolist(), self.samp_i[:n].tolist(), strict=True):
+                self.samples.append(ResourceSample(t, running, waiting, used, total, mem(used)))
+            self.SI[cc.SI_NSAMP] = 0
+
+    def end_window(self) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+        if self._py is not None:
+            return self._py.end_window()
+        self.run(self.t0 + self.dt)
+        pending, used, mem = self.close_window()
+        return pending, used, mem, self.take_measurements()
+
+    def outstanding_tokens(self) -> float:
+        if self._py is not None:
+            return self._py.outstanding_tokens()
+        return float(cc.outstanding_tokens(self.F, self.Ix, self.SI, self.C))
+
+    def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
+                     dt: float) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+        self.begin_window(action, t0, dt, arrivals)
+        return self.end_window()
+
+    def run(self, t_end: float) -> None:
+        if self._py is not None:
+            return self._py.run(t_end)
+        self.advance(t_end)
+        if self._log is not None:  # advance logged itself: the log replays run as its advance and the rest
+            self._log[-1] = ("run", (t_end,))
+        SF, SI = self.SF, self.SI
+        cc.admit_arrivals(self.F, self.Ix, SI, self.C, INF)
+        share = self.profile.split_prefill_compute_share
+        busy = float(SF[cc.SF_BUSY])
+        if self.split:
+            op, od = max(0.0, float(SF[cc.SF_PCLOCK]) - t_end), max(0.0, float(SF[cc.SF_DCLOCK]) - t_end)
+            busy -= op * share + od * (1.0 - share)
+            self.carry = (0.0, op, od)
+        else:
+            ou = max(0.0, float(SF[cc.SF_CLOCK]) - t_end)
+            busy -= ou
+            self.carry = (ou, 0.0, 0.0)
+        SF[cc.SF_BUSY] = min(max(busy, 0.0), self.dt)
+        return None
+
+    # ----------------------------------------------------------------------------------- reporting
+
+    def cached_units(self, keys: tuple[int, ...], cap: int) -> int:
+        return self._py.cached_units(keys, cap) if self._py is not None else 0  # no prefix cache here
+
+    @property
+    def cached_blocks(self) -> int:
+        return self._py.cached_blocks if self._py is not None else 0
+
+    def _columns(self, rows: np.ndarray) -> tuple[list, ...]:
+        """The record fields of requests `rows`, gathered at once (numpy scalars one by one cost ~10x more):
+        request ids, tenants, priorities, arrivals, prompts, targets, dispatch and first-token times (None
+        where not yet), preemptions, attempts."""
+        F, Ix = self.F[rows], self.Ix[rows]
+        tenants = self.tenants
+        return (Ix[:, cc.I_RID].tolist(), [tenants[r] for r in rows.tolist()], Ix[:, cc.I_PRIO].tolist(),
+                F[:, cc.F_ARR].tolist(), Ix[:, cc.I_PROMPT].tolist(), Ix[:, cc.I_TARGET].tolist(),
+                [None if x != x else x for x in F[:, cc.F_DISP].tolist()],
+                [None if x != x else x for x in F[:, cc.F_FT].tolist()],
+                Ix[:, cc.I_PRE].tolist(), Ix[:, cc.I_ATT].tolist())
+
+    def _records(self, rows: np.ndarray) -> list[RequestRecord]:
+        """The finished requests' records (rejected ones with sim/engine.py's reason)."""
+        if not len(rows):
+            return []
+        rid, ten, prio, arr, prompt, target, disp, ft, pre, att = self._columns(rows)
+        ok = (self.Ix[rows, cc.I_STATUS] == cc.STATUS_OK).tolist()
+        fin = self.F[rows, cc.F_FIN].tolist()
+        out = self.Ix[rows, cc.I_OUT].tolist()
+        return [RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j], "ok" if ok[j] else "rejected",
+                              disp[j], ft[j], fin[j], out[j], [], pre[j], att[j], 0.0, None if ok[j] else REJECTED_WHY)
+                for j in range(len(rid))]
+
+    def take_measurements(self) -> WindowMeasurements:
+        if self._py is not None:
+            return self._py.take_measurements()
+        if self._log is not None:
+            self._log.append(("take_measurements", ()))
+        SI, SF = self.SI, self.SF
+        acc = WindowMeasurements()
+        tenants = self.tenants
+        acc.finished = self._records(self.fin_out[:SI[cc.SI_NFIN]])
+        n = int(SI[cc.SI_NFT])
+        if n:
+            rid = self.Ix[:, cc.I_RID]
+            acc.first_tokens = [(int(rid[r]), tenants[r], v) for r, v in
+                                zip(self.ft_idx[:n].tolist(), self.ft_val[:n].tolist(), strict=True)]
+        m = int(SI[cc.SI_NITL])
+        acc.itl = list(zip(self.itl_v[:m].tolist(), self.itl_n[:m].tolist(), strict=True))
+        acc.samples = self.samples
+        acc.output_tokens = int(SI[cc.SI_OUT_TOK])
+        acc.prompt_tokens = int(SI[cc.SI_PROMPT_TOK])
+        acc.evictions = int(SI[cc.SI_EVICT])
+        acc.spec_proposed = int(SI[cc.SI_SPEC_PROP])
+        acc.spec_accepted = float(SF[cc.SF_SPEC_ACC])
+        acc.busy = float(SF[cc.SF_BUSY])
+        acc.iterations = int(SI[cc.SI_ITERS])
+        acc.rejected = int(SI[cc.SI_REJ])
+        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT, cc.SI_SPEC_PROP,
+                  cc.SI_ITERS, cc.SI_REJ):
+            SI[k] = 0
+        SF[cc.SF_SPEC_ACC] = 0.0
+        self.samples = []
+        return acc
+
+    def close_window(self) -> tuple[list[RequestRecord], int, float]:
+        if self._py is not None:
+            return self._py.close_window()
+        if self._log is not None:
+            self._log.append(("close_window", ()))
+        self._flush_samples()
+        m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur,
+                                  self.pend_reuse)
+        pending: list[RequestRecord] = []
+        if m:
+            # snapshots: a waiting request unchanged since its last one reuses it (Engine.close_window's rule);
+            # the others are built anew, their fields gathered at once (a snapshot's identity is never read)
+            rows = self.pend_idx[:m]
+            fresh = rows[self.pend_reuse[:m] == 0]
+            snaps = self.snaps
+            if len(fresh):
+                cur = self.pend_cur[:m][self.pend_reuse[:m] == 0].tolist()
+                rid, ten, prio, arr, prompt, target, disp, ft, pre, att = self._columns(fresh)
+                waiting = (self.Ix[fresh, cc.I_STATE] == cc.WAITING).tolist()
+                for j, r in enumerate(fresh.tolist()):
+                    snaps[r] = RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j],
+                                             "queued" if waiting[j] else "running", disp[j], ft[j], None, cur[j], [],
+                                             pre[j], att[j], 0.0, None)
+            pending = [snaps[r] for r in rows.tolist()]
+        used = int(used)
+        mem = self.kv.memory_gib(used)
+        SI = self.SI
+        self.samples.append(ResourceSample(self.t0 + self.dt, int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR]),
+                                           int(SI[cc.SI_NW]), used, self.kv.total, mem))
+        return pending, used, mem
+
+
+_WARM = False
+
+
+def warm() -> None:
+    """Compile (or load from numba's cache) every kernel before the first episode needs them: a few windows of
+    a small engine, unified and split, with speculation and priority routing. Once per process; ~15 s the
+    first time on a fresh checkout (2-core machine), well under a second from the cache after."""
+    global _WARM
+    if _WARM or not cc.HAVE_NUMBA or core_choice() == "python":
+        return
+    from llmserve_env.shared.models import ServeAction
+    from llmserve_env.sim.profiles import load_profile
+
+    profile = load_profile("h100-llama3.1-8b")
+    eng = ArrayEngine(profile, 0, {})
+    arrivals = [Arrival(i, 0.01 * i, 200 + 50 * i, 20 + i, priority=i % 2) for i in range(8)]
+    for k, split in enumerate((False, True, False)):
+        action = ServeAction(batch_cap=4, kv_budget_fraction=0.5, speculation_depth=2 * k,
+                             quantization_tier="FP16", prefill_decode_split=split, priority_routing=k == 1)
+        eng.begin_window(action, float(k), 1.0, arrivals if k == 0 else None)
+        if k == 1:
+            eng.add_arrival(Arrival(100, 1.5, 100, 10, priority=0))
+            eng.outstanding_tokens()
+        eng.end_window()
+    _WARM = True
