@@ -21,7 +21,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.sim import compiled_core as cc
-from llmserve_env.sim.engine import SAMPLES_PER_WINDOW, Engine, WindowMeasurements
+from llmserve_env.sim.engine import (
+    SAMPLES_PER_WINDOW,
+    Engine,
+    WindowMeasurements,
+    acceptance_rate,
+    acceptance_rates,
+)
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.profiles import Profile
@@ -238,7 +244,6 @@ class ArrayEngine:
             else:
                 SF[cc.SF_CLOCK] = max(SF[cc.SF_PCLOCK], SF[cc.SF_DCLOCK])
             self.split = split
-            SI[cc.SI_SPLIT] = int(split)
         self.tier = tier
         self._model(tier, "unified")
         if split:
@@ -284,21 +289,12 @@ class ArrayEngine:
         done = int(SI[cc.SI_NREQ]) - int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR] + SI[cc.SI_NW])
         if done >= COMPACT_MIN_DONE and 2 * done >= int(SI[cc.SI_NREQ]):
             self._compact()
-        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_NSAMP, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT,
-                  cc.SI_SPEC_PROP, cc.SI_ITERS, cc.SI_REJ):
-            SI[k] = 0
-        SF[cc.SF_SPEC_ACC] = 0.0
+        self._clear_window()
         self.t0, self.dt = t0, dt
         SF[cc.SF_T0], SF[cc.SF_DT] = t0, dt
         SF[cc.SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
-        self.samples = []
         if arrivals:
-            p = self.profile
-            mean_of = {t: p.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
-            means = np.array([mean_of[a.tenant] for a in arrivals])
-            kappa = p.spec_concentration
-            accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa)  # as Engine.start_window draws them
-            self._add(arrivals, accepts)
+            self._add(arrivals, acceptance_rates(self.profile, self.rng, arrivals))
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         SF[cc.SF_BUSY] = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
@@ -333,10 +329,7 @@ class ArrayEngine:
             self._py.add_arrival(a, routed_hit)
             return None
         self._log = None
-        kappa = self.profile.spec_concentration
-        mean = self.profile.acceptance_mean(a.tenant)
-        accept = float(self.rng.beta(mean * kappa, (1.0 - mean) * kappa))
-        self._add([a], np.array([accept]))
+        self._add([a], np.array([acceptance_rate(self.profile, self.rng, a.tenant)]))
         self.Ix[int(self.SI[cc.SI_NREQ]) - 1, cc.I_RHIT] = routed_hit
         return None
 
@@ -463,12 +456,16 @@ class ArrayEngine:
         acc.busy = float(SF[cc.SF_BUSY])
         acc.iterations = int(SI[cc.SI_ITERS])
         acc.rejected = int(SI[cc.SI_REJ])
-        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT, cc.SI_SPEC_PROP,
-                  cc.SI_ITERS, cc.SI_REJ):
-            SI[k] = 0
-        SF[cc.SF_SPEC_ACC] = 0.0
-        self.samples = []
+        self._clear_window()
         return acc
+
+    def _clear_window(self) -> None:
+        """An empty set of window measurements (Engine's fresh WindowMeasurements)."""
+        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_NSAMP, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT,
+                  cc.SI_SPEC_PROP, cc.SI_ITERS, cc.SI_REJ):
+            self.SI[k] = 0
+        self.SF[cc.SF_SPEC_ACC] = 0.0
+        self.samples = []
 
     def close_window(self) -> tuple[list[RequestRecord], int, float]:
         if self._py is not None:

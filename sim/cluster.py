@@ -213,9 +213,7 @@ class ClusterBackend:
         (shared/prefix_routing.py); a hit's tokens are not added to the replica's work."""
         ready = [r for r in self.replicas if r.state == READY]
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
-        if affinity is None:
-            return self._route_least_work(arrivals, ready, routed)
-        sent: dict[int, set[int]] = {r.index: set() for r in ready}
+        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         for a in arrivals:
             t = a.arrival_s
             eligible = self._eligible(ready, a)
@@ -225,30 +223,6 @@ class ClusterBackend:
             i, hit = self._choose(a, eligible, work, affinity, sent)
             best = eligible[i]
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
-            best.est_t = t
-            routed[best.index].append(a)
-        return routed
-
-    def _route_least_work(self, arrivals: list[Arrival], ready: list[Replica],
-                          routed: dict[int, list[Arrival]]) -> dict[int, list[Arrival]]:
-        """`_route` without cache affinity, its per-arrival calls inlined (every arrival of every cluster window
-        passes here): each arrival to the eligible replica with the least `work_at` its time, ties to the
-        lowest index (shared/routing.py `least_outstanding`), its prompt and output added to that work."""
-        for a in arrivals:
-            t = a.arrival_s
-            best = None
-            best_w = 0.0
-            for r in ready:
-                if r.ready_s <= t:
-                    w = r.est_work - r.rate_tps * (t - r.est_t)  # Replica.work_at
-                    if not w > 0.0:
-                        w = 0.0
-                    if best is None or w < best_w:
-                        best, best_w = r, w
-            if best is None:
-                self._eligible(ready, a)  # raises, or keeps the arrival to be rejected (a spot preemption)
-                continue
-            best.est_work = best_w + a.prompt_tokens + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
         return routed

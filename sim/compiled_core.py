@@ -58,10 +58,10 @@ STATUS_LIVE, STATUS_OK, STATUS_REJECTED = 0, 1, 2
  SF_SHARE) = range(11)
 NSF = 11
 # engine int scalars
-(SI_ITER, SI_VER, SI_MEMO_VER, SI_MEMO_IT, SI_MEMO_TOT, SI_CAP, SI_KVTOT, SI_KVUSED, SI_ADM, SI_DEPTH, SI_SPLIT,
+(SI_ITER, SI_VER, SI_MEMO_VER, SI_MEMO_IT, SI_MEMO_TOT, SI_CAP, SI_KVTOT, SI_KVUSED, SI_ADM, SI_DEPTH,
  SI_PREBLK, SI_ARR_IDX, SI_NREQ, SI_PR, SI_BUDGET, SI_OUT_TOK, SI_PROMPT_TOK, SI_EVICT, SI_SPEC_PROP, SI_ITERS,
- SI_REJ, SI_NDEC, SI_NPRE, SI_NTR, SI_NFRESH, SI_NFH, SI_NW, SI_NFIN, SI_NFT, SI_NITL, SI_NSAMP) = range(32)
-NSI = 32
+ SI_REJ, SI_NDEC, SI_NPRE, SI_NTR, SI_NFRESH, SI_NFH, SI_NW, SI_NFIN, SI_NFT, SI_NITL, SI_NSAMP) = range(31)
+NSI = 31
 # rows of C: the ordered collections (request indices)
 C_DEC, C_PRE, C_TR, C_FRESH, C_WQ, C_SCRATCH, C_CHUNK, C_CHUNK_C, C_EVICTED = range(9)
 NC = 9
@@ -268,7 +268,7 @@ steps_to_cover = njit(engine_steps_to_cover)
 
 
 @njit
-def iteration_s(ms, dense, head, ddense, dhead, decode_seqs, ctx_sum, depth, C, nchunks, F, Ix, prefill_tokens,
+def iteration_s(ms, dense, head, ddense, dhead, decode_seqs, ctx_sum, depth, C, nchunks, Ix, prefill_tokens,
                 sampled_prefills):
     """StepTimeModel.iteration_s, the chunks being C[C_CHUNK/C_CHUNK_C, :nchunks] (new tokens, prefilled)."""
     q = decode_seqs * (depth + 1)
@@ -733,7 +733,7 @@ def run_chunks(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, nch, 
         tokens += c
         if Ix[r, I_PFD] + c >= Ix[r, I_PTGT]:
             completing += 1
-    dt_it = iteration_s(ms, dense, head, ddense, dhead, n, SF[SF_CTX], g, C, nch, F, Ix, tokens, completing)
+    dt_it = iteration_s(ms, dense, head, ddense, dhead, n, SF[SF_CTX], g, C, nch, Ix, tokens, completing)
     t_new = t + dt_it
     SI[SI_ITERS] += 1
     SI[SI_PROMPT_TOK] += tokens
@@ -770,7 +770,7 @@ def decode_run(F, Ix, SF, SI, C, H, fin_out, itl_v, itl_n, t, t_end, ms, dense, 
     n = SI[SI_NDEC]
     g = SI[SI_DEPTH]
     context, per_iter = SF[SF_CTX], SF[SF_PER]
-    a = iteration_s(ms, dense, head, ddense, dhead, n, context, g, C, 0, F, Ix, 0, 0)
+    a = iteration_s(ms, dense, head, ddense, dhead, n, context, g, C, 0, Ix, 0, 0)
     b = decode_slope(ms, g) * per_iter
     it = SI[SI_ITER]
     kcap = max(1, H[0, 0] - it) if SI[SI_NFH] else 1

@@ -76,6 +76,23 @@ def tokens_per_step(accept: float, depth: int) -> float:
     return (1.0 - accept ** (depth + 1)) / (1.0 - accept)
 
 
+def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: list[Arrival]) -> np.ndarray:
+    """Each arrival's speculative acceptance rate, drawn from the engine's stream for every arrival whatever
+    the policy (so the stream never depends on actions): Beta around its tenant's mean."""
+    mean_of = {t: profile.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
+    means = np.array([mean_of[a.tenant] for a in arrivals])
+    kappa = profile.spec_concentration
+    return rng.beta(means * kappa, (1.0 - means) * kappa)
+
+
+def acceptance_rate(profile: Profile, rng: np.random.Generator, tenant: str) -> float:
+    """One arrival's rate (add_arrival): numpy draws a vector element by element, so the same arrivals in the
+    same order get the rates `acceptance_rates` gives them."""
+    kappa = profile.spec_concentration
+    mean = profile.acceptance_mean(tenant)
+    return float(rng.beta(mean * kappa, (1.0 - mean) * kappa))
+
+
 def steps_to_cover(a: float, b: float, span: float) -> int:
     """Smallest k >= 1 with k*a + b*k*(k-1)/2 >= span (a > 0, b >= 0)."""
     if span <= a:
@@ -247,12 +264,7 @@ class Engine:
         self.next_sample = t0 + dt / SAMPLES_PER_WINDOW
         reqs = []
         if arrivals:
-            p = self.profile
-            mean_of = {t: p.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
-            means = np.array([mean_of[a.tenant] for a in arrivals])
-            kappa = p.spec_concentration
-            # drawn for every arrival whatever the policy, so the stream never depends on actions
-            accepts = self.rng.beta(means * kappa, (1.0 - means) * kappa).tolist()
+            accepts = acceptance_rates(self.profile, self.rng, arrivals).tolist()
             reqs = [self._request_for(a, acc) for a, acc in zip(arrivals, accepts, strict=True)]
         self.arrivals, self.arrival_idx = reqs, 0
         cu, cp, cd = self.carry
@@ -290,9 +302,7 @@ class Engine:
         draws a vector element by element, so the same arrivals in the same order get the same rates,
         but an engine's arrivals differ with its routes). `routed_hit`: the prompt tokens the router
         counted as cached, left out of its outstanding work (outstanding_tokens)."""
-        kappa = self.profile.spec_concentration
-        mean = self.profile.acceptance_mean(a.tenant)
-        r = self._request_for(a, float(self.rng.beta(mean * kappa, (1.0 - mean) * kappa)))
+        r = self._request_for(a, acceptance_rate(self.profile, self.rng, a.tenant))
         r.routed_hit = routed_hit
         self.arrivals.append(r)
 
