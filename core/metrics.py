@@ -36,8 +36,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+from llmserve_env.shared import request_batch as rb
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.percentiles import percentiles, weighted_percentiles
+from llmserve_env.shared.request_batch import RequestBatch
 from llmserve_env.shared.tasks import TaskSpec
 
 SLO_EPS_S = 1e-9  # seconds: a latency equal to its SLO meets it, whatever the float rounding
@@ -207,62 +210,65 @@ class MetricsTracker:
             arrived[a.tenant] += 1
             prompt_sum += a.prompt_tokens
 
+        # The requests as columns (shared/request_batch.py: the simulator's own shape, the gateway's records
+        # converted once); the arithmetic per request is the docstring's, as array operations.
+        fin = report.finished_batch()
+        pen = report.pending_batch()
+        ttft_dispatch = _dispatch_ttfts(fin, t0, t_end) + _dispatch_ttfts(pen, t0, t_end)
         good_tokens = 0
         tpots: list[float] = []
         e2es: list[float] = []
-        ttft_dispatch: list[float] = []
-        for rec in report.finished:
-            rid = rec.request_id
-            req = opened.pop(rid, None)
-            if req is None:
-                if rid not in flagged:
-                    raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
-                flagged.discard(rid)
-            ok_done = rec.status == "ok"
-            ft = rec.first_token_s
-            if ft is not None and rec.dispatch_s is not None and t0 <= ft < t_end:
-                ttft_dispatch.append(ft - rec.dispatch_s)
-            tpot = None
-            fin = rec.finish_s
-            if ok_done and fin is not None:
-                e2es.append(fin - rec.arrival_s)
-                if ft is not None and rec.output_tokens >= 2:
-                    tpot = (fin - ft) / (rec.output_tokens - 1)
-                    tpots.append(tpot)
-            if req is None:
-                continue
-            tenant, ttft_deadline, tpot_slo = req
-            if ok_done and ft is not None and ft <= ttft_deadline and (tpot is None or tpot <= tpot_slo):
-                met_by[tenant] += 1
-                good_tokens += rec.output_tokens
-            else:
-                missed_by[tenant] += 1
+        if len(fin):
+            pop = opened.pop
+            reqs = [pop(rid, None) for rid in fin.request_id.tolist()]
+            for rid, req in zip(fin.request_id.tolist(), reqs, strict=True):
+                if req is None:
+                    if rid not in flagged:
+                        raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
+                    flagged.discard(rid)
+            ft, fin_s, out = fin.first_token_s, fin.finish_s, fin.output_tokens
+            ok_done = fin.status == rb.OK
+            ended = ok_done & (fin_s == fin_s)
+            e2es = (fin_s[ended] - fin.arrival_s[ended]).tolist()
+            has_tpot = ended & (ft == ft) & (out >= 2)
+            tpot = np.zeros(len(fin))
+            tpot[has_tpot] = (fin_s[has_tpot] - ft[has_tpot]) / (out[has_tpot] - 1)
+            tpots = tpot[has_tpot].tolist()
+            nan = np.nan
+            deadline = np.array([nan if q is None else q[1] for q in reqs])
+            tpot_slo = np.array([nan if q is None else q[2] for q in reqs])
+            met = ok_done & (ft <= deadline) & (~has_tpot | (tpot <= tpot_slo))  # NaN (no first token) compares False
+            for req, ok, n_out in zip(reqs, met.tolist(), out.tolist(), strict=True):
+                if req is None:
+                    continue
+                if ok:
+                    met_by[req[0]] += 1
+                    good_tokens += n_out
+                else:
+                    missed_by[req[0]] += 1
 
-        queued = running = 0
-        for rec in report.pending:
-            if rec.status == "queued":
-                queued += 1
-            else:
-                running += 1
-            ft = rec.first_token_s
-            if ft is not None and rec.dispatch_s is not None and t0 <= ft < t_end:
-                ttft_dispatch.append(ft - rec.dispatch_s)
-            rid = rec.request_id
-            req = opened.get(rid)
-            if req is None:
-                continue
-            tenant, ttft_deadline, tpot_slo = req
-            if ft is None:
-                late = t_end > ttft_deadline
-            else:
-                # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now,
-                # nor produce more than its target tokens.
-                n = rec.target_output_tokens
-                late = ft > ttft_deadline or (n >= 2 and t_end - ft > tpot_slo * (n - 1))
-            if late:
+        queued = int(np.count_nonzero(pen.status == rb.QUEUED))
+        running = len(pen) - queued
+        if len(pen) and opened:
+            rids = pen.request_id.tolist()
+            get = opened.get
+            reqs = [get(rid) for rid in rids]
+            nan = np.nan
+            deadline = np.array([nan if q is None else q[1] for q in reqs])
+            tpot_slo = np.array([nan if q is None else q[2] for q in reqs])
+            ft, target = pen.first_token_s, pen.target_output_tokens
+            # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now, nor produce more
+            # than its target tokens.
+            late = np.where(ft != ft, t_end > deadline,
+                            (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
+            for j in np.flatnonzero(late).tolist():
+                req = reqs[j]
+                if req is None:
+                    continue
+                rid = rids[j]
                 del opened[rid]
                 flagged.add(rid)
-                missed_by[tenant] += 1
+                missed_by[req[0]] += 1
 
         backlog = 0
         if final:
@@ -277,7 +283,7 @@ class MetricsTracker:
         missed = sum(missed_by.values())
         per_tenant = {n: TenantStats(arrived[n], met_by[n], missed_by[n]) for n in names}
         ttft_p50, ttft_p99 = percentiles([x[2] for x in report.first_tokens], 50.0, 99.0)
-        itl = report.itl_samples if report.itl_samples else _chunk_gaps(report, t0, t_end)
+        itl = report.itl_samples if report.itl_samples else _chunk_gaps((fin, pen), t0, t_end)
         itl_p50, itl_p99 = weighted_percentiles(itl, 50.0, 99.0)
         out_tokens = int(report.output_tokens)
         settled = met + missed
@@ -288,7 +294,7 @@ class MetricsTracker:
             arrivals=n_arr,
             arrival_rate_rps=n_arr / dt,
             mean_prompt_tokens=prompt_sum / n_arr if n_arr else 0.0,
-            finished=len(report.finished),
+            finished=len(fin),
             slo_met=met,
             slo_missed=missed,
             backlog_missed=backlog,
@@ -343,14 +349,21 @@ class MetricsTracker:
         return len(self._open)
 
 
-def _chunk_gaps(report: WindowReport, t0: float, t_end: float) -> list[tuple[float, int]]:
+def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> list[float]:
+    """TTFT from dispatch of the requests whose first token came in [t0, t_end) (NaN times compare False)."""
+    if not len(batch):
+        return []
+    ft, disp = batch.first_token_s, batch.dispatch_s
+    mask = (ft >= t0) & (ft < t_end) & (disp == disp)
+    return (ft[mask] - disp[mask]).tolist()
+
+
+def _chunk_gaps(batches: tuple[RequestBatch, ...], t0: float, t_end: float) -> list[tuple[float, int]]:
     """ITL samples from records' chunk times (real mode): gaps whose later chunk is in the window."""
     gaps: list[tuple[float, int]] = []
-    for recs in (report.finished, report.pending):
-        for rec in recs:
-            ct = rec.chunk_times_s
+    for batch in batches:
+        for ct in batch.chunk_times.values():
             for i in range(1, len(ct)):
                 if t0 <= ct[i] < t_end:
                     gaps.append((ct[i] - ct[i - 1], 1))
     return gaps
-

@@ -12,15 +12,19 @@ that are unfinished at the window's end and carries them into the next window; t
 window's `WindowReport.finished`.
 
 These are plain dataclasses (slots) rather than pydantic models: they are built on the
-simulator's hot path, thousands of times a second.
+simulator's hot path, thousands of times a second. A report's requests may come as columns
+(shared/request_batch.py), read as records on demand.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from llmserve_env.shared.models import ServeAction
+from llmserve_env.shared.request_batch import RequestBatch
 
 # Terminal states: every request ends in exactly one of these.
 TERMINAL_STATUSES: frozenset[str] = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
@@ -100,7 +104,6 @@ class ResourceSample:
     gpu_memory_used_gb: float
 
 
-@dataclass(slots=True)
 class WindowReport:
     """Everything a backend measured over [t0, t0 + dt).
 
@@ -120,35 +123,102 @@ class WindowReport:
     quality           relative output quality of the tier used, 1.0 = FP16 reference
     applied           which knobs the backend could honour, e.g. {"speculation_depth": False}
     notes             backend-specific diagnostics (event-loop lag, retries, ...)
+    prefix_*          prefix caching (only for arrivals carrying prefix ids): prompt tokens of the requests
+                      first admitted in the window, those of them served from the cache, and the KV blocks
+                      holding cached units at the window's end (referenced or evictable). Real mode: the
+                      prompt and cached tokens the engines reported (usage / timings) for the requests that
+                      ended ok in the window, over those whose engine reported them
+                      (notes["prefix_hit_measured"]); cached blocks 0 (not observable)
+
+    `finished` and `pending` may be given as lists of records or as `RequestBatch`es (the compiled
+    simulator's columns): to a reader they are always lists, built from a batch the first time they are
+    read (and the list is the truth from then on); `finished_batch()` / `pending_batch()` give the
+    columns without building a record per request, what the metrics read.
     """
 
-    t0: float
-    dt: float
-    finished: list[RequestRecord] = field(default_factory=list)
-    pending: list[RequestRecord] = field(default_factory=list)
-    first_tokens: list[tuple[int, str, float]] = field(default_factory=list)
-    itl_samples: list[tuple[float, int]] = field(default_factory=list)
-    samples: list[ResourceSample] = field(default_factory=list)
-    output_tokens: int = 0
-    prompt_tokens: int = 0
-    evictions: int = 0
-    spec_proposed: int = 0
-    spec_accepted: int = 0
-    busy_s: float = 0.0
-    gpu_memory_used_gb: float = 0.0
-    kv_occupancy: float = 0.0
-    cost_usd: float = 0.0
-    quality: float = 1.0
-    applied: dict[str, bool] = field(default_factory=dict)
-    notes: dict[str, object] = field(default_factory=dict)
-    # prefix caching (only for arrivals carrying prefix ids): prompt tokens of the requests first
-    # admitted in the window, those of them served from the cache, and the KV blocks holding cached
-    # units at the window's end (referenced or evictable). Real mode: the prompt and cached tokens the
-    # engines reported (usage / timings) for the requests that ended ok in the window, over those whose
-    # engine reported them (notes["prefix_hit_measured"]); cached blocks 0 (not observable)
-    prefix_query_tokens: int = 0
-    prefix_hit_tokens: int = 0
-    prefix_cached_blocks: int = 0
+    __slots__ = ("t0", "dt", "_finished", "_pending", "first_tokens", "itl_samples", "samples", "output_tokens",
+                 "prompt_tokens", "evictions", "spec_proposed", "spec_accepted", "busy_s", "gpu_memory_used_gb",
+                 "kv_occupancy", "cost_usd", "quality", "applied", "notes", "prefix_query_tokens",
+                 "prefix_hit_tokens", "prefix_cached_blocks")
+
+    def __init__(self, t0: float, dt: float, finished: list[RequestRecord] | RequestBatch | None = None,
+                 pending: list[RequestRecord] | RequestBatch | None = None,
+                 first_tokens: list[tuple[int, str, float]] | None = None,
+                 itl_samples: list[tuple[float, int]] | None = None, samples: list[ResourceSample] | None = None,
+                 output_tokens: int = 0, prompt_tokens: int = 0, evictions: int = 0, spec_proposed: int = 0,
+                 spec_accepted: int = 0, busy_s: float = 0.0, gpu_memory_used_gb: float = 0.0,
+                 kv_occupancy: float = 0.0, cost_usd: float = 0.0, quality: float = 1.0,
+                 applied: dict[str, bool] | None = None, notes: dict[str, object] | None = None,
+                 prefix_query_tokens: int = 0, prefix_hit_tokens: int = 0, prefix_cached_blocks: int = 0):
+        self.t0 = t0
+        self.dt = dt
+        self._finished: list[RequestRecord] | RequestBatch = [] if finished is None else finished
+        self._pending: list[RequestRecord] | RequestBatch = [] if pending is None else pending
+        self.first_tokens = [] if first_tokens is None else first_tokens
+        self.itl_samples = [] if itl_samples is None else itl_samples
+        self.samples = [] if samples is None else samples
+        self.output_tokens = output_tokens
+        self.prompt_tokens = prompt_tokens
+        self.evictions = evictions
+        self.spec_proposed = spec_proposed
+        self.spec_accepted = spec_accepted
+        self.busy_s = busy_s
+        self.gpu_memory_used_gb = gpu_memory_used_gb
+        self.kv_occupancy = kv_occupancy
+        self.cost_usd = cost_usd
+        self.quality = quality
+        self.applied = {} if applied is None else applied
+        self.notes = {} if notes is None else notes
+        self.prefix_query_tokens = prefix_query_tokens
+        self.prefix_hit_tokens = prefix_hit_tokens
+        self.prefix_cached_blocks = prefix_cached_blocks
+
+    @property
+    def finished(self) -> list[RequestRecord]:
+        if isinstance(self._finished, RequestBatch):
+            self._finished = self._finished.records()
+        return self._finished
+
+    @finished.setter
+    def finished(self, records: list[RequestRecord] | RequestBatch) -> None:
+        self._finished = records
+
+    @property
+    def pending(self) -> list[RequestRecord]:
+        if isinstance(self._pending, RequestBatch):
+            self._pending = self._pending.records()
+        return self._pending
+
+    @pending.setter
+    def pending(self, records: list[RequestRecord] | RequestBatch) -> None:
+        self._pending = records
+
+    def finished_batch(self) -> RequestBatch:
+        got = self._finished
+        return got if isinstance(got, RequestBatch) else RequestBatch.from_records(got)
+
+    def pending_batch(self) -> RequestBatch:
+        got = self._pending
+        return got if isinstance(got, RequestBatch) else RequestBatch.from_records(got)
+
+    @property
+    def from_batches(self) -> bool:
+        """Both request sets are still columns (the simulator's report, not read as records)."""
+        return isinstance(self._finished, RequestBatch) and isinstance(self._pending, RequestBatch)
+
+    def to_dict(self) -> dict[str, object]:
+        """Every field by name, the requests as records (what `dataclasses.asdict` gave when this was one)."""
+        out: dict[str, object] = {}
+        for name in self.__slots__:
+            public = name.lstrip("_")
+            out[public] = copy.deepcopy(getattr(self, public))
+        out["finished"] = [dataclasses.asdict(r) for r in self.finished]
+        out["pending"] = [dataclasses.asdict(r) for r in self.pending]
+        out["samples"] = [dataclasses.asdict(s) for s in self.samples]
+        return out
+
+    def __repr__(self) -> str:
+        return f"WindowReport(t0={self.t0}, dt={self.dt}, finished={len(self._finished)}, pending={len(self._pending)})"
 
 
 class BackendUnavailableError(RuntimeError):

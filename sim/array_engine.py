@@ -2,8 +2,9 @@
 
 The same interface and, bit for bit, the same results as `Engine` (tests/test_array_engine.py plays
 random actions through both, window by window): what changes is where the requests live (rows of
-arrays rather than objects) and who runs the loop (numba rather than CPython). Records are built when
-the report needs them: a finished request's once, a pending one's snapshot when it changed.
+arrays rather than objects) and who runs the loop (numba rather than CPython). The finished and pending
+requests are handed over as columns (shared/request_batch.py `RequestBatch`), read as records only by a
+reader that asks for them.
 
 `supports(profile)` says whether a profile is in its scope (no slots or prompt breaks, a kernel-fitted
 step-time model); arrivals carrying prefix ids are refused (ValueError): the Python engine serves
@@ -19,7 +20,9 @@ import os
 from typing import TYPE_CHECKING
 
 import numpy as np
+from llmserve_env.shared import request_batch as rb
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
+from llmserve_env.shared.request_batch import RequestBatch
 from llmserve_env.sim import compiled_core as cc
 from llmserve_env.sim.engine import (
     SAMPLES_PER_WINDOW,
@@ -125,7 +128,6 @@ class ArrayEngine:
         self.SI[cc.SI_KVTOT] = 1
         self.SI[cc.SI_BUDGET] = profile.token_budget
         self.tenants: list[str] = []
-        self.snaps: list[RequestRecord | None] = []  # each request's last pending snapshot
         self.fin_out = np.zeros(64, dtype=np.int64)
         self.ft_idx = np.zeros(64, dtype=np.int64)
         self.ft_val = np.zeros(64)
@@ -199,7 +201,6 @@ class ArrayEngine:
         SI[cc.SI_NREQ] = SI[cc.SI_ARR_IDX] = m
         kept = rows.tolist()
         self.tenants = [self.tenants[r] for r in kept]
-        self.snaps = [self.snaps[r] for r in kept]
 
     def _more_room(self) -> None:
         """The loop stopped for want of output room: double the ITL buffer and the finish heap."""
@@ -315,7 +316,6 @@ class ArrayEngine:
         Ix[rows, cc.I_PTGT] = prompts
         Ix[rows, cc.I_TARGET] = [a.output_tokens for a in arrivals]
         self.tenants.extend(a.tenant for a in arrivals)
-        self.snaps.extend([None] * n)
         self.SI[cc.SI_NREQ] = n0 + n
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
@@ -360,7 +360,7 @@ class ArrayEngine:
                 self.samples.append(ResourceSample(t, running, waiting, used, total, mem(used)))
             self.SI[cc.SI_NSAMP] = 0
 
-    def end_window(self) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+    def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         if self._py is not None:
             return self._py.end_window()
         self.run(self.t0 + self.dt)
@@ -373,7 +373,7 @@ class ArrayEngine:
         return float(cc.outstanding_tokens(self.F, self.Ix, self.SI, self.C))
 
     def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
-                     dt: float) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
+                     dt: float) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         self.begin_window(action, t0, dt, arrivals)
         return self.end_window()
 
@@ -407,29 +407,24 @@ class ArrayEngine:
     def cached_blocks(self) -> int:
         return self._py.cached_blocks if self._py is not None else 0
 
-    def _columns(self, rows: np.ndarray) -> tuple[list, ...]:
-        """The record fields of requests `rows`, gathered at once (numpy scalars one by one cost ~10x more):
-        request ids, tenants, priorities, arrivals, prompts, targets, dispatch and first-token times (None
-        where not yet), preemptions, attempts."""
+    def _batch(self, rows: np.ndarray, status: np.ndarray, finish: np.ndarray, out: np.ndarray) -> RequestBatch:
+        """Requests `rows` as a report's columns (shared/request_batch.py), with their status codes, finish times
+        and output tokens: gathered at once, no record built."""
         F, Ix = self.F[rows], self.Ix[rows]
         tenants = self.tenants
-        return (Ix[:, cc.I_RID].tolist(), [tenants[r] for r in rows.tolist()], Ix[:, cc.I_PRIO].tolist(),
-                F[:, cc.F_ARR].tolist(), Ix[:, cc.I_PROMPT].tolist(), Ix[:, cc.I_TARGET].tolist(),
-                [None if x != x else x for x in F[:, cc.F_DISP].tolist()],
-                [None if x != x else x for x in F[:, cc.F_FT].tolist()],
-                Ix[:, cc.I_PRE].tolist(), Ix[:, cc.I_ATT].tolist())
+        n = len(rows)
+        zeros = np.zeros(n)
+        return RequestBatch(Ix[:, cc.I_RID], [tenants[r] for r in rows.tolist()], Ix[:, cc.I_PRIO], F[:, cc.F_ARR],
+                            Ix[:, cc.I_PROMPT], Ix[:, cc.I_TARGET], status, F[:, cc.F_DISP], F[:, cc.F_FT], finish,
+                            out, Ix[:, cc.I_PRE], Ix[:, cc.I_ATT], zeros, {}, {})
 
-    def _records(self, rows: np.ndarray) -> list[RequestRecord]:
-        """The finished requests' records (rejected ones with sim/engine.py's reason)."""
-        if not len(rows):
-            return []
-        rid, ten, prio, arr, prompt, target, disp, ft, pre, att = self._columns(rows)
-        ok = (self.Ix[rows, cc.I_STATUS] == cc.STATUS_OK).tolist()
-        fin = self.F[rows, cc.F_FIN].tolist()
-        out = self.Ix[rows, cc.I_OUT].tolist()
-        return [RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j], "ok" if ok[j] else "rejected",
-                              disp[j], ft[j], fin[j], out[j], [], pre[j], att[j], 0.0, None if ok[j] else REJECTED_WHY)
-                for j in range(len(rid))]
+    def _finished(self, rows: np.ndarray) -> RequestBatch:
+        """The finished requests (rejected ones with sim/engine.py's reason)."""
+        ok = self.Ix[rows, cc.I_STATUS] == cc.STATUS_OK
+        batch = self._batch(rows, np.where(ok, rb.OK, rb.REJECTED), self.F[rows, cc.F_FIN], self.Ix[rows, cc.I_OUT])
+        if not ok.all():
+            batch.error.update(dict.fromkeys(np.flatnonzero(~ok).tolist(), REJECTED_WHY))
+        return batch
 
     def take_measurements(self) -> WindowMeasurements:
         if self._py is not None:
@@ -439,7 +434,7 @@ class ArrayEngine:
         SI, SF = self.SI, self.SF
         acc = WindowMeasurements()
         tenants = self.tenants
-        acc.finished = self._records(self.fin_out[:SI[cc.SI_NFIN]])
+        acc.finished = self._finished(self.fin_out[:SI[cc.SI_NFIN]])
         n = int(SI[cc.SI_NFT])
         if n:
             rid = self.Ix[:, cc.I_RID]
@@ -467,7 +462,7 @@ class ArrayEngine:
         self.SF[cc.SF_SPEC_ACC] = 0.0
         self.samples = []
 
-    def close_window(self) -> tuple[list[RequestRecord], int, float]:
+    def close_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float]:
         if self._py is not None:
             return self._py.close_window()
         if self._log is not None:
@@ -475,22 +470,11 @@ class ArrayEngine:
         self._flush_samples()
         m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur,
                                   self.pend_reuse)
-        pending: list[RequestRecord] = []
-        if m:
-            # snapshots: a waiting request unchanged since its last one reuses it (Engine.close_window's rule);
-            # the others are built anew, their fields gathered at once (a snapshot's identity is never read)
-            rows = self.pend_idx[:m]
-            fresh = rows[self.pend_reuse[:m] == 0]
-            snaps = self.snaps
-            if len(fresh):
-                cur = self.pend_cur[:m][self.pend_reuse[:m] == 0].tolist()
-                rid, ten, prio, arr, prompt, target, disp, ft, pre, att = self._columns(fresh)
-                waiting = (self.Ix[fresh, cc.I_STATE] == cc.WAITING).tolist()
-                for j, r in enumerate(fresh.tolist()):
-                    snaps[r] = RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j],
-                                             "queued" if waiting[j] else "running", disp[j], ft[j], None, cur[j], [],
-                                             pre[j], att[j], 0.0, None)
-            pending = [snaps[r] for r in rows.tolist()]
+        # the pending requests' snapshots, as columns (the kernel's reuse flags are Engine's rule for record
+        # identity, which columns have none of: a reused snapshot's values are the current ones)
+        rows = self.pend_idx[:m]
+        waiting = self.Ix[rows, cc.I_STATE] == cc.WAITING
+        pending = self._batch(rows, np.where(waiting, rb.QUEUED, rb.RUNNING), np.full(m, _NAN), self.pend_cur[:m].copy())
         used = int(used)
         mem = self.kv.memory_gib(used)
         SI = self.SI

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
@@ -62,6 +62,7 @@ from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
 if TYPE_CHECKING:
     from llmserve_env.shared.models import ServeAction
+    from llmserve_env.shared.request_batch import RequestBatch
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2
@@ -117,7 +118,7 @@ class WindowMeasurements:
                  "spec_proposed", "spec_accepted", "busy", "iterations", "rejected", "prefix_hit", "prefix_query")
 
     def __init__(self) -> None:
-        self.finished: list[RequestRecord] = []
+        self.finished: list[RequestRecord] | RequestBatch = []  # ArrayEngine: columns
         self.first_tokens: list[tuple[int, str, float]] = []
         self.itl: list[tuple[float, int]] = []
         self.samples: list[ResourceSample] = []
@@ -534,7 +535,7 @@ class Engine:
         rec.finish_s = t
         rec.output_tokens = int(r.progress)
         self.acc.output_tokens += rec.output_tokens - r.reported
-        self.acc.finished.append(rec)
+        cast(list, self.acc.finished).append(rec)  # this engine's are records (ArrayEngine's columns)
         self.acc.rejected += 1
 
     def _finish(self, r: SimRequest, t: float) -> None:
@@ -555,7 +556,7 @@ class Engine:
         rec.output_tokens = r.target
         self.acc.output_tokens += r.target - r.reported
         r.reported = r.target
-        self.acc.finished.append(rec)
+        cast(list, self.acc.finished).append(rec)  # this engine's are records (ArrayEngine's columns)
         self.pre_blocked = False
 
     def _finish_due(self, t: float) -> None:

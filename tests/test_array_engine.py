@@ -14,8 +14,9 @@ import random
 
 import pytest
 from golden import episode_digest
-from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
+from llmserve_env.shared.request_batch import RequestBatch
 from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim import array_engine, compiled_core
@@ -35,7 +36,12 @@ def random_action(rng: random.Random) -> ServeAction:
 
 
 def plain(x):
-    """A report as plain data: dataclasses to dicts, tuples to lists (floats stay floats: compared exactly)."""
+    """A report as plain data: dataclasses to dicts, tuples to lists (floats stay floats: compared exactly);
+    requests as columns read as the records they stand for."""
+    if isinstance(x, RequestBatch):
+        return plain(x.records())
+    if isinstance(x, WindowReport):
+        return plain(x.to_dict())
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
     if hasattr(x, "__slots__") and not isinstance(x, (str, int, float)):

@@ -4,8 +4,6 @@ determinism and forks."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
@@ -211,7 +209,7 @@ def _plain_and_unique(n: int = 300, rate: float = 8.0) -> tuple[list[Arrival], l
 
 
 def _without_prefix_fields(rep) -> dict:
-    d = dataclasses.asdict(rep)
+    d = rep.to_dict()
     for k in ("prefix_query_tokens", "prefix_hit_tokens", "prefix_cached_blocks"):
         d.pop(k)
     return d
@@ -250,7 +248,7 @@ def test_deterministic_and_forkable():
     action = act(kv_budget_fraction=0.1)
     _, r1 = serve(arr, action, windows=6, dt=4.0)
     _, r2 = serve(arr, action, windows=6, dt=4.0)
-    assert [dataclasses.asdict(x) for x in r1] == [dataclasses.asdict(x) for x in r2]
+    assert [x.to_dict() for x in r1] == [x.to_dict() for x in r2]
     assert sum(x.prefix_hit_tokens for x in r1) > 0
     b = SimBackend()
     b.reset(0)
@@ -260,4 +258,4 @@ def test_deterministic_and_forkable():
     rest = [(k, [a for a in arr if 4.0 * k <= a.arrival_s < 4.0 * (k + 1)]) for k in range(3, 6)]
     ra = [b.run_window(action, w, 4.0 * k, 4.0) for k, w in rest]
     rb = [f.run_window(action, w, 4.0 * k, 4.0) for k, w in rest]
-    assert [dataclasses.asdict(x) for x in ra] == [dataclasses.asdict(x) for x in rb]
+    assert [x.to_dict() for x in ra] == [x.to_dict() for x in rb]

@@ -107,11 +107,11 @@ def test_cluster_with_affinity_is_deterministic_and_forkable():
     wins = [[a for a in arr if 5.0 * k <= a.arrival_s < 5.0 * (k + 1)] for k in range(6)]
     _, r1 = serve(0.5, wins)
     _, r2 = serve(0.5, wins)
-    assert [dataclasses.asdict(x) for x in r1] == [dataclasses.asdict(x) for x in r2]
+    assert [x.to_dict() for x in r1] == [x.to_dict() for x in r2]
     assert sum(x.prefix_hit_tokens for x in r1) > 0
     b, _ = serve(0.5, wins[:3])
     f = b.fork()
     action = ServeAction(**BASE, cache_affinity=0.5)
     ra = [b.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
     rb = [f.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
-    assert [dataclasses.asdict(x) for x in ra] == [dataclasses.asdict(x) for x in rb]
+    assert [x.to_dict() for x in ra] == [x.to_dict() for x in rb]

@@ -55,7 +55,7 @@ def test_same_seed_and_actions_give_bit_identical_reports(task_id):
     actions = [random_action(rng) for _ in range(task.horizon)]
     a, _ = run(task, actions, seed=3)
     b, _ = run(task, actions, seed=3)
-    assert [dataclasses.asdict(r) for r in a] == [dataclasses.asdict(r) for r in b]
+    assert [r.to_dict() for r in a] == [r.to_dict() for r in b]
 
 
 def test_engine_randomness_comes_from_the_seed_and_not_the_actions():

@@ -3,8 +3,6 @@ true outstanding work at its arrival time, the engines run arrival by arrival (s
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import ServeAction
@@ -123,6 +121,6 @@ def test_default_router_is_the_estimated_one():
     default = play(ClusterBackend(PROFILE, (1, 8), 2), "multiturn_cluster", acts)
     named = play(ClusterBackend(PROFILE, (1, 8), 2, router="estimated"), "multiturn_cluster", acts)
     assert ClusterBackend(PROFILE).router == "estimated"
-    assert [dataclasses.asdict(r) for r in default] == [dataclasses.asdict(r) for r in named]
+    assert [r.to_dict() for r in default] == [r.to_dict() for r in named]
     with pytest.raises(ValueError, match="router"):
         ClusterBackend(PROFILE, router="exact")

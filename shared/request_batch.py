@@ -1,0 +1,121 @@
+"""`RequestBatch`: many `RequestRecord`s as columns, the simulator's shape of a window report's requests.
+
+A `WindowReport`'s finished and pending requests are lists of records to every reader; the compiled
+simulator (sim/array_engine.py) hands them over as one batch instead, and the records are built only
+if a reader asks for them. The metrics (core/metrics.py) read the columns directly: the same values,
+without a Python object per request per window, which was most of a simulated window's cost
+(issue 27). A batch built from records (`from_records`, the gateway's and the Python engine's lists)
+reads the same, so the metrics have one definition for both.
+
+Times are episode-clock seconds; NaN stands for a record's None (not dispatched, no first token,
+not finished). Status is a code into `STATUSES`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # shared/backend.py holds the record and imports this module for its reports
+    from llmserve_env.shared.backend import RequestRecord
+
+STATUSES: tuple[str, ...] = ("queued", "running", "ok", "error", "timeout", "cancelled", "rejected", "preempted")
+STATUS_CODE: dict[str, int] = {s: i for i, s in enumerate(STATUSES)}
+QUEUED, RUNNING, OK, REJECTED = STATUS_CODE["queued"], STATUS_CODE["running"], STATUS_CODE["ok"], STATUS_CODE["rejected"]
+
+_INT_COLUMNS = ("request_id", "priority", "prompt_tokens", "target_output_tokens", "status", "output_tokens",
+                "preemptions", "attempts")
+_FLOAT_COLUMNS = ("arrival_s", "dispatch_s", "first_token_s", "finish_s", "cost_usd")
+
+
+@dataclass(slots=True)
+class RequestBatch:
+    """The fields of `RequestRecord`, one array (or list) per field, one row per request.
+
+    `error` holds a row's message where it has one (row -> text); `chunk_times` a row's streamed
+    chunk times where it has any (records from real mode; the simulator reports ITL as samples)."""
+
+    request_id: np.ndarray
+    tenant: list[str]
+    priority: np.ndarray
+    arrival_s: np.ndarray
+    prompt_tokens: np.ndarray
+    target_output_tokens: np.ndarray
+    status: np.ndarray
+    dispatch_s: np.ndarray
+    first_token_s: np.ndarray
+    finish_s: np.ndarray
+    output_tokens: np.ndarray
+    preemptions: np.ndarray
+    attempts: np.ndarray
+    cost_usd: np.ndarray
+    error: dict[int, str]
+    chunk_times: dict[int, list[float]]
+
+    def __len__(self) -> int:
+        return len(self.tenant)
+
+    def __iter__(self) -> Iterator[RequestRecord]:
+        """The rows as records (built on each call: hot paths read the columns)."""
+        return iter(self.records())
+
+    @classmethod
+    def from_records(cls, records: Sequence[RequestRecord]) -> RequestBatch:
+        n = len(records)
+        ints = np.empty((len(_INT_COLUMNS), n), dtype=np.int64)
+        floats = np.empty((len(_FLOAT_COLUMNS), n))
+        if n:
+            code = STATUS_CODE
+            ints[:] = np.array([(r.request_id, r.priority, r.prompt_tokens, r.target_output_tokens, code[r.status],
+                                 r.output_tokens, r.preemptions, r.attempts) for r in records], dtype=np.int64).T
+            nan = np.nan
+            floats[:] = np.array([(r.arrival_s, nan if r.dispatch_s is None else r.dispatch_s,
+                                   nan if r.first_token_s is None else r.first_token_s,
+                                   nan if r.finish_s is None else r.finish_s, r.cost_usd) for r in records]).T
+        return cls(ints[0], [r.tenant for r in records], ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
+                   floats[2], floats[3], ints[5], ints[6], ints[7], floats[4],
+                   {j: r.error for j, r in enumerate(records) if r.error is not None},
+                   {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
+
+    @classmethod
+    def concat(cls, batches: Iterable[RequestBatch]) -> RequestBatch:
+        parts = list(batches)
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return cls.from_records([])
+        error: dict[int, str] = {}
+        chunks: dict[int, list[float]] = {}
+        tenants: list[str] = []
+        for b in parts:
+            off = len(tenants)
+            error.update({off + j: e for j, e in b.error.items()})
+            chunks.update({off + j: c for j, c in b.chunk_times.items()})
+            tenants += b.tenant
+        cols = {name: np.concatenate([getattr(b, name) for b in parts]) for name in (*_INT_COLUMNS, *_FLOAT_COLUMNS)}
+        return cls(tenant=tenants, error=error, chunk_times=chunks, **cols)
+
+    def records(self) -> list[RequestRecord]:
+        """The rows as records (None where a time is NaN), as the backend would have listed them."""
+        from llmserve_env.shared.backend import RequestRecord
+
+        n = len(self)
+        if not n:
+            return []
+        status = [STATUSES[s] for s in self.status.tolist()]
+        disp, ft, fin = (_nones(getattr(self, c).tolist()) for c in ("dispatch_s", "first_token_s", "finish_s"))
+        rid, prio, arr, prompt, target, out, pre, att, cost = (
+            getattr(self, c).tolist() for c in ("request_id", "priority", "arrival_s", "prompt_tokens",
+                                                "target_output_tokens", "output_tokens", "preemptions", "attempts",
+                                                "cost_usd"))
+        ten, err, chunks = self.tenant, self.error, self.chunk_times
+        return [RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j], status[j], disp[j], ft[j], fin[j],
+                              out[j], list(chunks.get(j, ())), pre[j], att[j], cost[j], err.get(j))
+                for j in range(n)]
+
+
+def _nones(values: list[float]) -> list[float | None]:
+    return [None if x != x else x for x in values]
