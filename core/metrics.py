@@ -37,10 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from llmserve_env.shared import request_batch as rb
+from llmserve_env.shared import records as rb
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.percentiles import percentiles, weighted_percentiles
-from llmserve_env.shared.request_batch import RequestBatch
+from llmserve_env.shared.records import RequestBatch
 from llmserve_env.shared.tasks import TaskSpec
 
 SLO_EPS_S = 1e-9  # seconds: a latency equal to its SLO meets it, whatever the float rounding
@@ -210,7 +210,7 @@ class MetricsTracker:
             arrived[a.tenant] += 1
             prompt_sum += a.prompt_tokens
 
-        # The requests as columns (shared/request_batch.py: the simulator's own shape, the gateway's records
+        # The requests as columns (shared/records.py: the simulator's own shape, the gateway's records
         # converted once); the arithmetic per request is the docstring's, as array operations.
         fin = report.finished_batch()
         pen = report.pending_batch()

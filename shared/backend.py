@@ -13,18 +13,18 @@ window's `WindowReport.finished`.
 
 These are plain dataclasses (slots) rather than pydantic models: they are built on the
 simulator's hot path, thousands of times a second. A report's requests may come as columns
-(shared/request_batch.py), read as records on demand.
+(shared/records.py), read as records on demand.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.request_batch import RequestBatch
+from llmserve_env.shared.records import RequestBatch, RequestRecord
 
 # Terminal states: every request ends in exactly one of these.
 TERMINAL_STATUSES: frozenset[str] = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
@@ -57,39 +57,6 @@ class Arrival:
     priority: int = 1
     prefix_ids: tuple[int, ...] | None = None
     prefix_block_tokens: int = 0
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """What happened to one request, with raw timestamps (episode-clock seconds).
-
-    dispatch_s      when the backend admitted it (sim: scheduled into a batch; real: HTTP sent)
-    first_token_s   when its first output token was produced / received
-    finish_s        when it reached its terminal state
-    output_tokens   tokens actually produced (usage first, tokenizer count as fallback in real mode)
-    chunk_times_s   real mode: the arrival time of every streamed chunk (first included);
-                    the simulator leaves it empty and reports ITL through WindowReport.itl_samples
-    preemptions     times it was evicted from the KV cache and recomputed
-    attempts        HTTP attempts (real mode retries); 1 in sim
-    cost_usd        what serving it cost (API price in real mode; 0 in sim, where cost is per GPU-second)
-    """
-
-    request_id: int
-    tenant: str
-    priority: int
-    arrival_s: float
-    prompt_tokens: int
-    target_output_tokens: int
-    status: str = "queued"
-    dispatch_s: float | None = None
-    first_token_s: float | None = None
-    finish_s: float | None = None
-    output_tokens: int = 0
-    chunk_times_s: list[float] = field(default_factory=list)
-    preemptions: int = 0
-    attempts: int = 0
-    cost_usd: float = 0.0
-    error: str | None = None
 
 
 @dataclass(slots=True, frozen=True)

@@ -3,7 +3,7 @@
 The same interface and, bit for bit, the same results as `Engine` (tests/test_array_engine.py plays
 random actions through both, window by window): what changes is where the requests live (rows of
 arrays rather than objects) and who runs the loop (numba rather than CPython). The finished and pending
-requests are handed over as columns (shared/request_batch.py `RequestBatch`), read as records only by a
+requests are handed over as columns (shared/records.py `RequestBatch`), read as records only by a
 reader that asks for them.
 
 `supports(profile)` says whether a profile is in its scope (no slots or prompt breaks, a kernel-fitted
@@ -20,9 +20,9 @@ import os
 from typing import TYPE_CHECKING
 
 import numpy as np
-from llmserve_env.shared import request_batch as rb
+from llmserve_env.shared import records as rb
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
-from llmserve_env.shared.request_batch import RequestBatch
+from llmserve_env.shared.records import RequestBatch
 from llmserve_env.sim import compiled_core as cc
 from llmserve_env.sim.engine import (
     SAMPLES_PER_WINDOW,
@@ -408,7 +408,7 @@ class ArrayEngine:
         return self._py.cached_blocks if self._py is not None else 0
 
     def _batch(self, rows: np.ndarray, status: np.ndarray, finish: np.ndarray, out: np.ndarray) -> RequestBatch:
-        """Requests `rows` as a report's columns (shared/request_batch.py), with their status codes, finish times
+        """Requests `rows` as a report's columns (shared/records.py), with their status codes, finish times
         and output tokens: gathered at once, no record built."""
         F, Ix = self.F[rows], self.Ix[rows]
         tenants = self.tenants

@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
-from llmserve_env.shared.request_batch import RequestBatch
+from llmserve_env.shared.records import RequestBatch
 from llmserve_env.shared.routing import least_outstanding, outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine

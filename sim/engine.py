@@ -62,7 +62,7 @@ from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
 if TYPE_CHECKING:
     from llmserve_env.shared.models import ServeAction
-    from llmserve_env.shared.request_batch import RequestBatch
+    from llmserve_env.shared.records import RequestBatch
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2

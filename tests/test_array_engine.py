@@ -16,7 +16,7 @@ import pytest
 from golden import episode_digest
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
-from llmserve_env.shared.request_batch import RequestBatch
+from llmserve_env.shared.records import RequestBatch
 from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim import array_engine, compiled_core

@@ -1,8 +1,10 @@
-"""`RequestBatch`: many `RequestRecord`s as columns, the simulator's shape of a window report's requests.
+"""A request's record (`RequestRecord`), and many of them as columns (`RequestBatch`).
 
-A `WindowReport`'s finished and pending requests are lists of records to every reader; the compiled
-simulator (sim/array_engine.py) hands them over as one batch instead, and the records are built only
-if a reader asks for them. The metrics (core/metrics.py) read the columns directly: the same values,
+`RequestRecord` is what happened to one request, as both backends report it (shared/backend.py's
+`WindowReport` carries them). `RequestBatch` is the simulator's shape of many: a `WindowReport`'s
+finished and pending requests are lists of records to every reader; the compiled simulator
+(sim/array_engine.py) hands them over as one batch instead, and the records are built only if a
+reader asks for them. The metrics (core/metrics.py) read the columns directly: the same values,
 without a Python object per request per window, which was most of a simulated window's cost
 (issue 27). A batch built from records (`from_records`, the gateway's and the Python engine's lists)
 reads the same, so the metrics have one definition for both.
@@ -14,13 +16,44 @@ not finished). Status is a code into `STATUSES`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
 
 import numpy as np
 
-if TYPE_CHECKING:  # shared/backend.py holds the record and imports this module for its reports
-    from llmserve_env.shared.backend import RequestRecord
+
+@dataclass(slots=True)
+class RequestRecord:
+    """What happened to one request, with raw timestamps (episode-clock seconds).
+
+    dispatch_s      when the backend admitted it (sim: scheduled into a batch; real: HTTP sent)
+    first_token_s   when its first output token was produced / received
+    finish_s        when it reached its terminal state
+    output_tokens   tokens actually produced (usage first, tokenizer count as fallback in real mode)
+    chunk_times_s   real mode: the arrival time of every streamed chunk (first included);
+                    the simulator leaves it empty and reports ITL through WindowReport.itl_samples
+    preemptions     times it was evicted from the KV cache and recomputed
+    attempts        HTTP attempts (real mode retries); 1 in sim
+    cost_usd        what serving it cost (API price in real mode; 0 in sim, where cost is per GPU-second)
+    """
+
+    request_id: int
+    tenant: str
+    priority: int
+    arrival_s: float
+    prompt_tokens: int
+    target_output_tokens: int
+    status: str = "queued"
+    dispatch_s: float | None = None
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    output_tokens: int = 0
+    chunk_times_s: list[float] = field(default_factory=list)
+    preemptions: int = 0
+    attempts: int = 0
+    cost_usd: float = 0.0
+    error: str | None = None
+
+
 
 STATUSES: tuple[str, ...] = ("queued", "running", "ok", "error", "timeout", "cancelled", "rejected", "preempted")
 STATUS_CODE: dict[str, int] = {s: i for i, s in enumerate(STATUSES)}
@@ -100,8 +133,6 @@ class RequestBatch:
 
     def records(self) -> list[RequestRecord]:
         """The rows as records (None where a time is NaN), as the backend would have listed them."""
-        from llmserve_env.shared.backend import RequestRecord
-
         n = len(self)
         if not n:
             return []
