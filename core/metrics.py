@@ -219,9 +219,9 @@ class MetricsTracker:
         tpots: list[float] = []
         e2es: list[float] = []
         if len(fin):
-            pop = opened.pop
-            reqs = [pop(rid, None) for rid in fin.request_id.tolist()]
-            for rid, req in zip(fin.request_id.tolist(), reqs, strict=True):
+            rids = fin.request_id.tolist()
+            reqs = [opened.pop(rid, None) for rid in rids]
+            for rid, req in zip(rids, reqs, strict=True):
                 if req is None:
                     if rid not in flagged:
                         raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
@@ -250,25 +250,24 @@ class MetricsTracker:
         queued = int(np.count_nonzero(pen.status == rb.QUEUED))
         running = len(pen) - queued
         if len(pen) and opened:
+            # only the requests still open can be settled now (a long queue is mostly flagged already)
             rids = pen.request_id.tolist()
-            get = opened.get
-            reqs = [get(rid) for rid in rids]
-            nan = np.nan
-            deadline = np.array([nan if q is None else q[1] for q in reqs])
-            tpot_slo = np.array([nan if q is None else q[2] for q in reqs])
-            ft, target = pen.first_token_s, pen.target_output_tokens
-            # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now, nor produce more
-            # than its target tokens.
-            late = np.where(ft != ft, t_end > deadline,
-                            (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
-            for j in np.flatnonzero(late).tolist():
-                req = reqs[j]
-                if req is None:
-                    continue
-                rid = rids[j]
-                del opened[rid]
-                flagged.add(rid)
-                missed_by[req[0]] += 1
+            live = [(j, q) for j, q in enumerate(map(opened.get, rids)) if q is not None]
+            if live:
+                rows = np.array([j for j, _ in live], dtype=np.int64)
+                deadline = np.array([q[1] for _, q in live])
+                tpot_slo = np.array([q[2] for _, q in live])
+                ft, target = pen.first_token_s[rows], pen.target_output_tokens[rows]
+                # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now, nor produce
+                # more than its target tokens.
+                late = np.where(ft != ft, t_end > deadline,
+                                (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
+                for k in np.flatnonzero(late).tolist():
+                    j, req = live[k]
+                    rid = rids[j]
+                    del opened[rid]
+                    flagged.add(rid)
+                    missed_by[req[0]] += 1
 
         backlog = 0
         if final:

@@ -72,7 +72,7 @@ class RequestBatch:
     chunk times where it has any (records from real mode; the simulator reports ITL as samples)."""
 
     request_id: np.ndarray
-    tenant: list[str]
+    tenant: np.ndarray  # object array of names
     priority: np.ndarray
     arrival_s: np.ndarray
     prompt_tokens: np.ndarray
@@ -89,7 +89,7 @@ class RequestBatch:
     chunk_times: dict[int, list[float]]
 
     def __len__(self) -> int:
-        return len(self.tenant)
+        return len(self.request_id)
 
     def __iter__(self) -> Iterator[RequestRecord]:
         """The rows as records (built on each call: hot paths read the columns)."""
@@ -108,7 +108,7 @@ class RequestBatch:
             floats[:] = np.array([(r.arrival_s, nan if r.dispatch_s is None else r.dispatch_s,
                                    nan if r.first_token_s is None else r.first_token_s,
                                    nan if r.finish_s is None else r.finish_s, r.cost_usd) for r in records]).T
-        return cls(ints[0], [r.tenant for r in records], ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
+        return cls(ints[0], np.array([r.tenant for r in records], dtype=object), ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
                    floats[2], floats[3], ints[5], ints[6], ints[7], floats[4],
                    {j: r.error for j, r in enumerate(records) if r.error is not None},
                    {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
@@ -122,14 +122,14 @@ class RequestBatch:
             return cls.from_records([])
         error: dict[int, str] = {}
         chunks: dict[int, list[float]] = {}
-        tenants: list[str] = []
+        off = 0
         for b in parts:
-            off = len(tenants)
             error.update({off + j: e for j, e in b.error.items()})
             chunks.update({off + j: c for j, c in b.chunk_times.items()})
-            tenants += b.tenant
-        cols = {name: np.concatenate([getattr(b, name) for b in parts]) for name in (*_INT_COLUMNS, *_FLOAT_COLUMNS)}
-        return cls(tenant=tenants, error=error, chunk_times=chunks, **cols)
+            off += len(b)
+        cols = {name: np.concatenate([getattr(b, name) for b in parts])
+                for name in ("tenant", *_INT_COLUMNS, *_FLOAT_COLUMNS)}
+        return cls(error=error, chunk_times=chunks, **cols)
 
     def records(self) -> list[RequestRecord]:
         """The rows as records (None where a time is NaN), as the backend would have listed them."""
@@ -142,7 +142,7 @@ class RequestBatch:
             getattr(self, c).tolist() for c in ("request_id", "priority", "arrival_s", "prompt_tokens",
                                                 "target_output_tokens", "output_tokens", "preemptions", "attempts",
                                                 "cost_usd"))
-        ten, err, chunks = self.tenant, self.error, self.chunk_times
+        ten, err, chunks = self.tenant.tolist(), self.error, self.chunk_times
         return [RequestRecord(rid[j], ten[j], prio[j], arr[j], prompt[j], target[j], status[j], disp[j], ft[j], fin[j],
                               out[j], list(chunks.get(j, ())), pre[j], att[j], cost[j], err.get(j))
                 for j in range(n)]

@@ -14,10 +14,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
+
 
 def outstanding_work(prompt_tokens: int, target_output_tokens: int, produced_tokens: int, started: bool) -> float:
     """Tokens still to process for one request (prompt until its first token, then output to come)."""
     return max(0, target_output_tokens - produced_tokens) + (0 if started else prompt_tokens)
+
+
+def total_outstanding_work(prompt_tokens: np.ndarray, target_output_tokens: np.ndarray, produced_tokens: np.ndarray,
+                           started: np.ndarray) -> int:
+    """`outstanding_work` summed over many requests given as integer columns (the same rule, as array
+    operations: the simulator's pending requests come as columns, shared/records.py)."""
+    left = np.maximum(0, target_output_tokens - produced_tokens)
+    return int((left + np.where(started, 0, prompt_tokens)).sum())
 
 
 def least_outstanding(work: Sequence[float]) -> int:

@@ -127,7 +127,7 @@ class ArrayEngine:
         self.SI[cc.SI_CAP] = 1
         self.SI[cc.SI_KVTOT] = 1
         self.SI[cc.SI_BUDGET] = profile.token_budget
-        self.tenants: list[str] = []
+        self.tenants = np.empty(64, dtype=object)  # each request's tenant name
         self.fin_out = np.zeros(64, dtype=np.int64)
         self.ft_idx = np.zeros(64, dtype=np.int64)
         self.ft_val = np.zeros(64)
@@ -162,7 +162,7 @@ class ArrayEngine:
         H = np.zeros((max(2 * new + 1, self.H.shape[0]), 4), dtype=np.int64)
         H[:self.H.shape[0] - 1] = self.H[:-1]
         self.F, self.Ix, self.C, self.H = F, Ix, C, H
-        for name in ("fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur", "pend_reuse"):
+        for name in ("tenants", "fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur", "pend_reuse"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:cap] = old
@@ -199,8 +199,7 @@ class ArrayEngine:
         cc.fheapify(self.H, len(live))
         SI[cc.SI_NFH] = len(live)
         SI[cc.SI_NREQ] = SI[cc.SI_ARR_IDX] = m
-        kept = rows.tolist()
-        self.tenants = [self.tenants[r] for r in kept]
+        self.tenants[:m] = self.tenants[rows]
 
     def _more_room(self) -> None:
         """The loop stopped for want of output room: double the ITL buffer and the finish heap."""
@@ -315,7 +314,7 @@ class ArrayEngine:
         Ix[rows, cc.I_PROMPT] = prompts
         Ix[rows, cc.I_PTGT] = prompts
         Ix[rows, cc.I_TARGET] = [a.output_tokens for a in arrivals]
-        self.tenants.extend(a.tenant for a in arrivals)
+        self.tenants[rows] = [a.tenant for a in arrivals]
         self.SI[cc.SI_NREQ] = n0 + n
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
@@ -414,7 +413,7 @@ class ArrayEngine:
         tenants = self.tenants
         n = len(rows)
         zeros = np.zeros(n)
-        return RequestBatch(Ix[:, cc.I_RID], [tenants[r] for r in rows.tolist()], Ix[:, cc.I_PRIO], F[:, cc.F_ARR],
+        return RequestBatch(Ix[:, cc.I_RID], tenants[rows], Ix[:, cc.I_PRIO], F[:, cc.F_ARR],
                             Ix[:, cc.I_PROMPT], Ix[:, cc.I_TARGET], status, F[:, cc.F_DISP], F[:, cc.F_FT], finish,
                             out, Ix[:, cc.I_PRE], Ix[:, cc.I_ATT], zeros, {}, {})
 
@@ -433,13 +432,12 @@ class ArrayEngine:
             self._log.append(("take_measurements", ()))
         SI, SF = self.SI, self.SF
         acc = WindowMeasurements()
-        tenants = self.tenants
         acc.finished = self._finished(self.fin_out[:SI[cc.SI_NFIN]])
         n = int(SI[cc.SI_NFT])
         if n:
-            rid = self.Ix[:, cc.I_RID]
-            acc.first_tokens = [(int(rid[r]), tenants[r], v) for r, v in
-                                zip(self.ft_idx[:n].tolist(), self.ft_val[:n].tolist(), strict=True)]
+            rows = self.ft_idx[:n]
+            acc.first_tokens = list(zip(self.Ix[rows, cc.I_RID].tolist(), self.tenants[rows].tolist(),
+                                        self.ft_val[:n].tolist(), strict=True))
         m = int(SI[cc.SI_NITL])
         acc.itl = list(zip(self.itl_v[:m].tolist(), self.itl_n[:m].tolist(), strict=True))
         acc.samples = self.samples

@@ -74,7 +74,7 @@ from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.records import RequestBatch
-from llmserve_env.shared.routing import least_outstanding, outstanding_work
+from llmserve_env.shared.routing import least_outstanding, outstanding_work, total_outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.backend import _models_for
@@ -115,8 +115,8 @@ class Replica:
 def _outstanding_tokens(pending: list[RequestRecord] | RequestBatch) -> float:
     if isinstance(pending, RequestBatch):  # the same rule over the columns, without a record per request
         b = pending
-        return sum(map(outstanding_work, b.prompt_tokens.tolist(), b.target_output_tokens.tolist(),
-                       b.output_tokens.tolist(), (b.first_token_s == b.first_token_s).tolist()))
+        return total_outstanding_work(b.prompt_tokens, b.target_output_tokens, b.output_tokens,
+                                      b.first_token_s == b.first_token_s)
     return sum(outstanding_work(r.prompt_tokens, r.target_output_tokens, r.output_tokens, r.first_token_s is not None)
                for r in pending)
 
@@ -232,9 +232,12 @@ class ClusterBackend:
         ready = [r for r in self.replicas if r.state == READY]
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
         sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
+        # every ready replica takes every arrival when all were ready by the first one (the usual case)
+        first = min((a.arrival_s for a in arrivals), default=0.0)
+        everyone = bool(ready) and all(r.ready_s <= first for r in ready)
         for a in arrivals:
             t = a.arrival_s
-            eligible = self._eligible(ready, a)
+            eligible = ready if everyone else self._eligible(ready, a)
             if not eligible:  # only after a spot preemption: otherwise a ready replica exists from t0 on
                 continue
             work = [r.work_at(t) for r in eligible]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 from llmserve_env.gateway.backend import GatewayBackend
 from llmserve_env.gateway.config import GatewayConfig, GatewayConfigError, GatewaySettings, Secret
@@ -13,7 +14,7 @@ from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.routing import least_outstanding, outstanding_work
+from llmserve_env.shared.routing import least_outstanding, outstanding_work, total_outstanding_work
 from llmserve_env.sim.standin.app import StandinConfig
 from llmserve_env.tools.standin_harness import BackgroundStandin
 
@@ -78,6 +79,17 @@ def test_the_router_is_the_simulators_rule():
     assert outstanding_work(100, 20, 0, started=False) == 120
     assert outstanding_work(100, 20, 5, started=True) == 15
     assert least_outstanding([30.0, 10.0, 10.0]) == 1
+
+
+def test_the_columns_total_is_the_per_request_rule_summed():
+    rng = np.random.default_rng(3)
+    prompt, target = rng.integers(1, 4000, 500), rng.integers(1, 800, 500)
+    produced, started = rng.integers(0, 900, 500), rng.random(500) < 0.5
+    want = sum(outstanding_work(p, t, d, s) for p, t, d, s in
+               zip(prompt.tolist(), target.tolist(), produced.tolist(), started.tolist(), strict=True))
+    got = total_outstanding_work(prompt, target, produced, started)
+    assert got == want and type(got) is int
+    assert total_outstanding_work(*(np.zeros(0, dtype=np.int64),) * 3, np.zeros(0, dtype=bool)) == 0
 
 
 def test_endpoints_variable_is_checked_at_start_up(pool):
