@@ -251,8 +251,7 @@ class MetricsTracker:
         running = len(pen) - queued
         if len(pen) and opened:
             # only the requests still open can be settled now (a long queue is mostly flagged already)
-            rids = pen.request_id.tolist()
-            live = [(j, q) for j, q in enumerate(map(opened.get, rids)) if q is not None]
+            live = _still_open(pen.request_id, opened)
             if live:
                 rows = np.array([j for j, _ in live], dtype=np.int64)
                 deadline = np.array([q[1] for _, q in live])
@@ -264,7 +263,7 @@ class MetricsTracker:
                                 (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
                 for k in np.flatnonzero(late).tolist():
                     j, req = live[k]
-                    rid = rids[j]
+                    rid = int(pen.request_id[j])
                     del opened[rid]
                     flagged.add(rid)
                     missed_by[req[0]] += 1
@@ -346,6 +345,22 @@ class MetricsTracker:
     def outstanding(self) -> int:
         """Requests arrived and not yet settled."""
         return len(self._open)
+
+
+# Above this many pending requests the open ones are found by one array membership test rather than a
+# dict lookup each (a long queue is mostly requests settled already): the same rows, found faster.
+_MEMBERSHIP_MIN = 512
+
+
+OpenEntry = tuple[str, float, float]  # tenant, latest first-token time meeting its TTFT SLO, TPOT SLO (s)
+
+
+def _still_open(ids: np.ndarray, opened: dict[int, OpenEntry]) -> list[tuple[int, OpenEntry]]:
+    """(row, open entry) of the rows of `ids` whose request is still open, in row order."""
+    if len(ids) < _MEMBERSHIP_MIN:
+        return [(j, q) for j, q in enumerate(map(opened.get, ids.tolist())) if q is not None]
+    rows = np.flatnonzero(np.isin(ids, np.fromiter(opened, np.int64, len(opened))))
+    return [(j, opened[rid]) for j, rid in zip(rows.tolist(), ids[rows].tolist(), strict=True)]
 
 
 def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> list[float]:

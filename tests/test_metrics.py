@@ -247,3 +247,32 @@ def test_observe_is_fast():
         tr.observe(rep, arrs)
     per_window_us = (time.perf_counter() - t0) / len(windows) * 1e6
     assert per_window_us < 250, f"{per_window_us:.0f} us per window"
+
+
+@pytest.mark.parametrize("columns", [False, True])
+def test_a_long_queue_settles_as_a_short_one(monkeypatch, columns):
+    """Above _MEMBERSHIP_MIN pending requests the open ones are found by an array membership test: the
+    same requests are settled (and the same metrics come out) as by one dict lookup each; the report's
+    requests as records or as columns read the same."""
+    from llmserve_env.core import metrics as metrics_mod
+    from llmserve_env.shared.records import RequestBatch
+
+    rng = random.Random(5)
+    arrivals = [arrival(i, 0.001 * i, rng.choice("ab"), out=rng.randint(1, 40)) for i in range(900)]
+    first = [record(a, "running", dispatch=0.9, first=rng.choice([None, 0.95, 1.5]), tokens=1) for a in arrivals]
+    later = [record(a, "queued") for a in arrivals[::2]] + [record(a, "running", dispatch=1.0, first=2.1, tokens=2)
+                                                          for a in arrivals[1::2]]
+
+    def play(threshold: int) -> list[dict]:
+        monkeypatch.setattr(metrics_mod, "_MEMBERSHIP_MIN", threshold)
+        tracker = MetricsTracker(TASK)
+        out = []
+        for k, (arr, pend) in enumerate(((arrivals, first), ([], later))):
+            pending = RequestBatch.from_records(pend) if columns else pend
+            out.append(tracker.observe(WindowReport(t0=float(k + 1), dt=1.0, pending=pending), arr).to_dict())
+        out.append({"open": sorted(tracker._open), "flagged": sorted(tracker._flagged)})
+        return out
+
+    dict_each, membership = play(10**9), play(0)
+    assert dict_each == membership
+    assert 0 < membership[0]["slo_missed"] and 0 < membership[1]["slo_missed"] and membership[2]["open"]
