@@ -168,11 +168,6 @@ class WindowReport:
         got = self._pending
         return got if isinstance(got, RequestBatch) else RequestBatch.from_records(got)
 
-    @property
-    def from_batches(self) -> bool:
-        """Both request sets are still columns (the simulator's report, not read as records)."""
-        return isinstance(self._finished, RequestBatch) and isinstance(self._pending, RequestBatch)
-
     def to_dict(self) -> dict[str, object]:
         """Every field by name, the requests as records (what `dataclasses.asdict` gave when this was one)."""
         out: dict[str, object] = {}

@@ -1,0 +1,60 @@
+"""A report's requests as columns (shared/records.py `RequestBatch`) read as the records they stand for."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from llmserve_env.shared.backend import TERMINAL_STATUSES, WindowReport
+from llmserve_env.shared.records import STATUSES, RequestBatch, RequestRecord
+
+
+def records() -> list[RequestRecord]:
+    return [
+        RequestRecord(3, "chat", 0, 0.25, 120, 40, "ok", 0.3, 0.41, 1.2, 40, [], 0, 1, 0.0, None),
+        RequestRecord(4, "batch", 2, 0.5, 9000, 10, "rejected", None, None, 0.5, 0, [], 0, 0, 0.0, "too long"),
+        RequestRecord(7, "chat", 1, 0.75, 60, 30, "running", 0.8, 0.9, None, 12, [0.9, 0.95, 1.01], 2, 1, 0.002, None),
+        RequestRecord(9, "code", 1, 0.9, 300, 200, "queued"),
+        RequestRecord(11, "code", 1, 0.95, 30, 5, "preempted", 0.96, None, 1.0, 0, [], 1, 1, 0.0, "reclaimed"),
+    ]
+
+
+def test_records_survive_the_round_trip_through_columns():
+    recs = records()
+    batch = RequestBatch.from_records(recs)
+    assert len(batch) == len(recs)
+    assert batch.records() == recs
+    assert list(batch) == recs
+    assert np.isnan(batch.dispatch_s[1]) and np.isnan(batch.finish_s[3])  # None as NaN
+    assert batch.records()[2].chunk_times_s is not recs[2].chunk_times_s  # a copy, not the caller's list
+    assert RequestBatch.from_records([]).records() == []
+
+
+def test_joined_batches_keep_each_rows_message_and_chunks():
+    recs = records()
+    parts = [RequestBatch.from_records(recs[:2]), RequestBatch.from_records([]), RequestBatch.from_records(recs[2:])]
+    joined = RequestBatch.concat(parts)
+    assert joined.records() == recs
+    assert joined.error == {1: "too long", 4: "reclaimed"} and joined.chunk_times == {2: [0.9, 0.95, 1.01]}
+    assert RequestBatch.concat([parts[0]]) is parts[0]
+    assert len(RequestBatch.concat([])) == 0
+
+
+def test_every_status_has_a_code():
+    assert TERMINAL_STATUSES | {"queued", "running", "preempted"} == set(STATUSES)
+    with pytest.raises(KeyError):
+        RequestBatch.from_records([dataclasses.replace(records()[0], status="lost")])
+
+
+def test_a_report_reads_columns_as_records_and_keeps_what_a_reader_changes():
+    recs = records()
+    rep = WindowReport(t0=0.0, dt=1.0, finished=RequestBatch.from_records(recs[:2]),
+                       pending=RequestBatch.from_records(recs[2:4]))
+    assert rep.finished == recs[:2] and rep.pending == recs[2:4]
+    rep.finished.append(recs[4])  # the list is the truth once read
+    assert rep.finished == [*recs[:2], recs[4]]
+    assert rep.finished_batch().records() == [*recs[:2], recs[4]]
+    assert rep.to_dict()["finished"] == [dataclasses.asdict(r) for r in (*recs[:2], recs[4])]
+    plain = WindowReport(t0=0.0, dt=1.0, finished=recs[:2])
+    assert plain.finished_batch().records() == recs[:2] and len(plain.pending_batch()) == 0
