@@ -142,8 +142,7 @@ class WindowReport:
 
     @property
     def finished(self) -> list[RequestRecord]:
-        if isinstance(self._finished, RequestBatch):
-            self._finished = self._finished.records()
+        self._finished = _as_records(self._finished)
         return self._finished
 
     @finished.setter
@@ -152,8 +151,7 @@ class WindowReport:
 
     @property
     def pending(self) -> list[RequestRecord]:
-        if isinstance(self._pending, RequestBatch):
-            self._pending = self._pending.records()
+        self._pending = _as_records(self._pending)
         return self._pending
 
     @pending.setter
@@ -161,12 +159,10 @@ class WindowReport:
         self._pending = records
 
     def finished_batch(self) -> RequestBatch:
-        got = self._finished
-        return got if isinstance(got, RequestBatch) else RequestBatch.from_records(got)
+        return _as_batch(self._finished)
 
     def pending_batch(self) -> RequestBatch:
-        got = self._pending
-        return got if isinstance(got, RequestBatch) else RequestBatch.from_records(got)
+        return _as_batch(self._pending)
 
     def to_dict(self) -> dict[str, object]:
         """Every field by name, the requests as records (what `dataclasses.asdict` gave when this was one)."""
@@ -181,6 +177,14 @@ class WindowReport:
 
     def __repr__(self) -> str:
         return f"WindowReport(t0={self.t0}, dt={self.dt}, finished={len(self._finished)}, pending={len(self._pending)})"
+
+
+def _as_records(requests: list[RequestRecord] | RequestBatch) -> list[RequestRecord]:
+    return requests.records() if isinstance(requests, RequestBatch) else requests
+
+
+def _as_batch(requests: list[RequestRecord] | RequestBatch) -> RequestBatch:
+    return requests if isinstance(requests, RequestBatch) else RequestBatch.from_records(requests)
 
 
 class BackendUnavailableError(RuntimeError):
