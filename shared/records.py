@@ -66,7 +66,7 @@ _FLOAT_COLUMNS = ("arrival_s", "dispatch_s", "first_token_s", "finish_s", "cost_
 
 @dataclass(slots=True)
 class RequestBatch:
-    """The fields of `RequestRecord`, one array (or list) per field, one row per request.
+    """The fields of `RequestRecord`, one array per field (tenant names in an object array), one row per request.
 
     `error` holds a row's message where it has one (row -> text); `chunk_times` a row's streamed
     chunk times where it has any (records from real mode; the simulator reports ITL as samples)."""
@@ -108,8 +108,9 @@ class RequestBatch:
             floats[:] = np.array([(r.arrival_s, nan if r.dispatch_s is None else r.dispatch_s,
                                    nan if r.first_token_s is None else r.first_token_s,
                                    nan if r.finish_s is None else r.finish_s, r.cost_usd) for r in records]).T
-        return cls(ints[0], np.array([r.tenant for r in records], dtype=object), ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
-                   floats[2], floats[3], ints[5], ints[6], ints[7], floats[4],
+        tenants = np.array([r.tenant for r in records], dtype=object)
+        return cls(ints[0], tenants, ints[1], floats[0], ints[2], ints[3], ints[4], floats[1], floats[2], floats[3],
+                   ints[5], ints[6], ints[7], floats[4],
                    {j: r.error for j, r in enumerate(records) if r.error is not None},
                    {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
 
