@@ -159,20 +159,18 @@ class WindowReport:
         self._pending = records
 
     def finished_batch(self) -> RequestBatch:
-        return _as_batch(self._finished)
+        return RequestBatch.of(self._finished)
 
     def pending_batch(self) -> RequestBatch:
-        return _as_batch(self._pending)
+        return RequestBatch.of(self._pending)
 
     def to_dict(self) -> dict[str, object]:
         """Every field by name, the requests as records (what `dataclasses.asdict` gave when this was one)."""
         out: dict[str, object] = {}
-        for name in self.__slots__:
-            public = name.lstrip("_")
-            out[public] = copy.deepcopy(getattr(self, public))
-        out["finished"] = [dataclasses.asdict(r) for r in self.finished]
-        out["pending"] = [dataclasses.asdict(r) for r in self.pending]
-        out["samples"] = [dataclasses.asdict(s) for s in self.samples]
+        for name in (n.lstrip("_") for n in self.__slots__):
+            value = getattr(self, name)  # the request sets read as records
+            dataclass_list = name in ("finished", "pending", "samples")
+            out[name] = [dataclasses.asdict(x) for x in value] if dataclass_list else copy.deepcopy(value)
         return out
 
     def __repr__(self) -> str:
@@ -181,10 +179,6 @@ class WindowReport:
 
 def _as_records(requests: list[RequestRecord] | RequestBatch) -> list[RequestRecord]:
     return requests.records() if isinstance(requests, RequestBatch) else requests
-
-
-def _as_batch(requests: list[RequestRecord] | RequestBatch) -> RequestBatch:
-    return requests if isinstance(requests, RequestBatch) else RequestBatch.from_records(requests)
 
 
 class BackendUnavailableError(RuntimeError):

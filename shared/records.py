@@ -115,6 +115,11 @@ class RequestBatch:
                    {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
 
     @classmethod
+    def of(cls, requests: Sequence[RequestRecord] | RequestBatch) -> RequestBatch:
+        """`requests` as columns: a batch as it is, records converted."""
+        return requests if isinstance(requests, RequestBatch) else cls.from_records(requests)
+
+    @classmethod
     def concat(cls, batches: Iterable[RequestBatch]) -> RequestBatch:
         parts = list(batches)
         if len(parts) == 1:

@@ -137,7 +137,6 @@ class ArrayEngine:
         self.samp_i = np.zeros((cc.MAX_SAMPLES, 3), dtype=np.int64)
         self.pend_idx = np.zeros(64, dtype=np.int64)
         self.pend_cur = np.zeros(64, dtype=np.int64)
-        self.pend_reuse = np.zeros(64, dtype=np.int64)
         self.samples: list[ResourceSample] = []
         self.action_key: tuple | None = None
         self.tier = "FP16"
@@ -162,7 +161,7 @@ class ArrayEngine:
         H = np.zeros((max(2 * new + 1, self.H.shape[0]), 4), dtype=np.int64)
         H[:self.H.shape[0] - 1] = self.H[:-1]
         self.F, self.Ix, self.C, self.H = F, Ix, C, H
-        for name in ("tenants", "fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur", "pend_reuse"):
+        for name in ("tenants", "fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:cap] = old
@@ -466,10 +465,8 @@ class ArrayEngine:
         if self._log is not None:
             self._log.append(("close_window", ()))
         self._flush_samples()
-        m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur,
-                                  self.pend_reuse)
-        # the pending requests' snapshots, as columns (the kernel's reuse flags are Engine's rule for record
-        # identity, which columns have none of: a reused snapshot's values are the current ones)
+        m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur)
+        # the pending requests' snapshots, as columns
         rows = self.pend_idx[:m]
         waiting = self.Ix[rows, cc.I_STATE] == cc.WAITING
         pending = self._batch(rows, np.where(waiting, rb.QUEUED, rb.RUNNING), np.full(m, _NAN), self.pend_cur[:m].copy())

@@ -74,7 +74,7 @@ from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.records import RequestBatch
-from llmserve_env.shared.routing import least_outstanding, outstanding_work, total_outstanding_work
+from llmserve_env.shared.routing import least_outstanding, total_outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.backend import _models_for
@@ -100,8 +100,8 @@ class Replica:
     est_work: float = 0.0      # router's outstanding-work estimate (tokens) at est_t
     est_t: float = 0.0
     preempt_s: float = math.inf  # when a spot preemption reclaims it (scenario families)
-    # its requests at the last window's end (families), as its engine reported them
-    pending: list[RequestRecord] | RequestBatch = field(default_factory=list)
+    # its requests at the last window's end (families)
+    pending: RequestBatch = field(default_factory=lambda: RequestBatch.from_records([]))
 
     def work_at(self, t: float) -> float:
         w = self.est_work - self.rate_tps * (t - self.est_t)
@@ -112,24 +112,9 @@ class Replica:
         return max(0.0, end - max(t0, self.requested_s))
 
 
-def _outstanding_tokens(pending: list[RequestRecord] | RequestBatch) -> float:
-    if isinstance(pending, RequestBatch):  # the same rule over the columns, without a record per request
-        b = pending
-        return total_outstanding_work(b.prompt_tokens, b.target_output_tokens, b.output_tokens,
-                                      b.first_token_s == b.first_token_s)
-    return sum(outstanding_work(r.prompt_tokens, r.target_output_tokens, r.output_tokens, r.first_token_s is not None)
-               for r in pending)
-
-
-def _joined(parts: list[list[RequestRecord] | RequestBatch]) -> list[RequestRecord] | RequestBatch:
-    """The replicas' request sets as one, in order: columns where an engine gave columns, else records."""
-    if any(isinstance(p, RequestBatch) for p in parts) or not parts:
-        return RequestBatch.concat(p if isinstance(p, RequestBatch) else RequestBatch.from_records(p) for p in parts)
-    out: list[RequestRecord] = []
-    for p in parts:
-        assert not isinstance(p, RequestBatch)
-        out += p
-    return out
+def _outstanding_tokens(pending: RequestBatch) -> float:
+    return total_outstanding_work(pending.prompt_tokens, pending.target_output_tokens, pending.output_tokens,
+                                  pending.first_token_s == pending.first_token_s)  # NaN: no first token yet
 
 
 class ClusterBackend:
@@ -181,10 +166,9 @@ class ClusterBackend:
         before = self.preempted
         for r in self.replicas:
             if r.state != GONE and r.preempt_s <= t:
-                held = r.pending.records() if isinstance(r.pending, RequestBatch) else r.pending
                 lost += [dataclasses.replace(rec, status="preempted", finish_s=t,
-                                             error="replica reclaimed (spot preemption)") for rec in held]
-                r.state, r.gone_s, r.engine, r.pending = GONE, t, None, []
+                                             error="replica reclaimed (spot preemption)") for rec in r.pending.records()]
+                r.state, r.gone_s, r.engine, r.pending = GONE, t, None, RequestBatch.from_records([])
                 self.preempted += 1
         if self.preempted > before:
             self._scale(self.target, t)
@@ -332,12 +316,14 @@ class ClusterBackend:
                            applied=dict.fromkeys((*KNOBS, "replicas"), True))
         if action.cache_affinity is not None:
             rep.applied["cache_affinity"] = True
-        finished: list[list[RequestRecord] | RequestBatch] = []
-        pendings: list[list[RequestRecord] | RequestBatch] = []
+        # the replicas' requests as columns (the compiled engine's own shape; the Python engine's records
+        # converted once), joined in replica order
+        finished: list[RequestBatch] = []
+        pendings: list[RequestBatch] = []
         if lost or self._unrouted:
-            finished.append(lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
+            finished.append(RequestBatch.from_records(lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                                   a.output_tokens, status="rejected", finish_s=a.arrival_s,
-                                                  error="no ready replica (spot preemption)") for a in self._unrouted])
+                                                  error="no ready replica (spot preemption)") for a in self._unrouted]))
             self._unrouted = []
         used_total = blocks_total = iterations = rejected = 0
         spec_accepted = 0.0
@@ -347,10 +333,11 @@ class ClusterBackend:
             eng = r.engine
             assert eng is not None  # a ready or draining replica has its engine
             if tracked:
-                pending, used, mem, acc = eng.end_window()  # runs to t1
+                got, used, mem, acc = eng.end_window()  # runs to t1
             else:
-                pending, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
-            finished.append(acc.finished)
+                got, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
+            pending = RequestBatch.of(got)
+            finished.append(RequestBatch.of(acc.finished))
             pendings.append(pending)
             rep.first_tokens += acc.first_tokens
             rep.itl_samples += acc.itl
@@ -377,7 +364,7 @@ class ClusterBackend:
                 r.pending = pending
             if r.state == DRAINING and not pending:
                 r.state, r.gone_s, r.engine = GONE, t1, None
-        rep.finished, rep.pending = _joined(finished), _joined(pendings)
+        rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
         rep.spec_accepted = int(round(spec_accepted))
         rep.kv_occupancy = used_total / blocks_total if blocks_total else 0.0
         billed = sum(r.billed_s(t0, t1) for r in self.replicas)

@@ -50,8 +50,8 @@ F_ARR, F_ACC, F_E, F_PROG, F_EMIT, F_FT, F_DISP, F_FIN, F_READY = range(9)
 NF = 9
 # request int columns
 (I_RID, I_PRIO, I_PROMPT, I_TARGET, I_STATE, I_PTGT, I_PFD, I_BLK, I_SYNC, I_FINIT, I_GEN, I_REP, I_ADM,
- I_PRE, I_ATT, I_STATUS, I_CLEAN, I_OUT, I_RHIT) = range(19)
-NI = 19
+ I_PRE, I_ATT, I_STATUS, I_OUT, I_RHIT) = range(18)
+NI = 18
 STATUS_LIVE, STATUS_OK, STATUS_REJECTED = 0, 1, 2
 # engine float scalars
 (SF_CTX, SF_PER, SF_CLOCK, SF_PCLOCK, SF_DCLOCK, SF_NEXT_SAMPLE, SF_T0, SF_DT, SF_SPEC_ACC, SF_BUSY,
@@ -429,7 +429,6 @@ def victim_order(F, Ix, SI, C):
 
 @njit
 def push_waiting(F, Ix, SI, C, r):
-    Ix[r, I_CLEAN] = 0
     SI[SI_NW] = heap_push(C[C_WQ], SI[SI_NW], r, 0, F, Ix, SI[SI_PR])
 
 
@@ -1003,28 +1002,26 @@ def shrink_to_pool(F, Ix, SF, SI, C, now):
 
 
 @njit
-def _settle(Ix, pend_idx, pend_cur, pend_reuse, m, r, cur):
+def _settle(Ix, pend_idx, pend_cur, m, r, cur):
     """Request r pending at slot m with `cur` output tokens; returns the tokens produced since its last report."""
     new = cur - Ix[r, I_REP]
     Ix[r, I_REP] = cur
     pend_idx[m] = r
     pend_cur[m] = cur
-    pend_reuse[m] = 0
     return new
 
 
 @njit
-def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur, pend_reuse):
+def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur):
     """`Engine.close_window`'s arithmetic: the pending requests in report order (prefilling, in transfer,
-    decoding, waiting) with their output tokens and whether the last snapshot still holds; the exact re-sums;
-    the KV blocks used. Returns (pending count, blocks used)."""
+    decoding, waiting) with their output tokens; the exact re-sums; the KV blocks used. Returns (pending count, blocks used)."""
     it = SI[SI_ITER]
     m = 0
     new_tokens = 0
     for row, cnt in ((C_PRE, SI[SI_NPRE]), (C_TR, SI[SI_NTR])):
         for j in range(cnt):
             r = C[row, j]
-            new_tokens += _settle(Ix, pend_idx, pend_cur, pend_reuse, m, r, int(F[r, F_PROG]))
+            new_tokens += _settle(Ix, pend_idx, pend_cur, m, r, int(F[r, F_PROG]))
             m += 1
     context = 0.0
     per_iter = 0.0
@@ -1041,20 +1038,13 @@ def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur, pend_reuse):
         else:
             decode_blocks += -(-(Ix[r, I_PROMPT] + tg) // BLOCK)
             cur = tg
-        new_tokens += _settle(Ix, pend_idx, pend_cur, pend_reuse, m, r, cur)
+        new_tokens += _settle(Ix, pend_idx, pend_cur, m, r, cur)
         m += 1
     SF[SF_CTX] = context
     SF[SF_PER] = per_iter
     for j in range(SI[SI_NW]):
         r = C[C_WQ, j]
-        pend_idx[m] = r
-        if Ix[r, I_CLEAN]:
-            pend_cur[m] = Ix[r, I_REP]
-            pend_reuse[m] = 1
-            m += 1
-            continue
-        new_tokens += _settle(Ix, pend_idx, pend_cur, pend_reuse, m, r, int(F[r, F_PROG]))
-        Ix[r, I_CLEAN] = 1
+        new_tokens += _settle(Ix, pend_idx, pend_cur, m, r, int(F[r, F_PROG]))
         m += 1
     SI[SI_OUT_TOK] += new_tokens
     return m, SI[SI_KVUSED] + decode_blocks
