@@ -52,15 +52,16 @@ steps) and consistent with the regenerated arrivals, else GradeError.
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+import numpy as np
 from llmserve_env.core.episode_log import EpisodeLog
 from llmserve_env.core.metrics import SLO_EPS_S
 from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.jit import njit
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
 from llmserve_env.shared.workloads import generate_arrivals, resolve_task, windows
 from pydantic import BaseModel, Field
@@ -102,50 +103,79 @@ class References:
 
 
 
-def _serial_floor(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) -> dict[str, int]:
-    horizon_s = task.horizon * task.window_s
-    itl = cap.serial_itl_ms / 1e3
-    met = {t.name: 0 for t in task.tenants}
-    slo = {t.name: (t.ttft_slo_ms / 1e3, t.tpot_slo_ms / 1e3) for t in task.tenants}
+@dataclass(slots=True)
+class _Columns:
+    """An episode's arrivals as columns (float64; tenant as its index in task.tenants) and the tenants' SLOs."""
+
+    arrival_s: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    tenant: np.ndarray
+    ttft_slo_s: np.ndarray
+    tpot_slo_s: np.ndarray
+
+    @classmethod
+    def of(cls, task: TaskSpec, arrivals: list[Arrival]) -> _Columns:
+        index = {t.name: i for i, t in enumerate(task.tenants)}
+        cols = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens, index[a.tenant]) for a in arrivals],
+                        dtype=np.float64).reshape(len(arrivals), 4)
+        return cls(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(), cols[:, 3].astype(np.int64),
+                   np.array([t.ttft_slo_ms / 1e3 for t in task.tenants]),
+                   np.array([t.tpot_slo_ms / 1e3 for t in task.tenants]))
+
+
+@njit
+def _floor_met(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, tenant: np.ndarray,
+               ttft_slo_s: np.ndarray, tpot_slo_s: np.ndarray, itl: float, prefill_tps: float, horizon_s: float,
+               servers: int, eps: float, met: np.ndarray) -> None:
+    """The naive servers (module docstring), each request to the first one free; met[tenant] counts the
+    requests that meet their SLOs."""
+    free = np.zeros(servers)
+    for i in range(arrival_s.shape[0]):
+        j = 0  # the server free first (a heap's top: which of equal ones is taken does not change the times)
+        for s in range(1, servers):
+            if free[s] < free[j]:
+                j = s
+        a = arrival_s[i]
+        start = a if a >= free[j] else free[j]
+        first = start + itl + prompt[i] / prefill_tps
+        finish = first + (output[i] - 1.0) * itl
+        free[j] = finish
+        k = tenant[i]
+        if first - a <= ttft_slo_s[k] + eps and itl <= tpot_slo_s[k] + eps and finish < horizon_s:
+            met[k] += 1
+
+
+def _serial_floor(task: TaskSpec, cols: _Columns, cap: ProfileCapacity) -> dict[str, int]:
     # task.floor_replicas naive servers (1 on single-server tasks), each request to the first one free
-    free = [0.0] * task.floor_replicas
-    for a in arrivals:
-        free_at = heapq.heappop(free)
-        start = max(a.arrival_s, free_at)
-        first = start + itl + a.prompt_tokens / cap.serial_prefill_tps
-        finish = first + (a.output_tokens - 1) * itl
-        heapq.heappush(free, finish)
-        ttft_slo, tpot_slo = slo[a.tenant]
-        if first - a.arrival_s <= ttft_slo + SLO_EPS_S and itl <= tpot_slo + SLO_EPS_S and finish < horizon_s:
-            met[a.tenant] += 1
-    return met
+    met = np.zeros(len(task.tenants), dtype=np.int64)
+    _floor_met(cols.arrival_s, cols.prompt, cols.output, cols.tenant, cols.ttft_slo_s, cols.tpot_slo_s,
+               cap.serial_itl_ms / 1e3, cap.serial_prefill_tps, task.horizon * task.window_s, task.floor_replicas,
+               SLO_EPS_S, met)
+    return {t.name: int(m) for t, m in zip(task.tenants, met.tolist(), strict=True)}
 
 
-def _ideal_upper(task: TaskSpec, arrivals: list[Arrival], cap: ProfileCapacity) -> tuple[int, dict[str, int], int]:
+def _fit(works: np.ndarray, horizon_s: float) -> int:
+    """How many of `works` (GPU-seconds), shortest first, fit in the horizon: their running sum, added one
+    by one in that order (np.cumsum adds sequentially), up to the first that overflows."""
+    used = np.cumsum(np.sort(works))
+    over = np.flatnonzero(used > horizon_s)
+    return int(over[0]) if over.size else int(used.size)
+
+
+def _ideal_upper(task: TaskSpec, cols: _Columns, cap: ProfileCapacity) -> tuple[int, dict[str, int], int]:
     horizon_s = task.horizon * task.window_s
     peak = cap.peak_tokens_per_s
     min_itl = cap.min_itl_ms / 1e3
-    slo = {t.name: (t.ttft_slo_ms / 1e3, t.tpot_slo_ms / 1e3) for t in task.tenants}
-    feasible: list[tuple[float, str]] = []
-    for a in arrivals:
-        ttft_slo, tpot_slo = slo[a.tenant]
-        prefill = a.prompt_tokens / peak
-        done = a.arrival_s + prefill + (a.output_tokens - 1) * min_itl
-        if prefill <= ttft_slo + SLO_EPS_S and min_itl <= tpot_slo + SLO_EPS_S and done < horizon_s:
-            feasible.append(((a.prompt_tokens + a.output_tokens) / peak, a.tenant))
-
-    def fit(works: list[float]) -> int:
-        used, n = 0.0, 0
-        for w in sorted(works):
-            if used + w > horizon_s:
-                break
-            used += w
-            n += 1
-        return n
-
-    total = fit([w for w, _ in feasible])
-    by_tenant = {t.name: fit([w for w, name in feasible if name == t.name]) for t in task.tenants}
-    return total, by_tenant, len(feasible)
+    prefill = cols.prompt / peak
+    done = cols.arrival_s + prefill + (cols.output - 1.0) * min_itl
+    ok = ((prefill <= (cols.ttft_slo_s + SLO_EPS_S)[cols.tenant])
+          & (min_itl <= (cols.tpot_slo_s + SLO_EPS_S)[cols.tenant]) & (done < horizon_s))
+    works = (cols.prompt + cols.output)[ok] / peak
+    tenant = cols.tenant[ok]
+    total = _fit(works, horizon_s)
+    by_tenant = {t.name: _fit(works[tenant == i], horizon_s) for i, t in enumerate(task.tenants)}
+    return total, by_tenant, int(ok.sum())
 
 
 def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | None = None,
@@ -157,13 +187,13 @@ def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | No
     cap = capacity or task.capacity()
     if arrivals is None:
         arrivals = generate_arrivals(task, seed)
-    floor = _serial_floor(task, arrivals, cap)
+    cols = _Columns.of(task, arrivals)
+    floor = _serial_floor(task, cols, cap)
     # the ideal server scaled to the largest cluster the task allows (unchanged on single-server tasks)
     upper_cap = cap if task.replicas[1] == 1 else replace(cap, peak_tokens_per_s=cap.peak_tokens_per_s * task.replicas[1])
-    upper, upper_by_tenant, feasible = _ideal_upper(task, arrivals, upper_cap)
-    by_tenant = {t.name: 0 for t in task.tenants}
-    for a in arrivals:
-        by_tenant[a.tenant] += 1
+    upper, upper_by_tenant, feasible = _ideal_upper(task, cols, upper_cap)
+    counts = np.bincount(cols.tenant, minlength=len(task.tenants)).tolist()
+    by_tenant = {t.name: int(c) for t, c in zip(task.tenants, counts, strict=True)}
     return References(
         arrivals=len(arrivals),
         feasible=feasible,

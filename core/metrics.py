@@ -261,12 +261,11 @@ class MetricsTracker:
                 # more than its target tokens.
                 late = np.where(ft != ft, t_end > deadline,
                                 (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
-                for k in np.flatnonzero(late).tolist():
-                    j, req = live[k]
-                    rid = int(pen.request_id[j])
+                now_late = np.flatnonzero(late)
+                for k, rid in zip(now_late.tolist(), pen.request_id[rows[now_late]].tolist(), strict=True):
                     del opened[rid]
                     flagged.add(rid)
-                    missed_by[req[0]] += 1
+                    missed_by[live[k][1][0]] += 1
 
         backlog = 0
         if final:
@@ -280,8 +279,10 @@ class MetricsTracker:
         met = sum(met_by.values())
         missed = sum(missed_by.values())
         per_tenant = {n: TenantStats(arrived[n], met_by[n], missed_by[n]) for n in names}
-        ttft_p50, ttft_p99 = percentiles([x[2] for x in report.first_tokens], 50.0, 99.0)
-        itl = report.itl_samples if report.itl_samples else _chunk_gaps((fin, pen), t0, t_end)
+        ttft_p50, ttft_p99 = percentiles(report.ttfts(), 50.0, 99.0)
+        itl = report.itl_as_given()
+        if not len(itl):
+            itl = _chunk_gaps((fin, pen), t0, t_end)
         itl_p50, itl_p99 = weighted_percentiles(itl, 50.0, 99.0)
         out_tokens = int(report.output_tokens)
         settled = met + missed

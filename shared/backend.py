@@ -21,10 +21,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.records import RequestBatch, RequestRecord
+from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch, RequestRecord
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Terminal states: every request ends in exactly one of these.
 TERMINAL_STATUSES: frozenset[str] = frozenset({"ok", "error", "timeout", "cancelled", "rejected"})
@@ -57,6 +60,31 @@ class Arrival:
     priority: int = 1
     prefix_ids: tuple[int, ...] | None = None
     prefix_block_tokens: int = 0
+
+
+# Arrival's slots, written directly: an episode builds ~10^4 arrivals, and a frozen dataclass's __init__
+# spends most of its time in object.__setattr__ (one call per field); these build the same objects in half
+# the time. Only `new_arrival` uses them.
+_NEW = object.__new__
+(_SET_ID, _SET_T, _SET_P, _SET_O, _SET_TENANT, _SET_PRIO, _SET_IDS, _SET_UNIT) = (
+    Arrival.__dict__[f].__set__ for f in ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "tenant",
+                                          "priority", "prefix_ids", "prefix_block_tokens"))
+
+
+def new_arrival(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, tenant: str,
+                priority: int) -> Arrival:
+    """`Arrival(request_id, arrival_s, prompt_tokens, output_tokens, tenant, priority)` (no prefix ids), built
+    without the frozen dataclass's per-field `object.__setattr__` calls: for the workload generators' bulk."""
+    a = _NEW(Arrival)
+    _SET_ID(a, request_id)
+    _SET_T(a, arrival_s)
+    _SET_P(a, prompt_tokens)
+    _SET_O(a, output_tokens)
+    _SET_TENANT(a, tenant)
+    _SET_PRIO(a, priority)
+    _SET_IDS(a, None)
+    _SET_UNIT(a, 0)
+    return a
 
 
 @dataclass(slots=True, frozen=True)
@@ -98,20 +126,22 @@ class WindowReport:
                       (notes["prefix_hit_measured"]); cached blocks 0 (not observable)
 
     `finished` and `pending` may be given as lists of records or as `RequestBatch`es (the compiled
-    simulator's columns): to a reader they are always lists, built from a batch the first time they are
-    read (and the list is the truth from then on); `finished_batch()` / `pending_batch()` give the
-    columns without building a record per request, what the metrics read.
+    simulator's columns), `first_tokens` and `itl_samples` as lists or as `FirstTokens` / `ItlSamples`
+    columns: to a reader they are always lists, built from the columns the first time they are read
+    (and the list is the truth from then on); `finished_batch()`, `pending_batch()`,
+    `first_token_columns()` and `itl_columns()` give the columns without building a Python object per
+    entry, what the metrics read.
     """
 
-    __slots__ = ("t0", "dt", "_finished", "_pending", "first_tokens", "itl_samples", "samples", "output_tokens",
+    __slots__ = ("t0", "dt", "_finished", "_pending", "_first_tokens", "_itl_samples", "samples", "output_tokens",
                  "prompt_tokens", "evictions", "spec_proposed", "spec_accepted", "busy_s", "gpu_memory_used_gb",
                  "kv_occupancy", "cost_usd", "quality", "applied", "notes", "prefix_query_tokens",
                  "prefix_hit_tokens", "prefix_cached_blocks")
 
     def __init__(self, t0: float, dt: float, finished: list[RequestRecord] | RequestBatch | None = None,
                  pending: list[RequestRecord] | RequestBatch | None = None,
-                 first_tokens: list[tuple[int, str, float]] | None = None,
-                 itl_samples: list[tuple[float, int]] | None = None, samples: list[ResourceSample] | None = None,
+                 first_tokens: list[tuple[int, str, float]] | FirstTokens | None = None,
+                 itl_samples: list[tuple[float, int]] | ItlSamples | None = None, samples: list[ResourceSample] | None = None,
                  output_tokens: int = 0, prompt_tokens: int = 0, evictions: int = 0, spec_proposed: int = 0,
                  spec_accepted: int = 0, busy_s: float = 0.0, gpu_memory_used_gb: float = 0.0,
                  kv_occupancy: float = 0.0, cost_usd: float = 0.0, quality: float = 1.0,
@@ -121,8 +151,8 @@ class WindowReport:
         self.dt = dt
         self._finished: list[RequestRecord] | RequestBatch = [] if finished is None else finished
         self._pending: list[RequestRecord] | RequestBatch = [] if pending is None else pending
-        self.first_tokens = [] if first_tokens is None else first_tokens
-        self.itl_samples = [] if itl_samples is None else itl_samples
+        self._first_tokens: list[tuple[int, str, float]] | FirstTokens = [] if first_tokens is None else first_tokens
+        self._itl_samples: list[tuple[float, int]] | ItlSamples = [] if itl_samples is None else itl_samples
         self.samples = [] if samples is None else samples
         self.output_tokens = output_tokens
         self.prompt_tokens = prompt_tokens
@@ -157,6 +187,35 @@ class WindowReport:
     @pending.setter
     def pending(self, records: list[RequestRecord] | RequestBatch) -> None:
         self._pending = records
+
+    @property
+    def first_tokens(self) -> list[tuple[int, str, float]]:
+        if isinstance(self._first_tokens, FirstTokens):
+            self._first_tokens = self._first_tokens.triples()
+        return self._first_tokens
+
+    @first_tokens.setter
+    def first_tokens(self, value: list[tuple[int, str, float]] | FirstTokens) -> None:
+        self._first_tokens = value
+
+    @property
+    def itl_samples(self) -> list[tuple[float, int]]:
+        if isinstance(self._itl_samples, ItlSamples):
+            self._itl_samples = self._itl_samples.pairs()
+        return self._itl_samples
+
+    @itl_samples.setter
+    def itl_samples(self, value: list[tuple[float, int]] | ItlSamples) -> None:
+        self._itl_samples = value
+
+    def ttfts(self) -> list[float] | np.ndarray:
+        """The first tokens' ttft_s, in order (an array where they were given as columns)."""
+        ft = self._first_tokens
+        return ft.ttft_s if isinstance(ft, FirstTokens) else [x[2] for x in ft]
+
+    def itl_as_given(self) -> list[tuple[float, int]] | ItlSamples:
+        """The ITL samples as the backend gave them: pairs, or columns (what shared/percentiles.py reads)."""
+        return self._itl_samples
 
     def finished_batch(self) -> RequestBatch:
         return RequestBatch.of(self._finished)

@@ -6,19 +6,20 @@ in the contract so that a backend needs nothing from the environment's core to u
 from __future__ import annotations
 
 import numpy as np
+from llmserve_env.shared.records import ItlSamples
 
 # Below this many samples a sorted Python list beats numpy's per-call overhead (same results).
 _NUMPY_MIN = 128
 
 
-def percentiles(values: list[float], *qs: float) -> list[float]:
+def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
     """numpy's default ("linear") percentiles of `values` (one sort for all), 0.0 for an empty list."""
     n = len(values)
     if n == 0:
         return [0.0] * len(qs)
     if n >= _NUMPY_MIN:
         return [float(x) for x in np.percentile(np.asarray(values, dtype=np.float64), qs)]
-    s = sorted(values)
+    s = sorted(values.tolist() if isinstance(values, np.ndarray) else values)
     out = []
     for q in qs:
         pos = (n - 1) * q / 100.0
@@ -28,27 +29,47 @@ def percentiles(values: list[float], *qs: float) -> list[float]:
     return out
 
 
-def weighted_percentiles(samples: list[tuple[float, int]], *qs: float) -> list[float]:
-    """Percentiles of `samples` expanded (value repeated count times), numpy's linear method."""
+def weighted_percentiles(samples: list[tuple[float, int]] | ItlSamples, *qs: float) -> list[float]:
+    """Percentiles of `samples` expanded (value repeated count times), numpy's linear method. `samples`
+    are (value, count) pairs, or their columns (shared/records.py `ItlSamples`: the same results)."""
+    if isinstance(samples, ItlSamples):
+        if len(samples) < _NUMPY_MIN:
+            return _weighted_few(samples.pairs(), qs)
+        return _weighted_many(samples.gap_s, samples.count, int(samples.count.sum()), qs)
+    if len(samples) < _NUMPY_MIN:
+        return _weighted_few(samples, qs)
+    total = 0
+    for _, c in samples:
+        total += c
+    arr = np.asarray(samples, dtype=np.float64)
+    return _weighted_many(arr[:, 0], arr[:, 1], total, qs)
+
+
+def _weighted_many(values: np.ndarray, counts: np.ndarray, total: int, qs: tuple[float, ...]) -> list[float]:
+    """`weighted_percentiles` by numpy: a stable sort by value and the counts' running sum."""
+    if total <= 0:
+        return [0.0] * len(qs)
+    order = np.argsort(values, kind="stable")
+    vals = values[order]
+    cum = np.cumsum(counts[order])  # whole counts: the same sums as floats or as integers
+    out = []
+    for q in qs:
+        pos = (total - 1) * q / 100.0
+        lo = int(pos)
+        # the k-th expanded value (0-based) is the first whose cumulative count exceeds k
+        v_lo = vals[int(np.searchsorted(cum, lo + 1))]
+        v_hi = vals[int(np.searchsorted(cum, min(lo + 1, total - 1) + 1))]
+        out.append(float(v_lo + (v_hi - v_lo) * (pos - lo)))
+    return out
+
+
+def _weighted_few(samples: list[tuple[float, int]], qs: tuple[float, ...]) -> list[float]:
+    """`weighted_percentiles` of a few pairs: a sorted Python list walked once per percentile."""
     total = 0
     for _, c in samples:
         total += c
     if total <= 0:
         return [0.0] * len(qs)
-    if len(samples) >= _NUMPY_MIN:
-        arr = np.asarray(samples, dtype=np.float64)
-        order = np.argsort(arr[:, 0], kind="stable")
-        vals = arr[order, 0]
-        cum = np.cumsum(arr[order, 1])
-        out = []
-        for q in qs:
-            pos = (total - 1) * q / 100.0
-            lo = int(pos)
-            # the k-th expanded value (0-based) is the first whose cumulative count exceeds k
-            v_lo = vals[int(np.searchsorted(cum, lo + 1))]
-            v_hi = vals[int(np.searchsorted(cum, min(lo + 1, total - 1) + 1))]
-            out.append(float(v_lo + (v_hi - v_lo) * (pos - lo)))
-        return out
     s = sorted(samples)
     out = []
     for q in qs:

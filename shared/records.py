@@ -1,4 +1,5 @@
-"""A request's record (`RequestRecord`), and many of them as columns (`RequestBatch`).
+"""A request's record (`RequestRecord`), and many of them as columns (`RequestBatch`); a window's first tokens
+and inter-token gaps as columns (`FirstTokens`, `ItlSamples`).
 
 `RequestRecord` is what happened to one request, as both backends report it (shared/backend.py's
 `WindowReport` carries them). `RequestBatch` is the simulator's shape of many: a `WindowReport`'s
@@ -156,3 +157,67 @@ class RequestBatch:
 
 def _nones(values: list[float]) -> list[float | None]:
     return [None if x != x else x for x in values]
+
+
+@dataclass(slots=True)
+class FirstTokens:
+    """A window's first tokens as columns: `WindowReport.first_tokens`' (request_id, tenant, ttft_s from
+    arrival) triples, one array each (tenant names in an object array). The compiled simulator hands
+    them over this way; a reader of the report's list gets the triples."""
+
+    request_id: np.ndarray
+    tenant: np.ndarray
+    ttft_s: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ttft_s)
+
+    @classmethod
+    def of(cls, triples: list[tuple[int, str, float]] | FirstTokens) -> FirstTokens:
+        if isinstance(triples, FirstTokens):
+            return triples
+        return cls(np.array([x[0] for x in triples], dtype=np.int64), np.array([x[1] for x in triples], dtype=object),
+                   np.array([x[2] for x in triples], dtype=np.float64))
+
+    @classmethod
+    def concat(cls, parts: Iterable[list[tuple[int, str, float]] | FirstTokens]) -> FirstTokens:
+        got = [cls.of(p) for p in parts]
+        if len(got) == 1:
+            return got[0]
+        if not got:
+            return cls.of([])
+        return cls(*(np.concatenate([getattr(g, c) for g in got]) for c in ("request_id", "tenant", "ttft_s")))
+
+    def triples(self) -> list[tuple[int, str, float]]:
+        return list(zip(self.request_id.tolist(), self.tenant.tolist(), self.ttft_s.tolist(), strict=True))
+
+
+@dataclass(slots=True)
+class ItlSamples:
+    """A window's inter-token-latency samples as columns: `WindowReport.itl_samples`' (gap_s, count) pairs,
+    one array each. The compiled simulator hands them over this way (one per batched iteration); a
+    reader of the report's list gets the pairs."""
+
+    gap_s: np.ndarray
+    count: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.gap_s)
+
+    @classmethod
+    def of(cls, pairs: list[tuple[float, int]] | ItlSamples) -> ItlSamples:
+        if isinstance(pairs, ItlSamples):
+            return pairs
+        return cls(np.array([x[0] for x in pairs], dtype=np.float64), np.array([x[1] for x in pairs], dtype=np.int64))
+
+    @classmethod
+    def concat(cls, parts: Iterable[list[tuple[float, int]] | ItlSamples]) -> ItlSamples:
+        got = [cls.of(p) for p in parts]
+        if len(got) == 1:
+            return got[0]
+        if not got:
+            return cls.of([])
+        return cls(np.concatenate([g.gap_s for g in got]), np.concatenate([g.count for g in got]))
+
+    def pairs(self) -> list[tuple[float, int]]:
+        return list(zip(self.gap_s.tolist(), self.count.tolist(), strict=True))

@@ -58,7 +58,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import numpy as np
-from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.backend import Arrival, new_arrival
 from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.prefix import (
     MultiTurnSpec,
@@ -263,7 +263,7 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         sl = _trace_slice(task, t_rng)
         tenant = task.tenants[0]
         out = [
-            Arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
+            new_arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
             for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
                                               sl.output_tokens.tolist(), strict=True))
         ]
@@ -309,7 +309,7 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         output[mask] = _lognormal_tokens(len_rng, m, tenant.output_tokens, tenant.output_clip)
     tenants = task.tenants
     return [
-        Arrival(i, t, p, o, tenants[k].name, tenants[k].priority)
+        new_arrival(i, t, p, o, tenants[k].name, tenants[k].priority)
         for i, (t, p, o, k) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), who.tolist(),
                                              strict=True))
     ]
@@ -342,7 +342,7 @@ def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window
         win.sort()
         arrivals = []
         for t, i, pp, oo in win:
-            arrivals.append(Arrival(next_id, t, pp, oo, names[i], task.tenants[i].priority))
+            arrivals.append(new_arrival(next_id, t, pp, oo, names[i], task.tenants[i].priority))
             next_id += 1
         out.append(arrivals)
     return out

@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llmserve_env.shared import records as rb
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
-from llmserve_env.shared.records import RequestBatch
+from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.sim import compiled_core as cc
 from llmserve_env.sim.engine import (
     SAMPLES_PER_WINDOW,
     Engine,
     WindowMeasurements,
     acceptance_rate,
-    acceptance_rates,
+    tenant_acceptance_rates,
 )
 from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
@@ -236,7 +236,8 @@ class ArrayEngine:
         self.kv.configure(self.profile, tier, depth > 0, kv_fraction)
         SI[cc.SI_CAP] = batch_cap
         SI[cc.SI_KVTOT] = self.kv.total
-        cc.reprioritise(self.F, self.Ix, SI, self.C, int(priority_routing))
+        if int(priority_routing) != SI[cc.SI_PR]:  # (the kernel checks too: this saves the call)
+            cc.reprioritise(self.F, self.Ix, SI, self.C, int(priority_routing))
         if split != self.split:
             if split:
                 SF[cc.SF_PCLOCK] = SF[cc.SF_DCLOCK] = SF[cc.SF_CLOCK]
@@ -293,16 +294,20 @@ class ArrayEngine:
         SF[cc.SF_T0], SF[cc.SF_DT] = t0, dt
         SF[cc.SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
         if arrivals:
-            self._add(arrivals, acceptance_rates(self.profile, self.rng, arrivals))
+            self._add(arrivals)
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         SF[cc.SF_BUSY] = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
         return None
 
-    def _add(self, arrivals: list[Arrival], accepts: np.ndarray) -> None:
+    def _add(self, arrivals: list[Arrival], accepts: np.ndarray | None = None) -> None:
+        """Rows for `arrivals`, with their acceptance rates (drawn here for a window's arrivals at once)."""
         n0 = int(self.SI[cc.SI_NREQ])
         n = len(arrivals)
         self._grow(n0 + n)
+        tenants = [a.tenant for a in arrivals]
+        if accepts is None:
+            accepts = tenant_acceptance_rates(self.profile, self.rng, tenants)
         F, Ix = self.F, self.Ix
         rows = slice(n0, n0 + n)
         F[rows, cc.F_ARR] = [a.arrival_s for a in arrivals]
@@ -313,7 +318,7 @@ class ArrayEngine:
         Ix[rows, cc.I_PROMPT] = prompts
         Ix[rows, cc.I_PTGT] = prompts
         Ix[rows, cc.I_TARGET] = [a.output_tokens for a in arrivals]
-        self.tenants[rows] = [a.tenant for a in arrivals]
+        self.tenants[rows] = tenants
         self.SI[cc.SI_NREQ] = n0 + n
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
@@ -433,12 +438,10 @@ class ArrayEngine:
         acc = WindowMeasurements()
         acc.finished = self._finished(self.fin_out[:SI[cc.SI_NFIN]])
         n = int(SI[cc.SI_NFT])
-        if n:
-            rows = self.ft_idx[:n]
-            acc.first_tokens = list(zip(self.Ix[rows, cc.I_RID].tolist(), self.tenants[rows].tolist(),
-                                        self.ft_val[:n].tolist(), strict=True))
+        rows = self.ft_idx[:n]
+        acc.first_tokens = FirstTokens(self.Ix[rows, cc.I_RID], self.tenants[rows], self.ft_val[:n].copy())
         m = int(SI[cc.SI_NITL])
-        acc.itl = list(zip(self.itl_v[:m].tolist(), self.itl_n[:m].tolist(), strict=True))
+        acc.itl = ItlSamples(self.itl_v[:m].copy(), self.itl_n[:m].astype(np.int64))
         acc.samples = self.samples
         acc.output_tokens = int(SI[cc.SI_OUT_TOK])
         acc.prompt_tokens = int(SI[cc.SI_PROMPT_TOK])
@@ -502,4 +505,8 @@ def warm() -> None:
             eng.add_arrival(Arrival(100, 1.5, 100, 10, priority=0))
             eng.outstanding_tokens()
         eng.end_window()
+    from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
+
+    one = np.ones(2)
+    route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
     _WARM = True

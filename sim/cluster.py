@@ -70,14 +70,17 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+import numpy as np
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
-from llmserve_env.shared.records import RequestBatch
+from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.shared.routing import least_outstanding, total_outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.backend import _models_for
+from llmserve_env.sim.compiled_core import HAVE_NUMBA
+from llmserve_env.sim.compiled_routing import route_least_work
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
@@ -219,6 +222,8 @@ class ClusterBackend:
         # every ready replica takes every arrival when all were ready by the first one (the usual case)
         first = min((a.arrival_s for a in arrivals), default=0.0)
         everyone = bool(ready) and all(r.ready_s <= first for r in ready)
+        if everyone and affinity is None and HAVE_NUMBA:
+            return self._route_compiled(arrivals, ready, routed)
         for a in arrivals:
             t = a.arrival_s
             eligible = ready if everyone else self._eligible(ready, a)
@@ -230,6 +235,26 @@ class ClusterBackend:
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
+        return routed
+
+    @staticmethod
+    def _route_compiled(arrivals: list[Arrival], ready: list[Replica],
+                        routed: dict[int, list[Arrival]]) -> dict[int, list[Arrival]]:
+        """`_route`'s loop when every ready replica takes every arrival and no affinity is set, compiled
+        (sim/compiled_routing.py): the same routes and estimates."""
+        n = len(arrivals)
+        cols = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in arrivals], dtype=np.float64)
+        cols = cols.reshape(n, 3)
+        est_work = np.array([r.est_work for r in ready], dtype=np.float64)
+        est_t = np.array([r.est_t for r in ready], dtype=np.float64)
+        rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
+        choice = np.empty(n, dtype=np.int64)
+        route_least_work(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(), est_work, est_t, rate, choice)
+        lists = [routed[r.index] for r in ready]
+        for a, i in zip(arrivals, choice.tolist(), strict=True):
+            lists[i].append(a)
+        for i in np.unique(choice).tolist():  # the replicas that took an arrival
+            ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
         return routed
 
     def _eligible(self, ready: list[Replica], a: Arrival) -> list[Replica]:
@@ -320,6 +345,8 @@ class ClusterBackend:
         # converted once), joined in replica order
         finished: list[RequestBatch] = []
         pendings: list[RequestBatch] = []
+        first_tokens: list[list[tuple[int, str, float]] | FirstTokens] = []
+        itl: list[list[tuple[float, int]] | ItlSamples] = []
         if lost or self._unrouted:
             finished.append(RequestBatch.from_records(lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                                   a.output_tokens, status="rejected", finish_s=a.arrival_s,
@@ -339,8 +366,8 @@ class ClusterBackend:
             pending = RequestBatch.of(got)
             finished.append(RequestBatch.of(acc.finished))
             pendings.append(pending)
-            rep.first_tokens += acc.first_tokens
-            rep.itl_samples += acc.itl
+            first_tokens.append(acc.first_tokens)
+            itl.append(acc.itl)
             rep.samples += acc.samples
             rep.output_tokens += acc.output_tokens
             rep.prompt_tokens += acc.prompt_tokens
@@ -365,6 +392,7 @@ class ClusterBackend:
             if r.state == DRAINING and not pending:
                 r.state, r.gone_s, r.engine = GONE, t1, None
         rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
+        rep.first_tokens, rep.itl_samples = FirstTokens.concat(first_tokens), ItlSamples.concat(itl)
         rep.spec_accepted = int(round(spec_accepted))
         rep.kv_occupancy = used_total / blocks_total if blocks_total else 0.0
         billed = sum(r.billed_s(t0, t1) for r in self.replicas)

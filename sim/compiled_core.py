@@ -20,23 +20,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from llmserve_env.shared.jit import HAVE_NUMBA, njit  # noqa: F401 - HAVE_NUMBA: the wrapper asks here
 from llmserve_env.sim.engine import steps_to_cover as engine_steps_to_cover
-
-try:  # numba is optional (the `fast` extra): without it the Python engine serves
-    from numba import njit as _njit
-
-    def njit(fn):
-        try:  # cached on disk where numba finds a folder it may write (beside this file, NUMBA_CACHE_DIR, home)
-            return _njit(cache=True, nogil=True)(fn)
-        except RuntimeError:  # "no locator available": a read-only install with no writable home; compile per process
-            return _njit(nogil=True)(fn)
-
-    HAVE_NUMBA = True
-except ImportError:  # pragma: no cover - exercised where numba is not installed
-    HAVE_NUMBA = False
-
-    def njit(fn):
-        return fn
 
 INF = math.inf
 BLOCK = 16  # shared/admission.py KV_BLOCK_TOKENS

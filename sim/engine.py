@@ -62,7 +62,7 @@ from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
 if TYPE_CHECKING:
     from llmserve_env.shared.models import ServeAction
-    from llmserve_env.shared.records import RequestBatch
+    from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2
@@ -80,8 +80,17 @@ def tokens_per_step(accept: float, depth: int) -> float:
 def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: list[Arrival]) -> np.ndarray:
     """Each arrival's speculative acceptance rate, drawn from the engine's stream for every arrival whatever
     the policy (so the stream never depends on actions): Beta around its tenant's mean."""
-    mean_of = {t: profile.acceptance_mean(t) for t in {a.tenant for a in arrivals}}
-    means = np.array([mean_of[a.tenant] for a in arrivals])
+    return tenant_acceptance_rates(profile, rng, [a.tenant for a in arrivals])
+
+
+def tenant_acceptance_rates(profile: Profile, rng: np.random.Generator, tenants: list[str]) -> np.ndarray:
+    """`acceptance_rates` of arrivals from these tenants, in order."""
+    names = set(tenants)
+    if len(names) == 1:  # one tenant (most windows of most tasks): the same means, without a lookup each
+        means = np.full(len(tenants), profile.acceptance_mean(names.pop()))
+    else:
+        mean_of = {t: profile.acceptance_mean(t) for t in names}
+        means = np.array([mean_of[t] for t in tenants])
     kappa = profile.spec_concentration
     return rng.beta(means * kappa, (1.0 - means) * kappa)
 
@@ -119,8 +128,8 @@ class WindowMeasurements:
 
     def __init__(self) -> None:
         self.finished: list[RequestRecord] | RequestBatch = []  # ArrayEngine: columns
-        self.first_tokens: list[tuple[int, str, float]] = []
-        self.itl: list[tuple[float, int]] = []
+        self.first_tokens: list[tuple[int, str, float]] | FirstTokens = []  # ArrayEngine: columns
+        self.itl: list[tuple[float, int]] | ItlSamples = []  # ArrayEngine: columns
         self.samples: list[ResourceSample] = []
         self.output_tokens = 0
         self.prompt_tokens = 0
@@ -588,11 +597,11 @@ class Engine:
         rec = r.rec
         if rec.first_token_s is None:
             rec.first_token_s = t
-            self.acc.first_tokens.append((r.rid, r.tenant, t - r.arrival))
+            cast(list, self.acc.first_tokens).append((r.rid, r.tenant, t - r.arrival))
             r.progress = 1.0
         else:
             r.progress = float(int(r.progress) + 1)
-            self.acc.itl.append((t - r.last_emit_s, 1))
+            cast(list, self.acc.itl).append((t - r.last_emit_s, 1))
         r.last_emit_s = t
         if r.progress >= r.target:
             if r.pkeys:
@@ -804,14 +813,14 @@ class Engine:
             nf = len(self.fresh)
             t_first_end = t_new - total + first
             for r in self.fresh:
-                acc.itl.append((t_first_end - r.last_emit_s, 1))
+                cast(list, acc.itl).append((t_first_end - r.last_emit_s, 1))
             if n > nf:
-                acc.itl.append((first, n - nf))
+                cast(list, acc.itl).append((first, n - nf))
             if k > 1:
-                acc.itl.append(((total - first) / (k - 1), n * (k - 1)))
+                cast(list, acc.itl).append(((total - first) / (k - 1), n * (k - 1)))
             self.fresh.clear()
         else:
-            acc.itl.append((total / k, n * k))
+            cast(list, acc.itl).append((total / k, n * k))
 
     def _preempt_for_growth(self, t: float) -> bool:
         """Preempt in victim order until the decoding requests' next iteration fits; True if any was.
@@ -869,7 +878,7 @@ class Engine:
             if g:
                 acc.spec_proposed += g * n * k
                 acc.spec_accepted += k * (per_iter - n)
-            acc.itl.append((total / k, n * k))
+            cast(list, acc.itl).append((total / k, n * k))
         if h and h[0][0] <= self.decode_iter:
             self._finish_due(t_new)
         return t_new

@@ -11,6 +11,21 @@ from __future__ import annotations
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS
 from llmserve_env.sim.profiles import GIB, Profile
 
+# (profile, block bytes, KV capacity GiB at a budget of 1, weights GiB) per (profile object, tier, speculation):
+# a policy may change every window, and the sizes are pure functions of a (frozen) profile. Keyed by the
+# profile's id, the profile kept beside them (a new object at a reused id is recomputed).
+_SIZES: dict[tuple[int, str, bool], tuple[Profile, float, float, float]] = {}
+
+
+def _sizes(profile: Profile, tier: str, speculation: bool) -> tuple[Profile, float, float, float]:
+    key = (id(profile), tier, speculation)
+    got = _SIZES.get(key)
+    if got is None or got[0] is not profile:
+        per_token = profile.kv_bytes_per_token(speculation, tier)  # the tier's KV dtype
+        got = _SIZES[key] = (profile, per_token * KV_BLOCK_TOKENS, profile.kv_capacity_gib(tier, speculation),
+                             profile.weights_gib(tier, speculation))
+    return got
+
 
 class KVCache:
     __slots__ = ("total", "used_fixed", "block_bytes", "weights_gib", "gpus")
@@ -24,11 +39,11 @@ class KVCache:
 
     def configure(self, profile: Profile, tier: str, speculation: bool, kv_budget_fraction: float) -> None:
         """Resize the pool for a policy (blocks in use are kept; the engine preempts if they no longer fit)."""
-        per_token = profile.kv_bytes_per_token(speculation, tier)  # the tier's KV dtype
-        self.block_bytes = per_token * KV_BLOCK_TOKENS
-        cap_bytes = kv_budget_fraction * profile.kv_capacity_gib(tier, speculation) * GIB
-        self.total = max(1, int(cap_bytes // self.block_bytes))
-        self.weights_gib = profile.weights_gib(tier, speculation)
+        _, block_bytes, capacity_gib, weights_gib = _sizes(profile, tier, speculation)
+        self.block_bytes = block_bytes
+        cap_bytes = kv_budget_fraction * capacity_gib * GIB
+        self.total = max(1, int(cap_bytes // block_bytes))
+        self.weights_gib = weights_gib
         self.gpus = profile.tp
 
     def memory_gib(self, blocks_used: int) -> float:

@@ -16,7 +16,7 @@ import pytest
 from golden import episode_digest
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
-from llmserve_env.shared.records import RequestBatch
+from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim import array_engine, compiled_core
@@ -40,6 +40,10 @@ def plain(x):
     requests as columns read as the records they stand for."""
     if isinstance(x, RequestBatch):
         return plain(x.records())
+    if isinstance(x, FirstTokens):
+        return plain(x.triples())
+    if isinstance(x, ItlSamples):
+        return plain(x.pairs())
     if isinstance(x, WindowReport):
         return plain(x.to_dict())
     if dataclasses.is_dataclass(x) and not isinstance(x, type):

@@ -183,3 +183,32 @@ def test_trace_replay_can_be_a_cluster_task(tmp_path):
     from llmserve_env.core.grader import grade_episode
 
     assert 0.0 <= grade_episode(ep.episode_log()).score <= 1.0
+
+
+def test_the_compiled_router_routes_as_the_python_loop(monkeypatch):
+    """sim/compiled_routing.py is `_route`'s loop over arrays: with it and without it (the loop numba's absence
+    leaves) a day of changing replica counts gives the same reports and the same router estimates."""
+    import random
+
+    from llmserve_env.shared.workloads import windows
+    from llmserve_env.sim import cluster as cluster_mod
+
+    task = short(DIURNAL, 16)
+    wins = windows(generate_arrivals(task, 3), task)
+    rng = random.Random(3)
+    actions = [with_replicas(rng.randint(1, 8)) for _ in wins]
+
+    def run(compiled: bool) -> list:
+        monkeypatch.setattr(cluster_mod, "HAVE_NUMBA", compiled)
+        backend = cluster_mod.ClusterBackend(task.profile, replicas=task.replicas, initial=task.initial_replicas)
+        backend.reset(3)
+        out = []
+        for k, (w, a) in enumerate(zip(wins, actions, strict=True)):
+            rep = backend.run_window(a, w, k * task.window_s, task.window_s)
+            out.append((json.dumps(rep.to_dict(), sort_keys=True, default=repr),
+                        [(r.index, r.est_work, r.est_t) for r in backend.replicas]))
+        return out
+
+    compiled, python = run(True), run(False)
+    assert compiled == python
+    assert sum(len(json.loads(r)["finished"]) for r, _ in python) > 500  # a real day was served

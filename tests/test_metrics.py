@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 
 import numpy as np
 import pytest
@@ -228,25 +227,32 @@ def test_every_arrival_settled_exactly_once_under_random_backends():
         assert met + missed == total_arrived
 
 
-def test_observe_is_fast():
-    """The RL inner loop calls this every step: ~20 requests and ~100 ITL groups per window."""
+def test_observe_reads_columns_without_building_objects(monkeypatch):
+    """The RL inner loop calls this every step (its speed is bench/sim_speed.py's and bench/train_speed.py's
+    to measure): a report whose requests, first tokens and ITL samples come as columns (the compiled
+    simulator's shape) is observed without turning them back into records, triples or pairs, and gives
+    the metrics the lists give."""
+    from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
+
     task = TASKS["static_workload"]
-    windows = []
-    rid = 0
-    for k in range(400):
-        arrs = [Arrival(rid + i, k + 0.04 * i, 256, 128, "chat", 1) for i in range(20)]
-        fin = [record(a, dispatch=a.arrival_s, first=a.arrival_s + 0.05, finish=a.arrival_s + 0.9) for a in arrs[:18]]
-        pend = [record(a, status="running", dispatch=a.arrival_s, first=a.arrival_s + 0.05) for a in arrs[18:]]
-        rep = report(float(k), finished=fin, pending=pend, first_tokens=[(a.request_id, "chat", 0.05) for a in arrs],
-                     itl=[(0.008 + 1e-5 * j, 12) for j in range(100)], output_tokens=2500)
-        windows.append((rep, arrs))
-        rid += 20
-    tr = MetricsTracker(task)
-    t0 = time.perf_counter()
-    for rep, arrs in windows:
-        tr.observe(rep, arrs)
-    per_window_us = (time.perf_counter() - t0) / len(windows) * 1e6
-    assert per_window_us < 250, f"{per_window_us:.0f} us per window"
+    arrs = [Arrival(i, 0.04 * i, 256, 128, "chat", 1) for i in range(200)]
+    fin = [record(a, dispatch=a.arrival_s, first=a.arrival_s + 0.05, finish=a.arrival_s + 0.9) for a in arrs[:180]]
+    pend = [record(a, status="running", dispatch=a.arrival_s, first=a.arrival_s + 0.05) for a in arrs[180:]]
+    firsts = [(a.request_id, "chat", 0.05 + 1e-4 * a.request_id) for a in arrs]
+    for n_itl in (100, 300):  # below and above percentiles' numpy threshold
+        itl = [(0.008 + 1e-5 * (j % 37), 1 + j % 12) for j in range(n_itl)]
+        want = MetricsTracker(task).observe(report(0.0, finished=fin, pending=pend, first_tokens=firsts, itl=itl,
+                                                   output_tokens=2500), arrs)
+        columns = WindowReport(t0=0.0, dt=1.0, finished=RequestBatch.from_records(fin),
+                               pending=RequestBatch.from_records(pend), first_tokens=FirstTokens.of(firsts),
+                               itl_samples=ItlSamples.of(itl), output_tokens=2500)
+        with monkeypatch.context() as m:
+            m.setattr(RequestBatch, "records", lambda self: pytest.fail("observe built records"))
+            m.setattr(FirstTokens, "triples", lambda self: pytest.fail("observe built triples"))
+            if n_itl >= 128:  # fewer samples are sorted as pairs (shared/percentiles.py), as a list would be
+                m.setattr(ItlSamples, "pairs", lambda self: pytest.fail("observe built pairs"))
+            got = MetricsTracker(task).observe(columns, arrs)
+        assert got == want
 
 
 @pytest.mark.parametrize("columns", [False, True])

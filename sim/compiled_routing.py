@@ -1,0 +1,38 @@
+"""The cluster's estimated router (sim/cluster.py `_route`) compiled: one call routes a window's arrivals.
+
+The rule is shared/routing.py's `least_outstanding` over each replica's estimated work at the arrival's
+time (`Replica.work_at`), ties to the lowest index; the replica chosen then holds that work plus the
+arrival's prompt and output tokens. Here it runs over arrays, with the same float operations in the same
+order (no fastmath), so the routes and the estimates are bit-identical to the Python loop's; the cluster
+uses it where numba imports and every ready replica takes every arrival with no cache affinity (the
+usual window). Without numba, `njit` is the identity and the cluster keeps its Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llmserve_env.shared.jit import njit
+
+
+@njit
+def route_least_work(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, est_work: np.ndarray, est_t: np.ndarray,
+                     rate: np.ndarray, choice: np.ndarray) -> None:
+    """Arrival j goes to replica choice[j]: the least work at arrival_s[j] (est_work - rate x elapsed, at
+    least 0); that replica's est_work becomes its work plus prompt[j], plus output[j] (added in
+    that order, as the Python loop adds them) and its est_t arrival_s[j]. est_work and est_t are updated in place."""
+    k = est_work.shape[0]
+    for j in range(arrival_s.shape[0]):
+        t = arrival_s[j]
+        best = 0
+        bw = est_work[0] - rate[0] * (t - est_t[0])
+        if not bw > 0.0:
+            bw = 0.0
+        for i in range(1, k):
+            w = est_work[i] - rate[i] * (t - est_t[i])
+            if not w > 0.0:
+                w = 0.0
+            if w < bw:
+                best, bw = i, w
+        est_work[best] = (bw + prompt[j]) + output[j]
+        est_t[best] = t
+        choice[j] = best
