@@ -146,6 +146,14 @@ def _floor_met(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, te
             met[k] += 1
 
 
+def warm() -> None:
+    """Compile (or load from numba's cache) the floor's kernel before the first episode starts (both modes
+    compute the references at reset)."""
+    one = np.ones(1)
+    _floor_met(one, one, one, np.zeros(1, dtype=np.int64), one, one, 0.01, 1e4, 10.0, 1, SLO_EPS_S,
+               np.zeros(1, dtype=np.int64))
+
+
 def _serial_floor(task: TaskSpec, cols: _Columns, cap: ProfileCapacity) -> dict[str, int]:
     # task.floor_replicas naive servers (1 on single-server tasks), each request to the first one free
     met = np.zeros(len(task.tenants), dtype=np.int64)

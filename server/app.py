@@ -126,6 +126,9 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # adds the ones only a runner can enforce (request-head timeout, connection cap).
     raise_open_file_limit()
     bound_logs()
+    from llmserve_env.core.grader import warm as warm_grader
+
+    warm_grader()  # the references' compiled kernel (core/grader.py), before the first reset
     if config.mode == "sim":
         # the simulator's compiled engine (sim/array_engine.py): compiled, or loaded from numba's cache, before
         # the first step rather than during it

@@ -72,9 +72,10 @@ _NEW = object.__new__
 
 
 def new_arrival(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, tenant: str,
-                priority: int) -> Arrival:
-    """`Arrival(request_id, arrival_s, prompt_tokens, output_tokens, tenant, priority)` (no prefix ids), built
-    without the frozen dataclass's per-field `object.__setattr__` calls: for the workload generators' bulk."""
+                priority: int, prefix_ids: tuple[int, ...] | None = None, prefix_block_tokens: int = 0) -> Arrival:
+    """`Arrival(request_id, arrival_s, prompt_tokens, output_tokens, tenant, priority, prefix_ids,
+    prefix_block_tokens)`, built without the frozen dataclass's per-field `object.__setattr__` calls: for the
+    workload generators' bulk (no validation there either: the callers pass the fields' types)."""
     a = _NEW(Arrival)
     _SET_ID(a, request_id)
     _SET_T(a, arrival_s)
@@ -82,8 +83,8 @@ def new_arrival(request_id: int, arrival_s: float, prompt_tokens: int, output_to
     _SET_O(a, output_tokens)
     _SET_TENANT(a, tenant)
     _SET_PRIO(a, priority)
-    _SET_IDS(a, None)
-    _SET_UNIT(a, 0)
+    _SET_IDS(a, prefix_ids)
+    _SET_UNIT(a, prefix_block_tokens)
     return a
 
 

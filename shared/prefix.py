@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import numpy as np
-from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.backend import Arrival, new_arrival
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.traces import (
     MAX_REQUEST_TOKENS,
@@ -393,8 +393,8 @@ def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, 
         if ids is not None and own is not None:
             n_sys, shift = own
             ids = tuple(i + shift if i >> 32 >= n_sys else i for i in ids)
-        out.append(Arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
-                           a.priority, ids, a.prefix_block_tokens))
+        out.append(new_arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
+                               a.priority, ids, a.prefix_block_tokens))
     return out
 
 
