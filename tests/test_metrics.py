@@ -50,6 +50,22 @@ def test_percentiles_match_numpy():
     assert percentiles([], 50, 99) == [0.0, 0.0]
 
 
+def test_percentiles_of_many_are_numpys_bit_for_bit():
+    """From _NUMPY_MIN values on, numpy's linear method is computed on a sorted array: exactly np.percentile's
+    value (ties, negative and huge values, every weight of the lerp, the bounds), NaN left to numpy."""
+    from llmserve_env.shared.percentiles import _NUMPY_MIN
+
+    rng = np.random.default_rng(7)
+    qs = (0, 0.5, 1, 5, 25, 33.3, 50, 66.7, 75, 90, 95, 99, 99.9, 100)
+    for n in (_NUMPY_MIN, _NUMPY_MIN + 1, 200, 257, 1000, 4099):
+        for vals in (rng.exponential(0.05, n), rng.normal(0.0, 1e6, n), rng.integers(0, 5, n).astype(float),
+                     np.full(n, 0.125), rng.lognormal(-3.0, 2.0, n)):
+            assert percentiles(vals.tolist(), *qs) == np.percentile(vals, qs).tolist()
+            assert percentiles(vals, *qs) == np.percentile(vals, qs).tolist()
+    with_nan = np.append(rng.random(300), np.nan)
+    assert all(x != x for x in percentiles(with_nan, 50, 99))
+
+
 def test_weighted_percentile_matches_expanded_numpy():
     rng = np.random.default_rng(1)
     for n in (1, 2, 5, 40, 127, 128, 300):
