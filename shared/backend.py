@@ -129,9 +129,8 @@ class WindowReport:
     `finished` and `pending` may be given as lists of records or as `RequestBatch`es (the compiled
     simulator's columns), `first_tokens` and `itl_samples` as lists or as `FirstTokens` / `ItlSamples`
     columns: to a reader they are always lists, built from the columns the first time they are read
-    (and the list is the truth from then on); `finished_batch()`, `pending_batch()`,
-    `first_token_columns()` and `itl_columns()` give the columns without building a Python object per
-    entry, what the metrics read.
+    (and the list is the truth from then on); `finished_batch()`, `pending_batch()`, `ttfts()` and
+    `itl_as_given()` give them without building a Python object per entry, what the metrics read.
     """
 
     __slots__ = ("t0", "dt", "_finished", "_pending", "_first_tokens", "_itl_samples", "samples", "output_tokens",
@@ -192,7 +191,7 @@ class WindowReport:
     @property
     def first_tokens(self) -> list[tuple[int, str, float]]:
         if isinstance(self._first_tokens, FirstTokens):
-            self._first_tokens = self._first_tokens.triples()
+            self._first_tokens = self._first_tokens.rows()
         return self._first_tokens
 
     @first_tokens.setter
@@ -202,7 +201,7 @@ class WindowReport:
     @property
     def itl_samples(self) -> list[tuple[float, int]]:
         if isinstance(self._itl_samples, ItlSamples):
-            self._itl_samples = self._itl_samples.pairs()
+            self._itl_samples = self._itl_samples.rows()
         return self._itl_samples
 
     @itl_samples.setter

@@ -43,8 +43,6 @@ def _numpy_linear(s: np.ndarray, q: float) -> float:
     virtual = (n - 1) * (q / 100.0)
     if virtual >= n - 1:
         return float(s[-1])
-    if virtual < 0:
-        return float(s[0])
     lo = math.floor(virtual)
     a, b = s[lo], s[lo + 1]
     t = virtual - lo
@@ -57,7 +55,7 @@ def weighted_percentiles(samples: list[tuple[float, int]] | ItlSamples, *qs: flo
     are (value, count) pairs, or their columns (shared/records.py `ItlSamples`: the same results)."""
     if isinstance(samples, ItlSamples):
         if len(samples) < _NUMPY_MIN:
-            return _weighted_few(samples.pairs(), qs)
+            return _weighted_few(samples.rows(), qs)
         return _weighted_many(samples.gap_s, samples.count, int(samples.count.sum()), qs)
     if len(samples) < _NUMPY_MIN:
         return _weighted_few(samples, qs)

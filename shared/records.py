@@ -17,7 +17,8 @@ not finished). Status is a code into `STATUSES`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import ClassVar, Self
 
 import numpy as np
 
@@ -159,65 +160,59 @@ def _nones(values: list[float]) -> list[float | None]:
     return [None if x != x else x for x in values]
 
 
+class _Rows:
+    """Rows given as columns, one array per field (a slotted dataclass's fields, in order, with `_DTYPES`):
+    built from tuples (`of`), joined (`concat`), read back as tuples (`rows`)."""
+
+    __slots__ = ()
+    _DTYPES: ClassVar[tuple[type, ...]]
+
+    def __len__(self) -> int:
+        return len(getattr(self, fields(self)[0].name))  # type: ignore[arg-type]
+
+    @classmethod
+    def of(cls, rows: list[tuple] | Self) -> Self:
+        if not isinstance(rows, list):
+            return rows
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(cls._DTYPES)
+        return cls(*(np.array(c, dtype=d) for c, d in zip(columns, cls._DTYPES, strict=True)))
+
+    @classmethod
+    def concat(cls, parts: Iterable[list[tuple] | Self]) -> list[tuple] | Self:
+        """The parts joined in order: a list where every part is one (the Python engine's and the gateway's
+        lists stay lists), else columns."""
+        got = list(parts)
+        lists = [p for p in got if isinstance(p, list)]
+        if len(lists) == len(got):
+            return [row for p in lists for row in p]
+        if len(got) == 1:
+            return got[0]
+        cols = [cls.of(p) for p in got]
+        names = [f.name for f in fields(cls)]  # type: ignore[arg-type]
+        return cls(*(np.concatenate([getattr(c, n) for c in cols]) for n in names))
+
+    def rows(self) -> list[tuple]:
+        return list(zip(*(getattr(self, f.name).tolist() for f in fields(self)), strict=True))  # type: ignore[arg-type]
+
+
 @dataclass(slots=True)
-class FirstTokens:
+class FirstTokens(_Rows):
     """A window's first tokens as columns: `WindowReport.first_tokens`' (request_id, tenant, ttft_s from
     arrival) triples, one array each (tenant names in an object array). The compiled simulator hands
     them over this way; a reader of the report's list gets the triples."""
 
+    _DTYPES = (np.int64, object, np.float64)
     request_id: np.ndarray
     tenant: np.ndarray
     ttft_s: np.ndarray
 
-    def __len__(self) -> int:
-        return len(self.ttft_s)
-
-    @classmethod
-    def of(cls, triples: list[tuple[int, str, float]] | FirstTokens) -> FirstTokens:
-        if isinstance(triples, FirstTokens):
-            return triples
-        return cls(np.array([x[0] for x in triples], dtype=np.int64), np.array([x[1] for x in triples], dtype=object),
-                   np.array([x[2] for x in triples], dtype=np.float64))
-
-    @classmethod
-    def concat(cls, parts: Iterable[list[tuple[int, str, float]] | FirstTokens]) -> FirstTokens:
-        got = [cls.of(p) for p in parts]
-        if len(got) == 1:
-            return got[0]
-        if not got:
-            return cls.of([])
-        return cls(*(np.concatenate([getattr(g, c) for g in got]) for c in ("request_id", "tenant", "ttft_s")))
-
-    def triples(self) -> list[tuple[int, str, float]]:
-        return list(zip(self.request_id.tolist(), self.tenant.tolist(), self.ttft_s.tolist(), strict=True))
-
 
 @dataclass(slots=True)
-class ItlSamples:
+class ItlSamples(_Rows):
     """A window's inter-token-latency samples as columns: `WindowReport.itl_samples`' (gap_s, count) pairs,
     one array each. The compiled simulator hands them over this way (one per batched iteration); a
     reader of the report's list gets the pairs."""
 
+    _DTYPES = (np.float64, np.int64)
     gap_s: np.ndarray
     count: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.gap_s)
-
-    @classmethod
-    def of(cls, pairs: list[tuple[float, int]] | ItlSamples) -> ItlSamples:
-        if isinstance(pairs, ItlSamples):
-            return pairs
-        return cls(np.array([x[0] for x in pairs], dtype=np.float64), np.array([x[1] for x in pairs], dtype=np.int64))
-
-    @classmethod
-    def concat(cls, parts: Iterable[list[tuple[float, int]] | ItlSamples]) -> ItlSamples:
-        got = [cls.of(p) for p in parts]
-        if len(got) == 1:
-            return got[0]
-        if not got:
-            return cls.of([])
-        return cls(np.concatenate([g.gap_s for g in got]), np.concatenate([g.count for g in got]))
-
-    def pairs(self) -> list[tuple[float, int]]:
-        return list(zip(self.gap_s.tolist(), self.count.tolist(), strict=True))

@@ -72,6 +72,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
+from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
@@ -79,7 +80,6 @@ from llmserve_env.shared.routing import least_outstanding, total_outstanding_wor
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine
 from llmserve_env.sim.backend import _models_for
-from llmserve_env.sim.compiled_core import HAVE_NUMBA
 from llmserve_env.sim.compiled_routing import route_least_work
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
@@ -243,13 +243,13 @@ class ClusterBackend:
         """`_route`'s loop when every ready replica takes every arrival and no affinity is set, compiled
         (sim/compiled_routing.py): the same routes and estimates."""
         n = len(arrivals)
-        cols = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in arrivals], dtype=np.float64)
-        cols = cols.reshape(n, 3)
+        t, prompt, output = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in arrivals],
+                                     dtype=np.float64).reshape(n, 3).T.copy()  # three contiguous rows
         est_work = np.array([r.est_work for r in ready], dtype=np.float64)
         est_t = np.array([r.est_t for r in ready], dtype=np.float64)
         rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
         choice = np.empty(n, dtype=np.int64)
-        route_least_work(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(), est_work, est_t, rate, choice)
+        route_least_work(t, prompt, output, est_work, est_t, rate, choice)
         lists = [routed[r.index] for r in ready]
         for a, i in zip(arrivals, choice.tolist(), strict=True):
             lists[i].append(a)

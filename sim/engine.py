@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS, AdmissionLimits, blocks_for
@@ -143,6 +143,16 @@ class WindowMeasurements:
         self.prefix_query = 0  # prompt tokens of first admissions of requests carrying prefix ids
 
 
+class ListMeasurements(WindowMeasurements):
+    """This engine's measurements: its finished requests, first tokens and ITL samples are the lists it
+    appends to as it goes (ArrayEngine hands the same over as columns)."""
+
+    __slots__ = ()
+    finished: list[RequestRecord]
+    first_tokens: list[tuple[int, str, float]]
+    itl: list[tuple[float, int]]
+
+
 class Engine:
     """One simulated serving engine (a replica: one GPU group). Drive it window by window."""
 
@@ -185,7 +195,7 @@ class Engine:
         self.pre_blocked = False
         self.arrivals: list[SimRequest] = []
         self.arrival_idx = 0                 # arrivals[arrival_idx:] have not reached the queue yet
-        self.acc = WindowMeasurements()
+        self.acc = ListMeasurements()
         self.next_sample = INF
         self.t0 = 0.0
         self.dt = 1.0
@@ -269,7 +279,7 @@ class Engine:
     # ----------------------------------------------------------------------------------- window
 
     def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
-        self.acc = WindowMeasurements()
+        self.acc = ListMeasurements()
         self.t0, self.dt = t0, dt
         self.next_sample = t0 + dt / SAMPLES_PER_WINDOW
         reqs = []
@@ -544,7 +554,7 @@ class Engine:
         rec.finish_s = t
         rec.output_tokens = int(r.progress)
         self.acc.output_tokens += rec.output_tokens - r.reported
-        cast(list, self.acc.finished).append(rec)  # this engine's are records (ArrayEngine's columns)
+        self.acc.finished.append(rec)  # this engine's are records (ArrayEngine's columns)
         self.acc.rejected += 1
 
     def _finish(self, r: SimRequest, t: float) -> None:
@@ -565,7 +575,7 @@ class Engine:
         rec.output_tokens = r.target
         self.acc.output_tokens += r.target - r.reported
         r.reported = r.target
-        cast(list, self.acc.finished).append(rec)  # this engine's are records (ArrayEngine's columns)
+        self.acc.finished.append(rec)  # this engine's are records (ArrayEngine's columns)
         self.pre_blocked = False
 
     def _finish_due(self, t: float) -> None:
@@ -597,11 +607,11 @@ class Engine:
         rec = r.rec
         if rec.first_token_s is None:
             rec.first_token_s = t
-            cast(list, self.acc.first_tokens).append((r.rid, r.tenant, t - r.arrival))
+            self.acc.first_tokens.append((r.rid, r.tenant, t - r.arrival))
             r.progress = 1.0
         else:
             r.progress = float(int(r.progress) + 1)
-            cast(list, self.acc.itl).append((t - r.last_emit_s, 1))
+            self.acc.itl.append((t - r.last_emit_s, 1))
         r.last_emit_s = t
         if r.progress >= r.target:
             if r.pkeys:
@@ -813,14 +823,14 @@ class Engine:
             nf = len(self.fresh)
             t_first_end = t_new - total + first
             for r in self.fresh:
-                cast(list, acc.itl).append((t_first_end - r.last_emit_s, 1))
+                acc.itl.append((t_first_end - r.last_emit_s, 1))
             if n > nf:
-                cast(list, acc.itl).append((first, n - nf))
+                acc.itl.append((first, n - nf))
             if k > 1:
-                cast(list, acc.itl).append(((total - first) / (k - 1), n * (k - 1)))
+                acc.itl.append(((total - first) / (k - 1), n * (k - 1)))
             self.fresh.clear()
         else:
-            cast(list, acc.itl).append((total / k, n * k))
+            acc.itl.append((total / k, n * k))
 
     def _preempt_for_growth(self, t: float) -> bool:
         """Preempt in victim order until the decoding requests' next iteration fits; True if any was.
@@ -878,7 +888,7 @@ class Engine:
             if g:
                 acc.spec_proposed += g * n * k
                 acc.spec_accepted += k * (per_iter - n)
-            cast(list, acc.itl).append((total / k, n * k))
+            acc.itl.append((total / k, n * k))
         if h and h[0][0] <= self.decode_iter:
             self._finish_due(t_new)
         return t_new
@@ -1000,7 +1010,7 @@ class Engine:
     def take_measurements(self) -> WindowMeasurements:
         """The closed window's measurements, handed over to the report: the engine keeps an empty set, so
         a fork between windows does not copy what the report already carries (~2/3 of a fork's records)."""
-        acc, self.acc = self.acc, WindowMeasurements()
+        acc, self.acc = self.acc, ListMeasurements()
         return acc
 
     def close_window(self) -> tuple[list[RequestRecord], int, float]:

@@ -41,15 +41,16 @@ def plain(x):
     if isinstance(x, RequestBatch):
         return plain(x.records())
     if isinstance(x, FirstTokens):
-        return plain(x.triples())
+        return plain(x.rows())
     if isinstance(x, ItlSamples):
-        return plain(x.pairs())
+        return plain(x.rows())
     if isinstance(x, WindowReport):
         return plain(x.to_dict())
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
         return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
     if hasattr(x, "__slots__") and not isinstance(x, (str, int, float)):
-        return {k: plain(getattr(x, k)) for k in x.__slots__}
+        slots = [k for cls in type(x).__mro__ for k in getattr(cls, "__slots__", ())]  # a subclass's too
+        return {k: plain(getattr(x, k)) for k in slots}
     if isinstance(x, (list, tuple)):
         return [plain(v) for v in x]
     if isinstance(x, dict):

@@ -264,9 +264,9 @@ def test_observe_reads_columns_without_building_objects(monkeypatch):
                                itl_samples=ItlSamples.of(itl), output_tokens=2500)
         with monkeypatch.context() as m:
             m.setattr(RequestBatch, "records", lambda self: pytest.fail("observe built records"))
-            m.setattr(FirstTokens, "triples", lambda self: pytest.fail("observe built triples"))
+            m.setattr(FirstTokens, "rows", lambda self: pytest.fail("observe built triples"))
             if n_itl >= 128:  # fewer samples are sorted as pairs (shared/percentiles.py), as a list would be
-                m.setattr(ItlSamples, "pairs", lambda self: pytest.fail("observe built pairs"))
+                m.setattr(ItlSamples, "rows", lambda self: pytest.fail("observe built pairs"))
             got = MetricsTracker(task).observe(columns, arrs)
         assert got == want
 

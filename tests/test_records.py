@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 from llmserve_env.shared.backend import TERMINAL_STATUSES, WindowReport
-from llmserve_env.shared.records import STATUSES, RequestBatch, RequestRecord
+from llmserve_env.shared.records import STATUSES, FirstTokens, ItlSamples, RequestBatch, RequestRecord
 
 
 def records() -> list[RequestRecord]:
@@ -58,3 +58,17 @@ def test_a_report_reads_columns_as_records_and_keeps_what_a_reader_changes():
     assert rep.to_dict()["finished"] == [dataclasses.asdict(r) for r in (*recs[:2], recs[4])]
     plain = WindowReport(t0=0.0, dt=1.0, finished=recs[:2])
     assert plain.finished_batch().records() == recs[:2] and len(plain.pending_batch()) == 0
+
+
+def test_first_tokens_and_itl_samples_join_as_lists_or_as_columns():
+    """A cluster joins its replicas' first tokens and ITL samples: lists stay a list (the Python engine's),
+    any columns make columns, and either reads as the rows joined in order."""
+    a, b = [(1, "x", 0.5), (2, "y", 0.25)], [(7, "x", 1.5)]
+    assert FirstTokens.concat([a, b]) == a + b
+    joined = FirstTokens.concat([a, FirstTokens.of(b)])
+    assert isinstance(joined, FirstTokens) and joined.rows() == a + b and len(joined) == 3
+    gaps = [(0.01, 3), (0.02, 1)]
+    assert ItlSamples.concat([gaps, []]) == gaps
+    cols = ItlSamples.concat([ItlSamples.of(gaps), ItlSamples.of([])])
+    assert isinstance(cols, ItlSamples) and cols.rows() == gaps
+    assert ItlSamples.of([]).rows() == [] and FirstTokens.concat([]) == []
