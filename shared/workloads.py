@@ -58,6 +58,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import numpy as np
+from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList
 from llmserve_env.shared.backend import Arrival, new_arrival
 from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.prefix import (
@@ -262,11 +263,15 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     if kind == "trace":
         sl = _trace_slice(task, t_rng)
         tenant = task.tenants[0]
-        out = [
+        n = len(sl)
+        columns = ArrivalColumns(np.arange(n, dtype=np.int64), sl.arrival_s.astype(np.float64),
+                                 sl.prompt_tokens.astype(np.int64), sl.output_tokens.astype(np.int64),
+                                 np.full(n, tenant.name, dtype=object), np.full(n, tenant.priority, dtype=np.int64))
+        out: list[Arrival] = ArrivalList([
             new_arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
             for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
                                               sl.output_tokens.tolist(), strict=True))
-        ]
+        ], columns)
         if "prefix_block_tokens" in task.workload:
             w = task.workload
             block = int(w["prefix_block_tokens"])
@@ -308,11 +313,14 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         prompt[mask] = _lognormal_tokens(len_rng, m, tenant.prompt_tokens, tenant.prompt_clip)
         output[mask] = _lognormal_tokens(len_rng, m, tenant.output_tokens, tenant.output_clip)
     tenants = task.tenants
-    return [
+    names = np.array([t.name for t in tenants], dtype=object)
+    priorities = np.array([t.priority for t in tenants], dtype=np.int64)
+    columns = ArrivalColumns(np.arange(n, dtype=np.int64), times, prompt, output, names[who], priorities[who])
+    return ArrivalList([
         new_arrival(i, t, p, o, tenants[k].name, tenants[k].priority)
         for i, (t, p, o, k) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), who.tolist(),
                                              strict=True))
-    ]
+    ], columns)
 
 
 def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window: int, rng: np.random.Generator,
@@ -369,14 +377,22 @@ def high_load_regime(task: TaskSpec, seed: int) -> np.ndarray:
 
 
 def windows(arrivals: list[Arrival], task: TaskSpec) -> list[list[Arrival]]:
-    """Split sorted arrivals into `task.horizon` windows: k*window_s <= t < (k+1)*window_s."""
-    times = [a.arrival_s for a in arrivals]
-    out = []
+    """Split sorted arrivals into `task.horizon` windows: k*window_s <= t < (k+1)*window_s. Arrivals with
+    their columns (an ArrivalList from the generator) give windows with theirs."""
+    edges = [(k + 1) * task.window_s for k in range(task.horizon)]
+    out: list[list[Arrival]] = []
     lo = 0
-    for k in range(task.horizon):
-        hi = bisect.bisect_left(times, (k + 1) * task.window_s, lo)
-        out.append(arrivals[lo:hi])
-        lo = hi
+    cols = arrivals._columns if isinstance(arrivals, ArrivalList) else None
+    if cols is not None:
+        for hi in np.searchsorted(cols.arrival_s, edges, side="left").tolist():
+            out.append(ArrivalList(arrivals[lo:hi], cols.slice(lo, hi)))
+            lo = hi
+    else:
+        times = [a.arrival_s for a in arrivals]
+        for edge in edges:
+            hi = bisect.bisect_left(times, edge, lo)
+            out.append(arrivals[lo:hi])
+            lo = hi
     if lo != len(arrivals):
         raise ValueError(f"{len(arrivals) - lo} arrival(s) after the horizon of task {task.task_id!r}")
     return out

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from llmserve_env.shared import records as rb
+from llmserve_env.shared.arrival_list import ArrivalColumns, arrival_columns
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.sim import compiled_core as cc
@@ -51,7 +52,6 @@ SIM_CORE_HELP = ("which engine the simulator runs: `auto` the compiled one (numb
 # at least as many as live ones: forks copy every row, and a long episode would otherwise keep them all
 COMPACT_MIN_DONE = 256
 REJECTED_WHY = "request needs more KV blocks than the whole budget"  # sim/engine.py's words
-_NAN = math.nan
 
 # A model's packed arrays, keyed by the model object's id (the model kept alive beside them): shared by every
 # engine and fork, never written
@@ -258,11 +258,11 @@ class ArrayEngine:
         cc.shrink_to_pool(self.F, self.Ix, SF, SI, self.C, now)
         return None
 
-    def _hand_over(self, arrivals: list[Arrival]) -> bool:
-        """True when these arrivals go to the Python engine (they carry prefix ids; see __init__)."""
+    def _hand_over(self, prefixed: bool) -> bool:
+        """True when arrivals go to the Python engine (`prefixed`: they carry prefix ids; see __init__)."""
         if self._py is not None:
             return True
-        if not any(a.prefix_ids is not None for a in arrivals):
+        if not prefixed:
             return False
         if self._log is None:
             raise ValueError("arrivals with prefix ids after requests without: the compiled engine serves no prefix "
@@ -276,7 +276,8 @@ class ArrayEngine:
     # ----------------------------------------------------------------------------------- window
 
     def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
-        if self._hand_over(arrivals):
+        cols = arrival_columns(arrivals) if self._py is None else None
+        if cols is None or self._hand_over(cols.prefixed):
             assert self._py is not None
             self._py.start_window(arrivals, t0, dt)
             return None
@@ -294,31 +295,29 @@ class ArrayEngine:
         SF[cc.SF_T0], SF[cc.SF_DT] = t0, dt
         SF[cc.SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
         if arrivals:
-            self._add(arrivals)
+            self._add(cols)
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
         SF[cc.SF_BUSY] = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
         return None
 
-    def _add(self, arrivals: list[Arrival], accepts: np.ndarray | None = None) -> None:
-        """Rows for `arrivals`, with their acceptance rates (drawn here for a window's arrivals at once)."""
+    def _add(self, cols: ArrivalColumns, accepts: np.ndarray | None = None) -> None:
+        """Rows for these arrivals, with their acceptance rates (drawn here for a window's arrivals at once)."""
         n0 = int(self.SI[cc.SI_NREQ])
-        n = len(arrivals)
+        n = len(cols)
         self._grow(n0 + n)
-        tenants = [a.tenant for a in arrivals]
         if accepts is None:
-            accepts = tenant_acceptance_rates(self.profile, self.rng, tenants)
+            accepts = tenant_acceptance_rates(self.profile, self.rng, cols.tenant)
         F, Ix = self.F, self.Ix
         rows = slice(n0, n0 + n)
-        F[rows, cc.F_ARR] = [a.arrival_s for a in arrivals]
+        F[rows, cc.F_ARR] = cols.arrival_s
         F[rows, cc.F_ACC] = accepts
-        Ix[rows, cc.I_RID] = [a.request_id for a in arrivals]
-        Ix[rows, cc.I_PRIO] = [a.priority for a in arrivals]
-        prompts = [a.prompt_tokens for a in arrivals]
-        Ix[rows, cc.I_PROMPT] = prompts
-        Ix[rows, cc.I_PTGT] = prompts
-        Ix[rows, cc.I_TARGET] = [a.output_tokens for a in arrivals]
-        self.tenants[rows] = tenants
+        Ix[rows, cc.I_RID] = cols.request_id
+        Ix[rows, cc.I_PRIO] = cols.priority
+        Ix[rows, cc.I_PROMPT] = cols.prompt_tokens
+        Ix[rows, cc.I_PTGT] = cols.prompt_tokens
+        Ix[rows, cc.I_TARGET] = cols.output_tokens
+        self.tenants[rows] = cols.tenant
         self.SI[cc.SI_NREQ] = n0 + n
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
@@ -327,12 +326,12 @@ class ArrayEngine:
         self.start_window(arrivals or [], t0, dt)
 
     def add_arrival(self, a: Arrival, routed_hit: int = 0) -> None:
-        if self._hand_over([a]):
+        if self._hand_over(a.prefix_ids is not None):
             assert self._py is not None
             self._py.add_arrival(a, routed_hit)
             return None
         self._log = None
-        self._add([a], np.array([acceptance_rate(self.profile, self.rng, a.tenant)]))
+        self._add(ArrivalColumns.of([a]), np.array([acceptance_rate(self.profile, self.rng, a.tenant)]))
         self.Ix[int(self.SI[cc.SI_NREQ]) - 1, cc.I_RHIT] = routed_hit
         return None
 
@@ -410,24 +409,17 @@ class ArrayEngine:
     def cached_blocks(self) -> int:
         return self._py.cached_blocks if self._py is not None else 0
 
-    def _batch(self, rows: np.ndarray, status: np.ndarray, finish: np.ndarray, out: np.ndarray) -> RequestBatch:
-        """Requests `rows` as a report's columns (shared/records.py), with their status codes, finish times
-        and output tokens: gathered at once, no record built."""
-        F, Ix = self.F[rows], self.Ix[rows]
-        tenants = self.tenants
+    def _batch(self, rows: np.ndarray, cur: np.ndarray | None = None) -> RequestBatch:
+        """Requests `rows` as a report's columns (shared/records.py), gathered at once, no record built: the
+        finished ones (`cur` None; rejected ones with sim/engine.py's reason), or the pending ones with their
+        output tokens so far (`cur`). Each column is a row of one int and one float array."""
         n = len(rows)
-        zeros = np.zeros(n)
-        return RequestBatch(Ix[:, cc.I_RID], tenants[rows], Ix[:, cc.I_PRIO], F[:, cc.F_ARR],
-                            Ix[:, cc.I_PROMPT], Ix[:, cc.I_TARGET], status, F[:, cc.F_DISP], F[:, cc.F_FT], finish,
-                            out, Ix[:, cc.I_PRE], Ix[:, cc.I_ATT], zeros, {}, {})
-
-    def _finished(self, rows: np.ndarray) -> RequestBatch:
-        """The finished requests (rejected ones with sim/engine.py's reason)."""
-        ok = self.Ix[rows, cc.I_STATUS] == cc.STATUS_OK
-        batch = self._batch(rows, np.where(ok, rb.OK, rb.REJECTED), self.F[rows, cc.F_FIN], self.Ix[rows, cc.I_OUT])
-        if not ok.all():
-            batch.error.update(dict.fromkeys(np.flatnonzero(~ok).tolist(), REJECTED_WHY))
-        return batch
+        ints, floats = np.empty((8, n), dtype=np.int64), np.empty((5, n))
+        rejected = cc.gather_finished(self.F, self.Ix, rows, ints, floats) if cur is None else \
+            cc.gather_pending(self.F, self.Ix, rows, cur, ints, floats)
+        error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
+        return RequestBatch(ints[0], self.tenants[rows], ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
+                            floats[2], floats[3], ints[5], ints[6], ints[7], floats[4], error, {})
 
     def take_measurements(self) -> WindowMeasurements:
         if self._py is not None:
@@ -436,7 +428,7 @@ class ArrayEngine:
             self._log.append(("take_measurements", ()))
         SI, SF = self.SI, self.SF
         acc = WindowMeasurements()
-        acc.finished = self._finished(self.fin_out[:SI[cc.SI_NFIN]])
+        acc.finished = self._batch(self.fin_out[:SI[cc.SI_NFIN]])
         n = int(SI[cc.SI_NFT])
         rows = self.ft_idx[:n]
         acc.first_tokens = FirstTokens(self.Ix[rows, cc.I_RID], self.tenants[rows], self.ft_val[:n].copy())
@@ -471,8 +463,7 @@ class ArrayEngine:
         m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur)
         # the pending requests' snapshots, as columns
         rows = self.pend_idx[:m]
-        waiting = self.Ix[rows, cc.I_STATE] == cc.WAITING
-        pending = self._batch(rows, np.where(waiting, rb.QUEUED, rb.RUNNING), np.full(m, _NAN), self.pend_cur[:m].copy())
+        pending = self._batch(rows, self.pend_cur[:m])
         used = int(used)
         mem = self.kv.memory_gib(used)
         SI = self.SI

@@ -21,6 +21,10 @@ import math
 
 import numpy as np
 from llmserve_env.shared.jit import HAVE_NUMBA, njit  # noqa: F401 - HAVE_NUMBA: the wrapper asks here
+from llmserve_env.shared.records import OK as RB_OK
+from llmserve_env.shared.records import QUEUED as RB_QUEUED
+from llmserve_env.shared.records import REJECTED as RB_REJECTED
+from llmserve_env.shared.records import RUNNING as RB_RUNNING
 from llmserve_env.sim.engine import steps_to_cover as engine_steps_to_cover
 
 INF = math.inf
@@ -1033,6 +1037,47 @@ def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur):
         m += 1
     SI[SI_OUT_TOK] += new_tokens
     return m, SI[SI_KVUSED] + decode_blocks
+
+
+@njit
+def gather_finished(F, Ix, rows, ints, floats):
+    """The finished requests `rows` as a report's columns (shared/records.py: ints in `_INT_COLUMNS` order,
+    floats in `_FLOAT_COLUMNS`, one row per column): status ok or rejected, the finish time and output
+    tokens they ended with. Returns how many were rejected."""
+    rejected = 0
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        ok = Ix[r, I_STATUS] == STATUS_OK
+        _gather(F, Ix, r, j, ints, floats, RB_OK if ok else RB_REJECTED, F[r, F_FIN], Ix[r, I_OUT])
+        rejected += 0 if ok else 1
+    return rejected
+
+
+@njit
+def gather_pending(F, Ix, rows, cur, ints, floats):
+    """The pending requests `rows` (close_window's order) as a report's columns, as `gather_finished`:
+    queued while waiting, else running; no finish time; `cur` output tokens so far."""
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        status = RB_QUEUED if Ix[r, I_STATE] == WAITING else RB_RUNNING
+        _gather(F, Ix, r, j, ints, floats, status, math.nan, cur[j])
+
+
+@njit
+def _gather(F, Ix, r, j, ints, floats, status, finish, out):
+    ints[0, j] = Ix[r, I_RID]
+    ints[1, j] = Ix[r, I_PRIO]
+    ints[2, j] = Ix[r, I_PROMPT]
+    ints[3, j] = Ix[r, I_TARGET]
+    ints[4, j] = status
+    ints[5, j] = out
+    ints[6, j] = Ix[r, I_PRE]
+    ints[7, j] = Ix[r, I_ATT]
+    floats[0, j] = F[r, F_ARR]
+    floats[1, j] = F[r, F_DISP]
+    floats[2, j] = F[r, F_FT]
+    floats[3, j] = finish
+    floats[4, j] = 0.0  # the simulator charges per window, not per request
 
 
 @njit

@@ -7,6 +7,7 @@ import gc
 import random
 import tracemalloc
 
+import numpy as np
 import pytest
 from llmserve_env.shared.backend import Arrival, Backend
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
@@ -14,7 +15,7 @@ from llmserve_env.shared.tasks import SINGLE_SERVER_TASKS, TASKS, TaskSpec, Tena
 from llmserve_env.shared.workloads import generate_arrivals, windows
 from llmserve_env.sim.array_engine import COMPACT_MIN_DONE
 from llmserve_env.sim.backend import SimBackend
-from llmserve_env.sim.engine import steps_to_cover, tokens_per_step
+from llmserve_env.sim.engine import acceptance_rate, steps_to_cover, tenant_acceptance_rates, tokens_per_step
 from llmserve_env.sim.profiles import load_profile
 
 BASE = dict(batch_cap=64, kv_budget_fraction=0.9, speculation_depth=0, quantization_tier="FP16",
@@ -171,6 +172,19 @@ def test_speculative_acceptance_matches_the_tenant_means():
     lo = (tokens_per_step(min(p.spec_acceptance.values()), 4) - 1) / 4
     hi = (tokens_per_step(max(p.spec_acceptance.values()), 4) - 1) / 4
     assert lo * 0.9 < accepted / proposed < hi * 1.1
+
+
+@pytest.mark.parametrize("tenants", [[], ["default"] * 37, ["chat"], ["chat", "code", "chat", "batch", "code"] * 9])
+def test_a_windows_acceptance_rates_are_the_one_by_one_draws(tenants):
+    """A window's rates drawn at once (one tenant: scalar parameters; several: arrays) are the numbers the
+    arrivals would get drawn one at a time from the same stream (add_arrival), and leave the stream where
+    those draws would."""
+    p = load_profile(TASKS["adversarial_multitenant"].profile)
+    for seed in range(3):
+        at_once, one_by_one = np.random.default_rng(seed), np.random.default_rng(seed)
+        rates = tenant_acceptance_rates(p, at_once, tenants)
+        assert rates.tolist() == [acceptance_rate(p, one_by_one, t) for t in tenants]
+        assert at_once.random() == one_by_one.random()
 
 
 def test_policy_can_change_every_window_including_layout():
