@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.shared import records as rb
+from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.percentiles import percentiles, weighted_percentiles
 from llmserve_env.shared.records import RequestBatch
@@ -199,16 +200,10 @@ class MetricsTracker:
         arrived = dict.fromkeys(names, 0)
         met_by = dict.fromkeys(names, 0)
         missed_by = dict.fromkeys(names, 0)
-        slo = self._slo
         opened = self._open
         flagged = self._flagged
 
-        prompt_sum = 0
-        for a in arrivals:
-            ttft_s, tpot_s = slo[a.tenant]
-            opened[a.request_id] = (a.tenant, a.arrival_s + ttft_s, tpot_s)
-            arrived[a.tenant] += 1
-            prompt_sum += a.prompt_tokens
+        prompt_sum = self._open_arrivals(arrivals, arrived)
 
         # The requests as columns (shared/records.py: the simulator's own shape, the gateway's records
         # converted once); the arithmetic per request is the docstring's, as array operations.
@@ -221,11 +216,14 @@ class MetricsTracker:
         if len(fin):
             rids = fin.request_id.tolist()
             reqs = [opened.pop(rid, None) for rid in rids]
-            for rid, req in zip(rids, reqs, strict=True):
-                if req is None:
-                    if rid not in flagged:
-                        raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
-                    flagged.discard(rid)
+            known: np.ndarray | None = None  # the rows still open (None: all of them)
+            if None in reqs:
+                for rid, req in zip(rids, reqs, strict=True):
+                    if req is None:
+                        if rid not in flagged:
+                            raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
+                        flagged.discard(rid)
+                known = np.array([q is not None for q in reqs])
             ft, fin_s, out = fin.first_token_s, fin.finish_s, fin.output_tokens
             ok_done = fin.status == rb.OK
             ended = ok_done & (fin_s == fin_s)
@@ -237,15 +235,20 @@ class MetricsTracker:
             nan = np.nan
             deadline = np.array([nan if q is None else q[1] for q in reqs])
             tpot_slo = np.array([nan if q is None else q[2] for q in reqs])
-            met = ok_done & (ft <= deadline) & (~has_tpot | (tpot <= tpot_slo))  # NaN (no first token) compares False
-            for req, ok, n_out in zip(reqs, met.tolist(), out.tolist(), strict=True):
-                if req is None:
-                    continue
-                if ok:
-                    met_by[req[0]] += 1
-                    good_tokens += n_out
-                else:
-                    missed_by[req[0]] += 1
+            met_rows = ok_done & (ft <= deadline) & (~has_tpot | (tpot <= tpot_slo))  # NaN (no first token) compares False
+            missed_rows = ~met_rows
+            if known is not None:  # a request flagged while pending was settled then
+                met_rows &= known
+                missed_rows &= known
+            good_tokens = int(out[met_rows].sum())
+            if len(names) == 1:
+                met_by[names[0]] += int(np.count_nonzero(met_rows))
+                missed_by[names[0]] += int(np.count_nonzero(missed_rows))
+            else:  # a request's tenant as it arrived: the batch carries it from the arrival
+                for name in names:
+                    of = fin.tenant == name
+                    met_by[name] += int(np.count_nonzero(met_rows & of))
+                    missed_by[name] += int(np.count_nonzero(missed_rows & of))
 
         queued = int(np.count_nonzero(pen.status == rb.QUEUED))
         running = len(pen) - queued
@@ -321,6 +324,31 @@ class MetricsTracker:
             quality=float(report.quality),
             per_tenant=per_tenant,
         )
+
+    def _open_arrivals(self, arrivals: list[Arrival], arrived: dict[str, int]) -> int:
+        """Open an entry for each arrival (its tenant, latest first-token time meeting its TTFT SLO, TPOT
+        SLO), count them per tenant in `arrived`; returns their prompt tokens. Over the arrivals' columns,
+        one tenant at a time (the same sums, in the same order: float64 either way)."""
+        cols = arrival_columns(arrivals)
+        n = len(cols)
+        if not n:
+            return 0
+        tenant = cols.tenant
+        ttft, tpot = np.empty(n), np.empty(n)
+        counted = 0
+        for name, (ttft_s, tpot_s) in self._slo.items():
+            mask = tenant == name
+            k = int(np.count_nonzero(mask))
+            if k:
+                arrived[name] += k
+                counted += k
+                ttft[mask], tpot[mask] = ttft_s, tpot_s
+        if counted != n:
+            unknown = sorted(set(tenant.tolist()) - set(self._slo))
+            raise ValueError(f"arrivals from tenant(s) {unknown} the task does not have (tenants: {', '.join(self._names)})")
+        self._open.update(zip(cols.request_id.tolist(), zip(tenant.tolist(), (cols.arrival_s + ttft).tolist(),
+                                                            tpot.tolist(), strict=True), strict=True))
+        return int(cols.prompt_tokens.sum())
 
     def close(self) -> None:
         """End the episode's accounting (nothing may be observed after); raises if requests are

@@ -28,6 +28,7 @@ rule and "at least one token computed" included): the ceiling any finite cache i
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import math
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, cast
 
 import numpy as np
+from llmserve_env.shared.arrival_list import ArrivalList
 from llmserve_env.shared.backend import Arrival, new_arrival
 from llmserve_env.shared.tasks import TaskSpec, TenantSpec
 from llmserve_env.shared.traces import (
@@ -395,7 +397,8 @@ def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, 
             ids = tuple(i + shift if i >> 32 >= n_sys else i for i in ids)
         out.append(new_arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
                                a.priority, ids, a.prefix_block_tokens))
-    return out
+    cols = arrivals._columns if isinstance(arrivals, ArrivalList) else None
+    return out if cols is None else ArrivalList(out, dataclasses.replace(cols, request_id=cols.request_id + id_base))
 
 
 def workload_day_scale(workload: dict[str, Any], window_s: float) -> Callable[[float], float] | None:

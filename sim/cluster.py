@@ -71,6 +71,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from llmserve_env.shared.arrival_list import ArrivalList, arrival_columns
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
@@ -243,17 +244,16 @@ class ClusterBackend:
         """`_route`'s loop when every ready replica takes every arrival and no affinity is set, compiled
         (sim/compiled_routing.py): the same routes and estimates."""
         n = len(arrivals)
-        t, prompt, output = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens) for a in arrivals],
-                                     dtype=np.float64).reshape(n, 3).T.copy()  # three contiguous rows
+        cols = arrival_columns(arrivals)
+        t, prompt, output = cols.arrival_s, cols.prompt_tokens.astype(np.float64), cols.output_tokens.astype(np.float64)
         est_work = np.array([r.est_work for r in ready], dtype=np.float64)
         est_t = np.array([r.est_t for r in ready], dtype=np.float64)
         rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
         choice = np.empty(n, dtype=np.int64)
         route_least_work(t, prompt, output, est_work, est_t, rate, choice)
-        lists = [routed[r.index] for r in ready]
-        for a, i in zip(arrivals, choice.tolist(), strict=True):
-            lists[i].append(a)
-        for i in np.unique(choice).tolist():  # the replicas that took an arrival
+        for i in np.unique(choice).tolist():  # the replicas that took an arrival, theirs in arrival order
+            rows = np.flatnonzero(choice == i)
+            routed[ready[i].index] = ArrivalList([arrivals[j] for j in rows.tolist()], cols.take(rows))
             ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
         return routed
 

@@ -7,7 +7,13 @@ import random
 
 import numpy as np
 import pytest
-from llmserve_env.core.metrics import MetricsTracker, WindowMetrics, percentiles, weighted_percentiles
+from llmserve_env.core.metrics import (
+    SLO_EPS_S,
+    MetricsTracker,
+    WindowMetrics,
+    percentiles,
+    weighted_percentiles,
+)
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.tasks import TASKS, TaskSpec, TenantSpec
 
@@ -298,3 +304,15 @@ def test_a_long_queue_settles_as_a_short_one(monkeypatch, columns):
     dict_each, membership = play(10**9), play(0)
     assert dict_each == membership
     assert 0 < membership[0]["slo_missed"] and 0 < membership[1]["slo_missed"] and membership[2]["open"]
+
+
+def test_an_arrival_from_a_tenant_the_task_lacks_is_refused_whole():
+    tracker = MetricsTracker(TASK)
+    with pytest.raises(ValueError, match=r"tenant\(s\) \['z'\] the task does not have \(tenants: a, b\)"):
+        tracker.observe(report(0.0), [arrival(0, 0.1), arrival(1, 0.2, tenant="z")])
+    assert tracker.outstanding == 0  # nothing half-opened
+    m = tracker.observe(report(0.0), [arrival(0, 0.1), arrival(1, 0.2, tenant="b"), arrival(2, 0.3)])
+    assert (m.arrivals, m.per_tenant["a"].arrived, m.per_tenant["b"].arrived, tracker.outstanding) == (3, 2, 1, 3)
+    a_slo, b_slo = (0.5 + SLO_EPS_S, 0.05 + SLO_EPS_S), (2.0 + SLO_EPS_S, 0.1 + SLO_EPS_S)
+    assert sorted(tracker.open_requests()) == [("a", 0.1 + a_slo[0], a_slo[1]), ("a", 0.3 + a_slo[0], a_slo[1]),
+                                               ("b", 0.2 + b_slo[0], b_slo[1])]
