@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 from llmserve_env.core.episode_log import EpisodeLog
 from llmserve_env.core.metrics import SLO_EPS_S
+from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.jit import njit
 from llmserve_env.shared.tasks import PROFILE_CAPACITY, ProfileCapacity, TaskSpec
@@ -116,10 +117,14 @@ class _Columns:
 
     @classmethod
     def of(cls, task: TaskSpec, arrivals: list[Arrival]) -> _Columns:
-        index = {t.name: i for i, t in enumerate(task.tenants)}
-        cols = np.array([(a.arrival_s, a.prompt_tokens, a.output_tokens, index[a.tenant]) for a in arrivals],
-                        dtype=np.float64).reshape(len(arrivals), 4)
-        return cls(cols[:, 0].copy(), cols[:, 1].copy(), cols[:, 2].copy(), cols[:, 3].astype(np.int64),
+        got = arrival_columns(arrivals)
+        tenant = np.full(len(got), -1, dtype=np.int64)
+        for i, t in enumerate(task.tenants):
+            tenant[got.tenant == t.name] = i
+        if (tenant < 0).any():
+            raise KeyError(got.tenant[np.flatnonzero(tenant < 0)[0]])  # a tenant the task lacks
+        return cls(got.arrival_s.astype(np.float64), got.prompt_tokens.astype(np.float64),
+                   got.output_tokens.astype(np.float64), tenant,
                    np.array([t.ttft_slo_ms / 1e3 for t in task.tenants]),
                    np.array([t.tpot_slo_ms / 1e3 for t in task.tenants]))
 
