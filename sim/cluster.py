@@ -71,7 +71,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
-from llmserve_env.shared.arrival_list import ArrivalList, arrival_columns
+from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList, arrival_columns
 from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
 from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
@@ -221,10 +221,11 @@ class ClusterBackend:
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
         sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         # every ready replica takes every arrival when all were ready by the first one (the usual case)
-        first = min((a.arrival_s for a in arrivals), default=0.0)
+        cols = arrival_columns(arrivals)
+        first = float(cols.arrival_s.min()) if len(cols) else 0.0
         everyone = bool(ready) and all(r.ready_s <= first for r in ready)
         if everyone and affinity is None and HAVE_NUMBA:
-            return self._route_compiled(arrivals, ready, routed)
+            return self._route_compiled(arrivals, cols, ready, routed)
         for a in arrivals:
             t = a.arrival_s
             eligible = ready if everyone else self._eligible(ready, a)
@@ -239,22 +240,27 @@ class ClusterBackend:
         return routed
 
     @staticmethod
-    def _route_compiled(arrivals: list[Arrival], ready: list[Replica],
+    def _route_compiled(arrivals: list[Arrival], cols: ArrivalColumns, ready: list[Replica],
                         routed: dict[int, list[Arrival]]) -> dict[int, list[Arrival]]:
         """`_route`'s loop when every ready replica takes every arrival and no affinity is set, compiled
-        (sim/compiled_routing.py): the same routes and estimates."""
+        (sim/compiled_routing.py): the same routes and estimates. `cols`: the arrivals' columns."""
         n = len(arrivals)
-        cols = arrival_columns(arrivals)
         t, prompt, output = cols.arrival_s, cols.prompt_tokens.astype(np.float64), cols.output_tokens.astype(np.float64)
         est_work = np.array([r.est_work for r in ready], dtype=np.float64)
         est_t = np.array([r.est_t for r in ready], dtype=np.float64)
         rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
         choice = np.empty(n, dtype=np.int64)
         route_least_work(t, prompt, output, est_work, est_t, rate, choice)
-        for i in np.unique(choice).tolist():  # the replicas that took an arrival, theirs in arrival order
-            rows = np.flatnonzero(choice == i)
-            routed[ready[i].index] = ArrivalList([arrivals[j] for j in rows.tolist()], cols.take(rows))
-            ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
+        counts = np.bincount(choice, minlength=len(ready)).tolist()
+        order = np.argsort(choice, kind="stable")  # replica by replica, each one's in arrival order
+        at = arrivals.__getitem__
+        lo = 0
+        for i, k in enumerate(counts):
+            if k:  # a replica that took arrivals
+                rows = order[lo:lo + k]
+                routed[ready[i].index] = ArrivalList(map(at, rows.tolist()), cols.take(rows))
+                ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
+                lo += k
         return routed
 
     def _eligible(self, ready: list[Replica], a: Arrival) -> list[Replica]:
