@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,7 +69,9 @@ def compare(rounds: dict[str, list[dict[str, float]]], lower_is_better: Sequence
     of `lower_is_better` are times: the smallest is kept and the ratio inverted, so above 1 is
     faster; keys ending with one of `skip` stay out of the table, not out of the JSON; `counts` are
     reported as measured here, without a ratio). Returns every figure as measured on this tree plus
-    `<key>_before` and `<key>_speedup`."""
+    `<key>_before` and `<key>_speedup` (best of the rounds against best), and `<key>_paired` (the median over
+    rounds of each round's after against the before measured just ahead of it: on a machine whose speed drifts
+    between rounds, a best-of ratio compares two moments, a paired ratio the same one)."""
     def lower(key: str) -> bool:
         return key.endswith(tuple(lower_is_better)) and not key.endswith("_per_s")  # "_per_s": a rate
 
@@ -76,8 +79,11 @@ def compare(rounds: dict[str, list[dict[str, float]]], lower_is_better: Sequence
         vals = [r[key] for r in runs if isinstance(r.get(key), int | float) and not isinstance(r.get(key), bool)]
         return min(vals) if lower(key) else max(vals)
 
+    def speedup(key: str, before: float, after: float) -> float:
+        return (before / after if lower(key) else after / before) if before and after else float("nan")
+
     out: dict[str, float] = {}
-    print(f"{'figure':<52} {'before':>10} {'after':>10} {'ratio':>7}")
+    print(f"{'figure':<52} {'before':>10} {'after':>10} {'ratio':>7} {'paired':>7}")
     for key, value in rounds["after"][0].items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
@@ -88,11 +94,14 @@ def compare(rounds: dict[str, list[dict[str, float]]], lower_is_better: Sequence
         if not all(key in r for r in rounds["before"]):
             continue
         before = best(rounds["before"], key)
-        ratio = (before / after if lower(key) else after / before) if before and after else float("nan")
+        ratio = speedup(key, before, after)
+        paired = statistics.median(speedup(key, b[key], a[key]) for b, a in zip(rounds["before"], rounds["after"], strict=False)
+                                   if key in a)
         out[f"{key}_before"] = before
         out[f"{key}_speedup"] = round(ratio, 3)
+        out[f"{key}_paired"] = round(paired, 3)
         if not key.endswith(tuple(skip)):
-            print(f"{key:<52} {before:>10.4g} {after:>10.4g} {ratio:>6.2f}x")
+            print(f"{key:<52} {before:>10.4g} {after:>10.4g} {ratio:>6.2f}x {paired:>6.2f}x")
     return out
 
 

@@ -27,9 +27,10 @@ seed `--seed`'s episode, key `planner_cpu_s_per_decision`.
 measurements alternate between REV's package and this tree's, one child process each, `--repeats`
 rounds (REV, this, REV, this, ...), each child timing once; every figure is the best of its rounds,
 so both sides see the same machine load. The table then
-has a before (REV), an after (this tree) and a ratio column, and the JSON has every key as
-measured here plus `<key>_before` (REV) and `<key>_speedup` (after over before; episode and
-decision times inverted, so above 1 is faster).
+has a before (REV), an after (this tree), a ratio and a paired column, and the JSON has every key as
+measured here plus `<key>_before` (REV), `<key>_speedup` (best after over best before; episode and
+decision times inverted, so above 1 is faster) and `<key>_paired` (the median of each round's after over
+the before just ahead of it: the figure to read where the machine's speed drifts between rounds).
 """
 
 from __future__ import annotations
