@@ -92,18 +92,11 @@ class ArrivalList(list[Arrival]):
     def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy keep the columns (list's protocol appends after)
         return (ArrivalList, (list(self), self._columns))
 
-    append = _dropping("append")
-    extend = _dropping("extend")
-    insert = _dropping("insert")
-    pop = _dropping("pop")
-    remove = _dropping("remove")
-    clear = _dropping("clear")
-    sort = _dropping("sort")
-    reverse = _dropping("reverse")
-    __setitem__ = _dropping("__setitem__")
-    __delitem__ = _dropping("__delitem__")
-    __iadd__ = _dropping("__iadd__")
-    __imul__ = _dropping("__imul__")
+
+# every list method that changes the list drops the columns
+for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__",
+              "__iadd__", "__imul__"):
+    setattr(ArrivalList, _name, _dropping(_name))
 
 
 def arrival_columns(arrivals: Sequence[Arrival]) -> ArrivalColumns:
