@@ -118,13 +118,8 @@ class _Columns:
     @classmethod
     def of(cls, task: TaskSpec, arrivals: list[Arrival]) -> _Columns:
         got = arrival_columns(arrivals)
-        tenant = np.full(len(got), -1, dtype=np.int64)
-        for i, t in enumerate(task.tenants):
-            tenant[got.tenant == t.name] = i
-        if (tenant < 0).any():
-            raise KeyError(got.tenant[np.flatnonzero(tenant < 0)[0]])  # a tenant the task lacks
         return cls(got.arrival_s.astype(np.float64), got.prompt_tokens.astype(np.float64),
-                   got.output_tokens.astype(np.float64), tenant,
+                   got.output_tokens.astype(np.float64), got.tenant_index([t.name for t in task.tenants]),
                    np.array([t.ttft_slo_ms / 1e3 for t in task.tenants]),
                    np.array([t.tpot_slo_ms / 1e3 for t in task.tenants]))
 

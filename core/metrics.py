@@ -184,7 +184,9 @@ class MetricsTracker:
     def __init__(self, task: TaskSpec):
         self.task = task
         self._names = [t.name for t in task.tenants]
-        self._slo = {t.name: (t.ttft_slo_ms / 1e3 + SLO_EPS_S, t.tpot_slo_ms / 1e3 + SLO_EPS_S) for t in task.tenants}
+        # each tenant's TTFT and TPOT SLOs in seconds, in task order (indexed by ArrivalColumns.tenant_index)
+        self._slo_columns = (np.array([t.ttft_slo_ms / 1e3 + SLO_EPS_S for t in task.tenants]),
+                             np.array([t.tpot_slo_ms / 1e3 + SLO_EPS_S for t in task.tenants]))
         # request_id -> (tenant, latest first-token time that meets its TTFT SLO, TPOT SLO in s)
         self._open: dict[int, tuple[str, float, float]] = {}
         self._flagged: set[int] = set()  # settled as missed while still pending
@@ -327,27 +329,17 @@ class MetricsTracker:
 
     def _open_arrivals(self, arrivals: list[Arrival], arrived: dict[str, int]) -> int:
         """Open an entry for each arrival (its tenant, latest first-token time meeting its TTFT SLO, TPOT
-        SLO), count them per tenant in `arrived`; returns their prompt tokens. Over the arrivals' columns,
-        one tenant at a time (the same sums, in the same order: float64 either way)."""
+        SLO), count them per tenant in `arrived`; returns their prompt tokens. Over the arrivals' columns
+        (the same sums as one arrival at a time: float64 either way)."""
         cols = arrival_columns(arrivals)
-        n = len(cols)
-        if not n:
+        if not len(cols):
             return 0
-        tenant = cols.tenant
-        ttft, tpot = np.empty(n), np.empty(n)
-        counted = 0
-        for name, (ttft_s, tpot_s) in self._slo.items():
-            mask = tenant == name
-            k = int(np.count_nonzero(mask))
-            if k:
-                arrived[name] += k
-                counted += k
-                ttft[mask], tpot[mask] = ttft_s, tpot_s
-        if counted != n:
-            unknown = sorted(set(tenant.tolist()) - set(self._slo))
-            raise ValueError(f"arrivals from tenant(s) {unknown} the task does not have (tenants: {', '.join(self._names)})")
-        self._open.update(zip(cols.request_id.tolist(), zip(tenant.tolist(), (cols.arrival_s + ttft).tolist(),
-                                                            tpot.tolist(), strict=True), strict=True))
+        index = cols.tenant_index(self._names)
+        for name, k in zip(self._names, np.bincount(index, minlength=len(self._names)).tolist(), strict=True):
+            arrived[name] += k
+        ttft, tpot = self._slo_columns
+        self._open.update(zip(cols.request_id.tolist(), zip(cols.tenant.tolist(), (cols.arrival_s + ttft[index]).tolist(),
+                                                            tpot[index].tolist(), strict=True), strict=True))
         return int(cols.prompt_tokens.sum())
 
     def close(self) -> None:

@@ -47,6 +47,17 @@ class ArrivalColumns:
         return ArrivalColumns(self.request_id[rows], self.arrival_s[rows], self.prompt_tokens[rows],
                               self.output_tokens[rows], self.tenant[rows], self.priority[rows], self.prefixed)
 
+    def tenant_index(self, names: Sequence[str]) -> np.ndarray:
+        """Each row's tenant as its index in `names` (a task's tenants, in order); ValueError naming any
+        tenant not among them."""
+        index = np.full(len(self), -1, dtype=np.int64)
+        for i, name in enumerate(names):
+            index[self.tenant == name] = i
+        if len(self) and index.min() < 0:
+            unknown = sorted(set(self.tenant[index < 0].tolist()))
+            raise ValueError(f"arrivals from tenant(s) {unknown} the task does not have (tenants: {', '.join(names)})")
+        return index
+
     @classmethod
     def of(cls, arrivals: Sequence[Arrival]) -> ArrivalColumns:
         """Gathered from the objects."""

@@ -221,10 +221,14 @@ class ClusterBackend:
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
         sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         # every ready replica takes every arrival when all were ready by the first one (the usual case)
-        cols = arrival_columns(arrivals)
-        first = float(cols.arrival_s.min()) if len(cols) else 0.0
+        # the compiled router (no affinity) reads the arrivals' columns, the loop their objects
+        cols = arrival_columns(arrivals) if affinity is None and HAVE_NUMBA else None
+        if cols is not None:
+            first = float(cols.arrival_s.min()) if len(cols) else 0.0
+        else:
+            first = min((a.arrival_s for a in arrivals), default=0.0)
         everyone = bool(ready) and all(r.ready_s <= first for r in ready)
-        if everyone and affinity is None and HAVE_NUMBA:
+        if everyone and cols is not None:
             return self._route_compiled(arrivals, cols, ready, routed)
         for a in arrivals:
             t = a.arrival_s
