@@ -55,7 +55,7 @@ def cpu_ms(fn, repeats: int) -> list[float]:
 
 
 def live_requests(ep: Episode) -> int:
-    return len(ep.tracker._open)
+    return ep.tracker.outstanding
 
 
 def main(argv: list[str] | None = None) -> None:

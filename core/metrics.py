@@ -32,11 +32,12 @@ goodput = requests met per second, and their output tokens per second.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from llmserve_env.core.open_requests import OpenRequests
 from llmserve_env.shared import records as rb
 from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival, WindowReport
@@ -187,12 +188,11 @@ class MetricsTracker:
         # each tenant's TTFT and TPOT SLOs in seconds, in task order (indexed by ArrivalColumns.tenant_index)
         self._slo_columns = (np.array([t.ttft_slo_ms / 1e3 + SLO_EPS_S for t in task.tenants]),
                              np.array([t.tpot_slo_ms / 1e3 + SLO_EPS_S for t in task.tenants]))
-        # request_id -> (tenant, latest first-token time that meets its TTFT SLO, TPOT SLO in s)
-        self._open: dict[int, tuple[str, float, float]] = {}
+        self._open = OpenRequests()  # arrived, not yet settled
         self._flagged: set[int] = set()  # settled as missed while still pending
         self.closed = False
 
-    def observe(self, report: WindowReport, arrivals: list[Arrival], final: bool = False) -> WindowMetrics:
+    def observe(self, report: WindowReport, arrivals: Sequence[Arrival], final: bool = False) -> WindowMetrics:
         if self.closed:
             raise ValueError("the episode's final window was already observed")
         dt = report.dt
@@ -215,17 +215,12 @@ class MetricsTracker:
         good_tokens = 0
         tpots: list[float] = []
         e2es: list[float] = []
+        n_names = len(names)
         if len(fin):
-            rids = fin.request_id.tolist()
-            reqs = [opened.pop(rid, None) for rid in rids]
-            known: np.ndarray | None = None  # the rows still open (None: all of them)
-            if None in reqs:
-                for rid, req in zip(rids, reqs, strict=True):
-                    if req is None:
-                        if rid not in flagged:
-                            raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
-                        flagged.discard(rid)
-                known = np.array([q is not None for q in reqs])
+            fids = fin.request_id
+            rows, at = opened.find(fids)
+            if len(rows) < len(fids) or not _distinct(at):
+                rows, at = self._settled_before(fids, rows, at)
             ft, fin_s, out = fin.first_token_s, fin.finish_s, fin.output_tokens
             ok_done = fin.status == rb.OK
             ended = ok_done & (fin_s == fin_s)
@@ -234,49 +229,43 @@ class MetricsTracker:
             tpot = np.zeros(len(fin))
             tpot[has_tpot] = (fin_s[has_tpot] - ft[has_tpot]) / (out[has_tpot] - 1)
             tpots = tpot[has_tpot].tolist()
-            nan = np.nan
-            deadline = np.array([nan if q is None else q[1] for q in reqs])
-            tpot_slo = np.array([nan if q is None else q[2] for q in reqs])
-            met_rows = ok_done & (ft <= deadline) & (~has_tpot | (tpot <= tpot_slo))  # NaN (no first token) compares False
-            missed_rows = ~met_rows
-            if known is not None:  # a request flagged while pending was settled then
-                met_rows &= known
-                missed_rows &= known
+            # settled now: the rows still open (a request flagged while pending was settled then)
+            ft, out, ok_done, has_tpot, tpot = ft[rows], out[rows], ok_done[rows], has_tpot[rows], tpot[rows]
+            met_rows = ok_done & (ft <= opened.deadline[at]) & (~has_tpot | (tpot <= opened.tpot_slo[at]))  # NaN (no first token) compares False
             good_tokens = int(out[met_rows].sum())
-            if len(names) == 1:
-                met_by[names[0]] += int(np.count_nonzero(met_rows))
-                missed_by[names[0]] += int(np.count_nonzero(missed_rows))
-            else:  # a request's tenant as it arrived: the batch carries it from the arrival
-                for name in names:
-                    of = fin.tenant == name
-                    met_by[name] += int(np.count_nonzero(met_rows & of))
-                    missed_by[name] += int(np.count_nonzero(missed_rows & of))
+            # a request's tenant as it arrived
+            of = opened.tenant[at]
+            met_n = np.bincount(of[met_rows], minlength=n_names).tolist()
+            all_n = np.bincount(of, minlength=n_names).tolist()
+            for k, name in enumerate(names):
+                met_by[name] += met_n[k]
+                missed_by[name] += all_n[k] - met_n[k]
+            opened.remove(at)
 
         queued = int(np.count_nonzero(pen.status == rb.QUEUED))
         running = len(pen) - queued
-        if len(pen) and opened:
+        if len(pen) and len(opened):
             # only the requests still open can be settled now (a long queue is mostly flagged already)
-            live = _still_open(pen.request_id, opened)
-            if live:
-                rows = np.array([j for j, _ in live], dtype=np.int64)
-                deadline = np.array([q[1] for _, q in live])
-                tpot_slo = np.array([q[2] for _, q in live])
+            rows, at = opened.find(pen.request_id)
+            if len(rows):
+                deadline, tpot_slo = opened.deadline[at], opened.tpot_slo[at]
                 ft, target = pen.first_token_s[rows], pen.target_output_tokens[rows]
                 # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now, nor produce
                 # more than its target tokens.
                 late = np.where(ft != ft, t_end > deadline,
                                 (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
-                now_late = np.flatnonzero(late)
-                for k, rid in zip(now_late.tolist(), pen.request_id[rows[now_late]].tolist(), strict=True):
-                    del opened[rid]
-                    flagged.add(rid)
-                    missed_by[live[k][1][0]] += 1
+                now_late = at[late]
+                if len(now_late):
+                    flagged.update(opened.ids[now_late].tolist())
+                    for k, c in enumerate(np.bincount(opened.tenant[now_late], minlength=n_names).tolist()):
+                        missed_by[names[k]] += c
+                    opened.remove(now_late)
 
         backlog = 0
         if final:
             backlog = len(opened)
-            for tenant, _, _ in opened.values():
-                missed_by[tenant] += 1
+            for k, c in enumerate(np.bincount(opened.tenant, minlength=n_names).tolist()):
+                missed_by[names[k]] += c
             opened.clear()
             flagged.clear()
             self.closed = True
@@ -327,7 +316,7 @@ class MetricsTracker:
             per_tenant=per_tenant,
         )
 
-    def _open_arrivals(self, arrivals: list[Arrival], arrived: dict[str, int]) -> int:
+    def _open_arrivals(self, arrivals: Sequence[Arrival], arrived: dict[str, int]) -> int:
         """Open an entry for each arrival (its tenant, latest first-token time meeting its TTFT SLO, TPOT
         SLO), count them per tenant in `arrived`; returns their prompt tokens. Over the arrivals' columns
         (the same sums as one arrival at a time: float64 either way)."""
@@ -338,14 +327,31 @@ class MetricsTracker:
         for name, k in zip(self._names, np.bincount(index, minlength=len(self._names)).tolist(), strict=True):
             arrived[name] += k
         ttft, tpot = self._slo_columns
-        self._open.update(zip(cols.request_id.tolist(), zip(cols.tenant.tolist(), (cols.arrival_s + ttft[index]).tolist(),
-                                                            tpot[index].tolist(), strict=True), strict=True))
+        self._open.add(cols.request_id, index, cols.arrival_s + ttft[index], tpot[index])
         return int(cols.prompt_tokens.sum())
+
+    def _settled_before(self, fids: np.ndarray, rows: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The finished rows that are open (`rows`, their table positions `at`) less a request's second row
+        in one window; every other row must have been flagged while pending (settled then: unflagged now),
+        else it is a backend bug (ValueError naming the request, nothing changed)."""
+        first = np.unique(at, return_index=True)[1]  # each position's first row
+        keep = np.zeros(len(rows), dtype=bool)
+        keep[first] = True
+        known = np.zeros(len(fids), dtype=bool)
+        known[rows[keep]] = True
+        unknown = fids[~known].tolist()
+        once = set(unknown)
+        bad = [rid for rid in unknown if rid not in self._flagged]
+        if bad or len(once) < len(unknown):
+            rid = bad[0] if bad else next(r for r in unknown if unknown.count(r) > 1)
+            raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
+        self._flagged.difference_update(once)
+        return rows[keep], at[keep]
 
     def close(self) -> None:
         """End the episode's accounting (nothing may be observed after); raises if requests are
         still open: observe a window with final=True to charge them."""
-        if self._open:
+        if len(self._open):
             raise ValueError(f"{len(self._open)} requests are still open; observe the last window with final=True")
         self._flagged.clear()
         self.closed = True
@@ -353,14 +359,20 @@ class MetricsTracker:
     def fork(self) -> MetricsTracker:
         """An independent copy: the requests still open and flagged are copied, the task shared."""
         clone = copy.copy(self)
-        clone._open = dict(self._open)  # values are immutable tuples
+        clone._open = self._open.copy()
         clone._flagged = set(self._flagged)
         return clone
 
-    def open_requests(self) -> Iterable[tuple[str, float, float]]:
+    def open_requests(self) -> list[tuple[str, float, float]]:
         """(tenant, latest first-token time that meets its TTFT SLO, TPOT SLO in s) of every request
-        arrived and not yet settled (read-only view)."""
-        return self._open.values()
+        arrived and not yet settled, in request id order."""
+        o, names = self._open, self._names
+        return [(names[k], d, p) for k, d, p in zip(o.tenant.tolist(), o.deadline.tolist(), o.tpot_slo.tolist(),
+                                                    strict=True)]
+
+    def open_ids(self) -> np.ndarray:
+        """The ids of the requests arrived and not yet settled, ascending (read-only)."""
+        return self._open.ids
 
     @property
     def outstanding(self) -> int:
@@ -368,20 +380,13 @@ class MetricsTracker:
         return len(self._open)
 
 
-# Above this many pending requests the open ones are found by one array membership test rather than a
-# dict lookup each (a long queue is mostly requests settled already): the same rows, found faster.
-_MEMBERSHIP_MIN = 512
-
-
-OpenEntry = tuple[str, float, float]  # tenant, latest first-token time meeting its TTFT SLO, TPOT SLO (s)
-
-
-def _still_open(ids: np.ndarray, opened: dict[int, OpenEntry]) -> list[tuple[int, OpenEntry]]:
-    """(row, open entry) of the rows of `ids` whose request is still open, in row order."""
-    if len(ids) < _MEMBERSHIP_MIN:
-        return [(j, q) for j, q in enumerate(map(opened.get, ids.tolist())) if q is not None]
-    rows = np.flatnonzero(np.isin(ids, np.fromiter(opened, np.int64, len(opened))))
-    return [(j, opened[rid]) for j, rid in zip(rows.tolist(), ids[rows].tolist(), strict=True)]
+def _distinct(positions: np.ndarray) -> bool:
+    """True when no table position repeats (no request finished twice in one window)."""
+    if len(positions) < 2:
+        return True
+    seen = np.zeros(int(positions.max()) + 1, dtype=bool)
+    seen[positions] = True
+    return int(np.count_nonzero(seen)) == len(positions)
 
 
 def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> list[float]:

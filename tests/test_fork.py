@@ -98,7 +98,7 @@ def test_constants_are_shared_and_state_is_not(monkeypatch) -> None:
     copies = {id(r) for r in [*f.decoding.values(), *f.prefilling, *f.sched.waiting()]}
     assert not copies & {id(r) for r in live}
     assert not {id(r.rec) for r in live} & {id(r.rec) for r in [*f.decoding.values(), *f.prefilling]}
-    assert clone.tracker._open == ep.tracker._open and clone.tracker._open is not ep.tracker._open
+    assert clone.tracker.open_requests() == ep.tracker.open_requests() and clone.tracker._open is not ep.tracker._open
     # one request in several structures stays one object in the copy
     for _, _, _, r in f.fin_heap:
         if r.rid in f.decoding and r.gen == f.decoding[r.rid].gen:
