@@ -40,10 +40,12 @@ announced jobs. Deterministic for (seed, window). Futures are turned into reques
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.scenarios import (
     FlashCrowd,
@@ -87,9 +89,10 @@ class Job:
     rate_rps: float
 
 
-def tenant_counts(task: TaskSpec, wins: list[list[Arrival]]) -> dict[str, np.ndarray]:
+def tenant_counts(task: TaskSpec, wins: list[Sequence[Arrival]]) -> dict[str, np.ndarray]:
     """Each tenant's arrivals per window: what `DayForecast` conditions on."""
-    return {t.name: np.array([sum(a.tenant == t.name for a in w) for w in wins], dtype=float) for t in task.tenants}
+    tenants = [arrival_columns(w).tenant for w in wins]
+    return {t.name: np.array([np.count_nonzero(c == t.name) for c in tenants], dtype=float) for t in task.tenants}
 
 
 def _runs(counts: np.ndarray) -> list[tuple[int, int]]:
@@ -211,7 +214,7 @@ class DayForecast:
     # ------------------------------------------------------------------------------ futures
 
     def futures(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]], samples: int,
-                seed: int, first_id: int) -> list[list[list[Arrival]]]:
+                seed: int, first_id: int) -> list[list[Sequence[Arrival]]]:
         """`samples` futures: arrival windows k..horizon-1 each, drawn from the posterior given the counts
         of windows 0..k-1 (tenant -> counts) and the jobs announced before window k."""
         self._check_window(k)
@@ -230,7 +233,7 @@ class DayForecast:
 
     def stratified(self, k: int, counts: dict[str, np.ndarray], announced: list[dict[str, Any]], samples: int,
                    surprises: int, seed: int, first_id: int, peak: bool = False
-                   ) -> tuple[list[list[list[Arrival]]], list[float]]:
+                   ) -> tuple[list[list[Sequence[Arrival]]], list[float]]:
         """Futures stratified by the day's surprises ahead, with their weights (summing to 1): `samples`
         futures with none (no ad-hoc job, no flash crowd from window k on) weighted by the chance of none over
         the windows left, and `surprises` futures with at least one (their number the Poisson's given one or
@@ -313,7 +316,7 @@ class DayForecast:
             else self._cycle_drawn(j, k, counts, rng, crowds)
 
     def _arrivals(self, k: int, rates: dict[str, np.ndarray], jobs: list[Job], rng: np.random.Generator,
-                  first_id: int) -> list[list[Arrival]]:
+                  first_id: int) -> list[Sequence[Arrival]]:
         """The arrival windows k.. of the cycled tenants' rates plus the jobs' (each over its windows)."""
         for job in jobs:
             lo, hi = max(job.start, k), min(job.start + job.windows, self.horizon)

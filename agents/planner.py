@@ -95,6 +95,7 @@ from llmserve_env.agents.singles import SINGLES, make_single
 from llmserve_env.core.episode import Episode, ObservedWindow, StepOutcome
 from llmserve_env.core.errors import EnvError
 from llmserve_env.core.grader import References, Totals, add_window, compute_references, objective
+from llmserve_env.shared.arrival_list import concat_arrivals
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.day_shape import publishes_day
 from llmserve_env.shared.models import ServeAction, ServeObservation
@@ -146,7 +147,7 @@ SAMPLE_ID_BASE = 1 << 40
 CONTINUED_ID_BASE = 1 << 41
 # One future a rollout plays: its arrival windows (None: the episode's true ones), the grader's references, and its
 # weight in a candidate's value (the futures' weights sum to 1)
-Future = tuple[list[list[Arrival]] | None, References, float]
+Future = tuple[list[Sequence[Arrival]] | None, References, float]
 
 
 class PlannerError(EnvError):
@@ -179,7 +180,7 @@ class PoolDay:
     """One day of the sampled pool: its arrival windows, their counts, and (multi-turn tasks, `running_turns`)
     each arrival's conversation's first arrival, in the windows' shape."""
 
-    windows: list[list[Arrival]]
+    windows: list[Sequence[Arrival]]
     counts: np.ndarray
     starts: list[list[float]]
 
@@ -491,7 +492,7 @@ class PlannerPolicy:
             value = float(np.average(grades, weights=weights))
         return value, Branch(value, out[0].start, out[0].actions)
 
-    def _rollout(self, cand: ServeAction, j: int, wins: list[list[Arrival]] | None,
+    def _rollout(self, cand: ServeAction, j: int, wins: list[Sequence[Arrival]] | None,
                  ref: References) -> Branch:
         ep = self.shadow
         assert ep is not None
@@ -548,7 +549,7 @@ class PlannerPolicy:
             self._expected = None
             self.incumbent = None
             self._done_totals, self._done_met = Totals(), {t.name: 0.0 for t in self.played.tenants}
-            self._true_arrivals = [a for w in self.shadow.windows for a in w]
+            self._true_arrivals = concat_arrivals(self.shadow.windows)
             return
         exp = self._expected
         if exp is None or obs.step_index != exp.step_index or obs.reward != exp.reward or \
@@ -565,22 +566,22 @@ class PlannerPolicy:
                 self._true_ref = (ep.seed, compute_references(self.played, ep.seed, arrivals=self._true_arrivals))
             return [(None, self._true_ref[1], 1.0)]
         k = ep.step_count
-        past = [a for w in ep.windows[:k] for a in w]
-        drawn, weights = self.weighted_futures(ep.seed, ep.windows[:k])
-        return [(wins, compute_references(self.played, ep.seed, arrivals=past + [a for w in wins[k:] for a in w]), wt)
+        past = ep.windows[:k]
+        drawn, weights = self.weighted_futures(ep.seed, past)
+        return [(wins, compute_references(self.played, ep.seed, arrivals=concat_arrivals(past + wins[k:])), wt)
                 for wins, wt in zip(drawn, weights, strict=True)]
 
-    def judged_outside(self, seen: list[list[Arrival]]) -> bool:
+    def judged_outside(self, seen: list[Sequence[Arrival]]) -> bool:
         """Whether the windows seen make the day more likely outside the family than in it (`off_family`)."""
         return self._judge is not None and self._judge.outside(tenant_counts(self.task, seen))
 
-    def future_windows(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
+    def future_windows(self, seed: int, seen: list[Sequence[Arrival]]) -> list[list[Sequence[Arrival]]]:
         """The sampled futures after the windows `seen` of the episode with `seed`: each the whole episode's
         windows, the seen ones as they were, the rest drawn by `forecast` (only the announced jobs of the
         seed's day are read, as the observation shows them)."""
         return self.weighted_futures(seed, seen)[0]
 
-    def weighted_futures(self, seed: int, seen: list[list[Arrival]]) -> tuple[list[list[list[Arrival]]], list[float]]:
+    def weighted_futures(self, seed: int, seen: list[Sequence[Arrival]]) -> tuple[list[list[Sequence[Arrival]]], list[float]]:
         """`future_windows` and each future's weight in a candidate's value: equal, or with `surprises` each
         stratum's chance (agents/forecast.py `stratified`)."""
         k = len(seen)
@@ -595,7 +596,7 @@ class PlannerPolicy:
         out = self._nearest_futures(seed, seen)
         return out, [1.0 / len(out)] * len(out)
 
-    def _nearest_futures(self, seed: int, seen: list[list[Arrival]]) -> list[list[list[Arrival]]]:
+    def _nearest_futures(self, seed: int, seen: list[Sequence[Arrival]]) -> list[list[Sequence[Arrival]]]:
         """The `nearest` forecast's futures: days of the task's workload under other seeds (module docstring)."""
         k = len(seen)
         pool = self._sample_pool()

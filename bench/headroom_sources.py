@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -63,7 +64,7 @@ class DayOracle:
                      for name, spec in w["tenants"].items()}
         self.scheduled = len(w["family"].get("jobs", []))  # the day's first jobs are the scheduled ones
 
-    def futures(self, k: int, seen: list[list[Arrival]], samples: int, first_id: int) -> list[list[list[Arrival]]]:
+    def futures(self, k: int, seen: list[Sequence[Arrival]], samples: int, first_id: int) -> list[list[Sequence[Arrival]]]:
         known = self.surprises
         cycle = {name: m.copy() for name, m in self.mean.items()}
         for c in self.day.flash_crowds:
@@ -93,7 +94,7 @@ class OraclePlanner(PlannerPolicy):
         self.name = f"planner_{oracle}_oracle"
         self._oracle: DayOracle | None = None
 
-    def weighted_futures(self, seed: int, seen: list[list[Arrival]]) -> tuple[list[list[list[Arrival]]], list[float]]:
+    def weighted_futures(self, seed: int, seen: list[Sequence[Arrival]]) -> tuple[list[list[Sequence[Arrival]]], list[float]]:
         if self._oracle is None or self._oracle.seed != seed:
             self._oracle = DayOracle(self.played, seed, self.oracle_kind == "surprises")
         fut = self._oracle.futures(len(seen), seen, self.samples, 1 << 40)

@@ -39,6 +39,7 @@ import dataclasses
 import json
 import statistics
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
@@ -86,7 +87,7 @@ def profile_with_tokens(tokens: int | None):
     return dataclasses.replace(p, memory_gib=mem)
 
 
-def serve(arrivals: list[Arrival], profile, window_s: float) -> tuple[dict, float]:
+def serve(arrivals: Sequence[Arrival], profile, window_s: float) -> tuple[dict, float]:
     """Serve every arrival (then drain); returns the totals and the CPU seconds run_window took."""
     b = SimBackend(profile)
     b.reset(0)
@@ -119,15 +120,15 @@ def serve(arrivals: list[Arrival], profile, window_s: float) -> tuple[dict, floa
             "blocks": b._engine.kv.total, "evicted_units": b._engine.pcache.evicted}, cpu
 
 
-def best_cpu(arrivals: list[Arrival], profile, window_s: float, repeats: int) -> float:
+def best_cpu(arrivals: Sequence[Arrival], profile, window_s: float, repeats: int) -> float:
     return min(serve(arrivals, profile, window_s)[1] for _ in range(repeats))
 
 
-def strip(arrivals: list[Arrival]) -> list[Arrival]:
+def strip(arrivals: Sequence[Arrival]) -> list[Arrival]:
     return [dataclasses.replace(a, prefix_ids=None, prefix_block_tokens=0) for a in arrivals]
 
 
-def unique(arrivals: list[Arrival]) -> list[Arrival]:
+def unique(arrivals: Sequence[Arrival]) -> list[Arrival]:
     """Ids nobody shares, at the engine's 16-token granularity: the cache's bookkeeping, no hit."""
     return [dataclasses.replace(a, prefix_ids=tuple(range(a.request_id << 20, (a.request_id << 20)
                                                           + (a.prompt_tokens + a.output_tokens) // 16)),
@@ -146,7 +147,7 @@ def lone_ttft() -> tuple[float, float]:
     return r1.first_tokens[0][2], r2.first_tokens[0][2]
 
 
-def route(arrivals: list[Arrival], affinity: float | None, replicas: int, window_s: float) -> dict[str, float]:
+def route(arrivals: Sequence[Arrival], affinity: float | None, replicas: int, window_s: float) -> dict[str, float]:
     """The arrivals served by `replicas` replicas under one routing rule (then drained)."""
     b = ClusterBackend("h100-llama3.1-8b", replicas=(replicas, replicas), initial=replicas)
     b.reset(0)

@@ -47,6 +47,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -103,7 +104,7 @@ def write_trace(path: Path, conversations: int, turns: int, gap_s: float, system
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def play_real(urls: list[str], arrivals: list[Arrival], task: Any, affinity: float | None, record: Path,
+def play_real(urls: list[str], arrivals: Sequence[Arrival], task: Any, affinity: float | None, record: Path,
               replicas: int) -> list[WindowReport]:
     tiers = TierTable({t: TierPrice(MODEL_ALIAS, 0.0, 0.0, 1.0) for t in ("FP16", "INT8", "INT4")}, "bench")
     config = GatewayConfig(api_key=Secret("EMPTY"), base_url=urls[0], endpoints=tuple(urls), model=MODEL_ALIAS,
@@ -153,7 +154,7 @@ class RoutedAsRecorded(ClusterBackend):
         super().__init__(profile, (2, 2), 2)
         self.route = route
 
-    def _route(self, arrivals: list[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
+    def _route(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
         routed: dict[int, list[Arrival]] = {r.index: [] for r in self.replicas}
         for a in arrivals:
             routed[self.route[a.request_id]].append(a)
@@ -169,7 +170,7 @@ def recorded_routes(records: Path) -> dict[int, int]:
     return {r["request_id"]: endpoints.index(r["endpoint"]) for r in recs if r.get("endpoint")}
 
 
-def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float | None,
+def play_sim(profile: Any, arrivals: Sequence[Arrival], task: Any, affinity: float | None,
              route: dict[int, int] | None = None, router: str = "estimated",
              routes_out: dict[int, int] | None = None) -> list[WindowReport]:
     """The run in the simulator: on `route` (the gateway's) if given, else on the cluster's own `router`,
@@ -186,7 +187,7 @@ def play_sim(profile: Any, arrivals: list[Arrival], task: Any, affinity: float |
     return reports
 
 
-def conversations(arrivals: list[Arrival]) -> dict[int, int]:
+def conversations(arrivals: Sequence[Arrival]) -> dict[int, int]:
     """Request id to its conversation (its first turn's request id): every later turn resends the first
     turn's prompt, whose units then lead its own, and no other conversation's (its first message differs)."""
     firsts: list[Arrival] = []
@@ -212,7 +213,7 @@ def splits(routes: dict[int, int], convo: dict[int, int]) -> dict[str, int]:
             "changes": sum(sum(1 for x, y in zip(s, s[1:], strict=False) if x != y) for s in servers.values())}
 
 
-def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) -> list[dict[str, Any]]:
+def replay_slots(records: Path, arrivals: Sequence[Arrival], spec: SlotCacheSpec) -> list[dict[str, Any]]:
     """The engine's per-request hits against the slot model's, on the engine's own order of events: each
     endpoint's requests are taken at their dispatch and released at their finish, as the records say, so
     the comparison is of the cache mechanism alone, free of any step time. Rows: request, endpoint, the
@@ -245,7 +246,7 @@ def replay_slots(records: Path, arrivals: list[Arrival], spec: SlotCacheSpec) ->
     return rows
 
 
-def in_engine_tokens(arrivals: list[Arrival], ratio: float) -> list[Arrival]:
+def in_engine_tokens(arrivals: Sequence[Arrival], ratio: float) -> list[Arrival]:
     """The run as the engine counts it, for the simulator's prediction: the profile is fitted to the
     engine's own counts (sim/calibration/replay.py), so the trace's o200k lengths are scaled by `ratio`,
     and so are the shared prefixes: engine unit k stands for trace unit floor(k / ratio), so requests that

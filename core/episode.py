@@ -23,9 +23,11 @@ import re
 import secrets
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import numpy as np
 from llmserve_env.core.episode_log import EpisodeLog, StepRecord
 from llmserve_env.core.errors import (
     BackendFailure,
@@ -39,6 +41,7 @@ from llmserve_env.core.errors import (
 from llmserve_env.core.grader import References, compute_references
 from llmserve_env.core.metrics import DRAIN_MAX_WINDOWS, MetricsTracker, WindowMetrics, with_drain
 from llmserve_env.core.reward import GradeReward
+from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival, Backend, BackendUnavailableError, WindowReport
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.scenarios import announced_jobs, replica_disruptions
@@ -113,7 +116,7 @@ def check_replicas(action: ServeAction, task: TaskSpec, backend_max: int | None 
 
 
 def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | None, seed: int | None = None,
-                     served: list[Arrival] | None = None) -> dict[str, Any]:
+                     served: Sequence[Arrival] | None = None) -> dict[str, Any]:
     """What an operator of a cluster task sees: the replicas by state (asked for, ready, starting with the
     seconds until each is ready, draining), the next window's place in the daily cycle, each tenant's
     arrival rate in the window just `served` (absent before the first window), and the batch jobs
@@ -130,10 +133,9 @@ def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | N
         out["cycle_windows"] = task.cycle_windows
         out["time_of_day_h"] = round(24.0 * k / task.cycle_windows, 4)
     if served is not None:
-        counts = dict.fromkeys((t.name for t in task.tenants), 0)
-        for a in served:
-            counts[a.tenant] += 1
-        out["arrival_rate_by_tenant"] = {name: round(n / task.window_s, 4) for name, n in counts.items()}
+        names = [t.name for t in task.tenants]
+        counts = np.bincount(arrival_columns(served).tenant_index(names), minlength=len(names)).tolist()
+        out["arrival_rate_by_tenant"] = {name: round(n / task.window_s, 4) for name, n in zip(names, counts, strict=True)}
     if seed is not None and task.workload.get("kind") == "cycle":
         out["announced_jobs"] = announced_jobs(task, seed, next_window)
     return out
@@ -172,7 +174,7 @@ class StepOutcome:
     step_index: int  # windows served so far, this one included (the observation's step_index)
     done: bool
     seed: int  # the episode's seed: a scenario family's day, for the announced jobs
-    served: list[Arrival]  # the window's arrivals (each tenant's arrival rate, cluster tasks)
+    served: Sequence[Arrival]  # the window's arrivals (each tenant's arrival rate, cluster tasks)
     # prefix caching (sim): (prompt tokens first admitted, of them served from the cache, cached blocks)
     prefix: tuple[int, int, int] = (0, 0, 0)
 
@@ -271,7 +273,7 @@ class Episode:
     seed: int
     mode: Literal["sim", "real"]
     backend: Backend
-    windows: list[list[Arrival]]
+    windows: list[Sequence[Arrival]]
     tracker: MetricsTracker
     reward: GradeReward
     step_count: int = 0
@@ -292,7 +294,7 @@ class Episode:
     _drained: list[WindowReport] = field(default_factory=list, repr=False)
     # the arrivals as generated from (task, seed) and the grader's references of them, computed once at
     # the start: what grading this episode would compute again (`grade_own`); read-only, forks share it
-    played: tuple[list[Arrival], References] | None = field(default=None, repr=False)
+    played: tuple[Sequence[Arrival], References] | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, task: TaskSpec, seed: int, mode: Literal["sim", "real"], episode_id: str | None = None, *,

@@ -53,7 +53,7 @@ steps) and consistent with the regenerated arrivals, else GradeError.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -116,7 +116,7 @@ class _Columns:
     tpot_slo_s: np.ndarray
 
     @classmethod
-    def of(cls, task: TaskSpec, arrivals: list[Arrival]) -> _Columns:
+    def of(cls, task: TaskSpec, arrivals: Sequence[Arrival]) -> _Columns:
         got = arrival_columns(arrivals)
         return cls(got.arrival_s.astype(np.float64), got.prompt_tokens.astype(np.float64),
                    got.output_tokens.astype(np.float64), got.tenant_index([t.name for t in task.tenants]),
@@ -187,7 +187,7 @@ def _ideal_upper(task: TaskSpec, cols: _Columns, cap: ProfileCapacity) -> tuple[
 
 
 def compute_references(task: TaskSpec, seed: int, capacity: ProfileCapacity | None = None,
-                       arrivals: list[Arrival] | None = None) -> References:
+                       arrivals: Sequence[Arrival] | None = None) -> References:
     """The floor and upper bound of `task` under `seed` (see the module docstring).
 
     `arrivals` saves regenerating them when the caller already has generate_arrivals(task, seed).
@@ -243,7 +243,7 @@ class Totals:
     cost_usd: float = 0.0
 
 
-def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) -> tuple[Totals, dict[str, list[int]]]:
+def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[Sequence[Arrival]]) -> tuple[Totals, dict[str, list[int]]]:
     """Sum the log's metrics, checking them against the regenerated arrivals."""
     names = [t.name for t in task.tenants]
     tot = Totals()
@@ -269,9 +269,8 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[list[Arrival]]) ->
         pt = m.get("per_tenant")
         if not isinstance(pt, dict) or set(pt) != set(names):
             raise GradeError(f"step {k}: per_tenant must list exactly the tenants {', '.join(names)}")
-        expected = {n: 0 for n in names}
-        for a in per_window[k]:
-            expected[a.tenant] += 1
+        expected = dict(zip(names, np.bincount(arrival_columns(per_window[k]).tenant_index(names),
+                                               minlength=len(names)).tolist(), strict=True))
         sum_met = sum_missed = 0
         for n in names:
             entry = pt[n]
@@ -348,7 +347,7 @@ def objective(task: TaskSpec, tot: Totals, met_by_tenant: Mapping[str, float],
     return min(1.0, max(0.0, score)), terms, q_mean, cost_per_1k
 
 
-def grade_episode(log: EpisodeLog, played: tuple[list[Arrival], References] | None = None) -> GradeResult:
+def grade_episode(log: EpisodeLog, played: tuple[Sequence[Arrival], References] | None = None) -> GradeResult:
     """Grade a finished episode (see the module docstring); GradeError if it cannot be graded.
 
     `played`: the arrivals generate_arrivals(task, seed) gave and their references, as the episode

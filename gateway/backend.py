@@ -26,6 +26,7 @@ import os
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import replace
 from typing import Any
@@ -101,7 +102,7 @@ class GatewayBackend:
     def __repr__(self) -> str:
         return f"GatewayBackend(base_url={self.config.base_url!r}, client={self.config.client!r}, closed={self._closed})"
 
-    def cap_arrivals(self, arrivals: list[Arrival]) -> list[Arrival]:
+    def cap_arrivals(self, arrivals: Sequence[Arrival]) -> list[Arrival]:
         """The arrivals as real mode sends them: prompts cut to LLMSERVE_REAL_MAX_PROMPT_TOKENS and
         max_tokens to LLMSERVE_REAL_MAX_COMPLETION_TOKENS (what the metrics should judge and replay)."""
         c = self.config
@@ -115,7 +116,7 @@ class GatewayBackend:
         """The most replicas an action may ask for here: the endpoints in the pool (LLMSERVE_REAL_ENDPOINTS)."""
         return len(self.config.pool)
 
-    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: list[Arrival],
+    def begin(self, seed: int, episode_id: str, window_s: float, arrivals: Sequence[Arrival],
               initial_replicas: int = 1) -> list[Arrival]:
         """Start an episode for the runtime: refuse a window the step timeout cannot hold, or a task that
         starts with more replicas than the pool has endpoints (GatewayConfigError), reset under the
@@ -151,7 +152,7 @@ class GatewayBackend:
         self._dispatcher.new_episode(seed, episode_id)
         return flushed
 
-    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
+    def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:
         self._check_open()
         c = self.config
         c.check_window(dt)

@@ -326,7 +326,7 @@ class Dispatcher:
         self._abandon_task = asyncio.get_running_loop().create_task(self.cancel_all(
             f"episode abandoned (no step for LLMSERVE_REAL_ABANDON_S={self.config.abandon_s:g} s)", take=False))
 
-    async def _withdraw(self, arrivals: list[Arrival]) -> None:
+    async def _withdraw(self, arrivals: Sequence[Arrival]) -> None:
         """Take back a window no attempt of which reached the endpoint, so that the same window can be
         sent again: its arrivals not yet sent are dropped, those still retrying are cancelled (the
         record file keeps their attempts; a resent request's later row supersedes them), and none is
@@ -364,7 +364,7 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- one window
 
-    async def run_window(self, action: ServeAction, arrivals: list[Arrival], prompts: dict[int, str],
+    async def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], prompts: dict[int, str],
                          t0: float, dt: float, wall_s: float | None = None) -> WindowReport:
         """Serve window [t0, t0 + dt) of the episode clock: release `arrivals` at their times, then report
         at the window's end (or after `wall_s`, the most this call may take, if sooner)."""

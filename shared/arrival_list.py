@@ -1,20 +1,22 @@
-"""Arrivals as a list that also carries them as columns.
+"""Arrivals held as columns, their objects built only when a reader asks for one.
 
-The Backend contract hands a window's requests over as `list[Arrival]`. The workload generators draw
-them as arrays, and the compiled simulator wants arrays back; turning ~50 objects a window into columns
-field by field was a sixth of a single-server window. `ArrivalList` is the list of objects every
-consumer reads, with the generator's arrays kept beside it; `windows()` slices both, and
-`arrival_columns()` gives a list's columns: the kept ones, or gathered from the objects once.
-
-Any change to an `ArrivalList` drops its columns (they are gathered again on the next read), so they
-can never disagree with the objects.
+The Backend contract hands a window's requests over as a `Sequence[Arrival]`. The workload generators
+draw them as arrays, and the compiled simulator, the router, the metrics and the grader read arrays:
+building ~10^4 frozen `Arrival` objects an episode that nothing on that path reads was a fifth of a
+cluster episode (and of a Gym reset). `ArrivalList` is that sequence: its columns (`ArrivalColumns`)
+always, its objects built all at once the first time one is read (indexing, iterating, comparing),
+then kept. It is immutable, so the two can never disagree; slicing it slices the columns, and
+`arrival_columns()` gives any sequence's columns (an ArrivalList's own, or gathered from the objects).
+A plain `list[Arrival]` is a `Sequence[Arrival]` too: every consumer takes either.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from itertools import repeat
+from typing import Any, overload
 
 import numpy as np
 from llmserve_env.shared.backend import Arrival
@@ -59,6 +61,16 @@ class ArrivalColumns:
         return index
 
     @classmethod
+    def concat(cls, parts: Sequence[ArrivalColumns]) -> ArrivalColumns:
+        """The parts' rows one after another."""
+        if not parts:
+            return cls.of([])
+        return cls(np.concatenate([p.request_id for p in parts]), np.concatenate([p.arrival_s for p in parts]),
+                   np.concatenate([p.prompt_tokens for p in parts]), np.concatenate([p.output_tokens for p in parts]),
+                   np.concatenate([p.tenant for p in parts]), np.concatenate([p.priority for p in parts]),
+                   any(p.prefixed for p in parts))
+
+    @classmethod
     def of(cls, arrivals: Sequence[Arrival]) -> ArrivalColumns:
         """Gathered from the objects."""
         return cls(np.array([a.request_id for a in arrivals], dtype=np.int64),
@@ -70,44 +82,105 @@ class ArrivalColumns:
                    any(a.prefix_ids is not None for a in arrivals))
 
 
-def _dropping(name: str) -> Any:
-    base = getattr(list, name)
-
-    def method(self: ArrivalList, *args: Any, **kwargs: Any) -> Any:
-        self._columns = None
-        return base(self, *args, **kwargs)
-
-    method.__name__ = name
-    method.__doc__ = f"list.{name}, dropping the columns."
-    return method
+# Arrival's slots, written directly: a frozen dataclass's __init__ spends most of its time in object.__setattr__
+# (one call per field); `map` over the slot descriptors builds the same objects without a Python frame each
+_NEW = object.__new__
+_SETTERS = tuple(Arrival.__dict__[f].__set__ for f in ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
+                                                        "tenant", "priority", "prefix_ids", "prefix_block_tokens"))
 
 
-class ArrivalList(list[Arrival]):
-    """A list of arrivals with their columns kept beside it (see the module docstring). A slice of it is a
-    plain list; `windows()` slices the columns with it."""
+def arrivals_of(columns: ArrivalColumns) -> list[Arrival]:
+    """The `Arrival` objects of columns without prefix ids (`Arrival(request_id, arrival_s, ...)` each)."""
+    n = len(columns)
+    objs = list(map(_NEW, repeat(Arrival, n)))
+    values = (columns.request_id.tolist(), columns.arrival_s.tolist(), columns.prompt_tokens.tolist(),
+              columns.output_tokens.tolist(), columns.tenant.tolist(), columns.priority.tolist(), repeat(None, n),
+              repeat(0, n))
+    for setter, vals in zip(_SETTERS, values, strict=True):
+        deque(map(setter, objs, vals), maxlen=0)
+    return objs
 
-    __slots__ = ("_columns",)
 
-    def __init__(self, arrivals: Iterable[Arrival] = (), columns: ArrivalColumns | None = None):
-        super().__init__(arrivals)
-        if columns is not None and len(columns) != len(self):
-            raise ValueError(f"{len(columns)} rows of columns for {len(self)} arrivals")
+class ArrivalList(Sequence[Arrival]):
+    """An immutable sequence of arrivals: columns, and the objects built on first read (module docstring).
+    Built from columns (`ArrivalList(columns=...)`, no prefix ids) or from objects (`ArrivalList(objs)`, the
+    columns gathered when first asked for, or given beside them)."""
+
+    __slots__ = ("_columns", "_objects")
+
+    def __init__(self, arrivals: Iterable[Arrival] | None = None, columns: ArrivalColumns | None = None):
+        objects = None if arrivals is None else list(arrivals)
+        if objects is None:
+            if columns is None:
+                objects = []
+            elif columns.prefixed:
+                raise ValueError("prefix ids are not columns: build an ArrivalList with prefix ids from its objects")
+        elif columns is not None and len(columns) != len(objects):
+            raise ValueError(f"{len(columns)} rows of columns for {len(objects)} arrivals")
+        self._objects: list[Arrival] | None = objects
         self._columns = columns
 
     @property
     def columns(self) -> ArrivalColumns:
         if self._columns is None:
-            self._columns = ArrivalColumns.of(self)
+            self._columns = ArrivalColumns.of(self.objects)
         return self._columns
 
-    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy keep the columns (list's protocol appends after)
-        return (ArrivalList, (list(self), self._columns))
+    @property
+    def objects(self) -> list[Arrival]:
+        """The arrivals as objects (built at the first call, then kept; read-only)."""
+        if self._objects is None:
+            assert self._columns is not None
+            self._objects = arrivals_of(self._columns)
+        return self._objects
 
+    @property
+    def built(self) -> bool:
+        """Whether the objects exist (tests: what a path read)."""
+        return self._objects is not None
 
-# every list method that changes the list drops the columns
-for _name in ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse", "__setitem__", "__delitem__",
-              "__iadd__", "__imul__"):
-    setattr(ArrivalList, _name, _dropping(_name))
+    def __len__(self) -> int:
+        return len(self._objects) if self._objects is not None else len(self.columns)
+
+    @overload
+    def __getitem__(self, i: int) -> Arrival: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> ArrivalList: ...
+
+    def __getitem__(self, i: int | slice) -> Arrival | ArrivalList:
+        if not isinstance(i, slice):
+            return self.objects[i]
+        out = ArrivalList.__new__(ArrivalList)
+        out._objects = None if self._objects is None else self._objects[i]
+        cols = self._columns
+        if cols is not None:
+            lo, hi, step = i.indices(len(self))
+            cols = cols.slice(lo, hi) if step == 1 else cols.take(np.arange(lo, hi, step))
+        out._columns = cols
+        return out
+
+    def __iter__(self) -> Iterator[Arrival]:
+        return iter(self.objects)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, ArrivalList | list):
+            return self.objects == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are unhashable
+
+    def __add__(self, other: Sequence[Arrival]) -> list[Arrival]:
+        return [*self, *other]
+
+    def __radd__(self, other: Sequence[Arrival]) -> list[Arrival]:
+        return [*other, *self]
+
+    def __repr__(self) -> str:
+        return f"ArrivalList({self.objects!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickle and copy keep what exists (the objects not built stay so)
+        return (ArrivalList, (self._objects, self._columns))
 
 
 def arrival_columns(arrivals: Sequence[Arrival]) -> ArrivalColumns:
@@ -115,3 +188,13 @@ def arrival_columns(arrivals: Sequence[Arrival]) -> ArrivalColumns:
     if isinstance(arrivals, ArrivalList):
         return arrivals.columns
     return ArrivalColumns.of(arrivals)
+
+
+def concat_arrivals(parts: Iterable[Sequence[Arrival]]) -> Sequence[Arrival]:
+    """The parts' arrivals one after another: an ArrivalList of their columns where every part is one
+    (without prefix ids; an empty part of any kind joins), else a list of the objects."""
+    full = [p for p in parts if len(p)]
+    lists = [p for p in full if isinstance(p, ArrivalList) and not p.columns.prefixed]
+    if len(lists) == len(full):
+        return ArrivalList(columns=ArrivalColumns.concat([p.columns for p in lists]))
+    return [a for p in full for a in p]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -266,6 +267,6 @@ class Backend(Protocol):
 
     def reset(self, seed: int) -> None: ...
 
-    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport: ...
+    def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport: ...
 
     def close(self) -> None: ...

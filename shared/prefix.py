@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -152,13 +152,13 @@ def slice_ids(pt: PrefixTrace, start_s: float, n: int) -> tuple[tuple[int, ...],
     return pt.ids[lo:lo + n]
 
 
-def with_prefix(arrivals: list[Arrival], ids: tuple[tuple[int, ...], ...], block_tokens: int) -> list[Arrival]:
+def with_prefix(arrivals: Sequence[Arrival], ids: tuple[tuple[int, ...], ...], block_tokens: int) -> list[Arrival]:
     """The arrivals with their prefix ids attached (same order)."""
     return [Arrival(a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant, a.priority, i, block_tokens)
             for a, i in zip(arrivals, ids, strict=True)]
 
 
-def ideal_hit_rate(arrivals: list[Arrival]) -> float:
+def ideal_hit_rate(arrivals: Sequence[Arrival]) -> float:
     """Prompt tokens an infinite cache would serve / prompt tokens, over `arrivals` in order: the
     longest run of a request's leading units seen before (in an earlier request's prompt, or its
     answer when the ids cover it), capped to leave one prompt token to compute."""
@@ -311,7 +311,7 @@ class RunningConversation:
     priority: int
 
 
-def running_conversations(seen: list[Arrival], spec: MultiTurnSpec) -> list[RunningConversation]:
+def running_conversations(seen: Sequence[Arrival], spec: MultiTurnSpec) -> list[RunningConversation]:
     """Every conversation among the multi-turn requests `seen` (in arrival order), as of its last turn
     seen, in the order each first appeared."""
     n_sys = len(spec.system_tokens)
@@ -358,7 +358,7 @@ def continued_arrivals(running: list[RunningConversation], spec: MultiTurnSpec, 
                     UNIT) for n, i in enumerate(order)]
 
 
-def conversation_starts(arrivals: list[Arrival], spec: MultiTurnSpec) -> list[float]:
+def conversation_starts(arrivals: Sequence[Arrival], spec: MultiTurnSpec) -> list[float]:
     """Each request's conversation's first arrival among `arrivals` (sorted by arrival): its own where it
     is not told apart (`conversation_owner`)."""
     n_sys = len(spec.system_tokens)
@@ -376,7 +376,7 @@ def conversation_starts(arrivals: list[Arrival], spec: MultiTurnSpec) -> list[fl
 SAMPLED_DAY_SHIFT = 56
 
 
-def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, id_base: int) -> list[Arrival]:
+def as_sampled_day(arrivals: Sequence[Arrival], workload: dict[str, Any], day: int, id_base: int) -> Sequence[Arrival]:
     """Another day's arrivals played beside an episode's own (a planner's sampled future): request ids moved
     up by `id_base` (above every id of the episode), prefix ids kept where their text is that of every day
     and moved where it is that day's own. A multi-turn tenant's system prompt is the same text every day
@@ -386,6 +386,9 @@ def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, 
     text wherever a stretch is cut: kept."""
     if day < 0:
         raise ValueError(f"day must be >= 0, got {day}")
+    if isinstance(arrivals, ArrivalList) and not arrivals.columns.prefixed:  # no prefix ids: the columns moved
+        cols = arrivals.columns
+        return ArrivalList(columns=dataclasses.replace(cols, request_id=cols.request_id + id_base))
     own = None  # (tenants' units below this owner, the day's shift) on a multi-turn workload
     if workload.get("kind") == "multiturn":
         own = (len(MultiTurnSpec(**workload.get("spec", {})).system_tokens), (day + 1) << SAMPLED_DAY_SHIFT)
@@ -397,8 +400,7 @@ def as_sampled_day(arrivals: list[Arrival], workload: dict[str, Any], day: int, 
             ids = tuple(i + shift if i >> 32 >= n_sys else i for i in ids)
         out.append(new_arrival(id_base + a.request_id, a.arrival_s, a.prompt_tokens, a.output_tokens, a.tenant,
                                a.priority, ids, a.prefix_block_tokens))
-    cols = arrivals._columns if isinstance(arrivals, ArrivalList) else None
-    return out if cols is None else ArrivalList(out, dataclasses.replace(cols, request_id=cols.request_id + id_base))
+    return out
 
 
 def workload_day_scale(workload: dict[str, Any], window_s: float) -> Callable[[float], float] | None:

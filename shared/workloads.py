@@ -54,12 +54,13 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import parse_qsl
 
 import numpy as np
 from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList
-from llmserve_env.shared.backend import Arrival, new_arrival
+from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
 from llmserve_env.shared.prefix import (
     MultiTurnSpec,
@@ -255,7 +256,7 @@ def _trace_slice(task: TaskSpec, rng: np.random.Generator) -> TraceSlice:
     return replay_slice(trace, total_s, speedup=(t_end - t0) / total_s, start_s=t0)
 
 
-def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
+def generate_arrivals(task: TaskSpec, seed: int) -> Sequence[Arrival]:
     """Every request of one episode of `task` under `seed` (see the module docstring)."""
     total_s = task.horizon * task.window_s
     kind = task.workload.get("kind")
@@ -267,11 +268,7 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
         columns = ArrivalColumns(np.arange(n, dtype=np.int64), sl.arrival_s.astype(np.float64),
                                  sl.prompt_tokens.astype(np.int64), sl.output_tokens.astype(np.int64),
                                  np.full(n, tenant.name, dtype=object), np.full(n, tenant.priority, dtype=np.int64))
-        out: list[Arrival] = ArrivalList([
-            new_arrival(i, float(t), int(p), int(o), tenant.name, tenant.priority)
-            for i, (t, p, o) in enumerate(zip(sl.arrival_s.tolist(), sl.prompt_tokens.tolist(),
-                                              sl.output_tokens.tolist(), strict=True))
-        ], columns)
+        out: Sequence[Arrival] = ArrivalList(columns=columns)
         if "prefix_block_tokens" in task.workload:
             w = task.workload
             block = int(w["prefix_block_tokens"])
@@ -316,15 +313,11 @@ def generate_arrivals(task: TaskSpec, seed: int) -> list[Arrival]:
     names = np.array([t.name for t in tenants], dtype=object)
     priorities = np.array([t.priority for t in tenants], dtype=np.int64)
     columns = ArrivalColumns(np.arange(n, dtype=np.int64), times, prompt, output, names[who], priorities[who])
-    return ArrivalList([
-        new_arrival(i, t, p, o, tenants[k].name, tenants[k].priority)
-        for i, (t, p, o, k) in enumerate(zip(times.tolist(), prompt.tolist(), output.tolist(), who.tolist(),
-                                             strict=True))
-    ], columns)
+    return ArrivalList(columns=columns)
 
 
 def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window: int, rng: np.random.Generator,
-                      first_id: int = 0) -> list[list[Arrival]]:
+                      first_id: int = 0) -> list[Sequence[Arrival]]:
     """Windows `first_window`..horizon-1 of Poisson arrivals at `rates` (tenant name -> requests/s of each
     of those windows), each tenant's lengths drawn as `generate_arrivals` draws them: a forecast's day
     turned into requests (agents/forecast.py). Ids count up from `first_id`."""
@@ -332,11 +325,13 @@ def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window
     unknown = sorted(set(rates) - set(names))
     if unknown:
         raise ValueError(f"task {task.task_id!r} has no tenant {unknown[0]!r} (tenants: {', '.join(names)})")
-    out: list[list[Arrival]] = []
+    out: list[Sequence[Arrival]] = []
     next_id = first_id
+    tenant_names = np.array(names, dtype=object)
+    priorities = np.array([t.priority for t in task.tenants], dtype=np.int64)
     for j, k in enumerate(range(first_window, task.horizon)):
         t0, t1 = k * task.window_s, (k + 1) * task.window_s
-        win: list[tuple[float, int, int, int]] = []
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         for i, tenant in enumerate(task.tenants):
             r = rates.get(tenant.name)
             if r is None:
@@ -346,13 +341,17 @@ def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window
             if m:
                 p = _lognormal_tokens(rng, m, tenant.prompt_tokens, tenant.prompt_clip)
                 o = _lognormal_tokens(rng, m, tenant.output_tokens, tenant.output_clip)
-                win += [(t, i, int(pp), int(oo)) for t, pp, oo in zip(ts.tolist(), p, o, strict=True)]
-        win.sort()
-        arrivals = []
-        for t, i, pp, oo in win:
-            arrivals.append(new_arrival(next_id, t, pp, oo, names[i], task.tenants[i].priority))
-            next_id += 1
-        out.append(arrivals)
+                parts.append((ts, np.full(m, i, dtype=np.int64), p, o))
+        if parts:
+            ts, who, p, o = (np.concatenate(c) for c in zip(*parts, strict=True))
+        else:
+            ts, who, p, o = np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        order = np.lexsort((o, p, who, ts))  # by time, then tenant, prompt, output: (t, i, p, o) tuples sorted
+        ts, who, p, o = ts[order], who[order], p[order], o[order]
+        n = ts.shape[0]
+        out.append(ArrivalList(columns=ArrivalColumns(np.arange(next_id, next_id + n, dtype=np.int64), ts, p, o,
+                                                      tenant_names[who], priorities[who])))
+        next_id += n
     return out
 
 
@@ -376,16 +375,15 @@ def high_load_regime(task: TaskSpec, seed: int) -> np.ndarray:
     return np.zeros(task.horizon)
 
 
-def windows(arrivals: list[Arrival], task: TaskSpec) -> list[list[Arrival]]:
-    """Split sorted arrivals into `task.horizon` windows: k*window_s <= t < (k+1)*window_s. Arrivals with
-    their columns (an ArrivalList from the generator) give windows with theirs."""
+def windows(arrivals: Sequence[Arrival], task: TaskSpec) -> list[Sequence[Arrival]]:
+    """Split sorted arrivals into `task.horizon` windows: k*window_s <= t < (k+1)*window_s. An ArrivalList's
+    windows are ArrivalLists (their columns sliced; no object built)."""
     edges = [(k + 1) * task.window_s for k in range(task.horizon)]
-    out: list[list[Arrival]] = []
+    out: list[Sequence[Arrival]] = []
     lo = 0
-    cols = arrivals._columns if isinstance(arrivals, ArrivalList) else None
-    if cols is not None:
-        for hi in np.searchsorted(cols.arrival_s, edges, side="left").tolist():
-            out.append(ArrivalList(arrivals[lo:hi], cols.slice(lo, hi)))
+    if isinstance(arrivals, ArrivalList):
+        for hi in np.searchsorted(arrivals.columns.arrival_s, edges, side="left").tolist():
+            out.append(arrivals[lo:hi])
             lo = hi
     else:
         times = [a.arrival_s for a in arrivals]

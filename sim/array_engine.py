@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -275,7 +276,7 @@ class ArrayEngine:
 
     # ----------------------------------------------------------------------------------- window
 
-    def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
+    def start_window(self, arrivals: Sequence[Arrival], t0: float, dt: float) -> None:
         cols = arrival_columns(arrivals) if self._py is None else None
         if cols is None or self._hand_over(cols.prefixed):
             assert self._py is not None
@@ -320,7 +321,7 @@ class ArrayEngine:
         self.tenants[rows] = cols.tenant
         self.SI[cc.SI_NREQ] = n0 + n
 
-    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
+    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: Sequence[Arrival] | None = None) -> None:
         self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
                        action.quantization_tier, action.prefill_decode_split, action.priority_routing)
         self.start_window(arrivals or [], t0, dt)
@@ -374,7 +375,7 @@ class ArrayEngine:
             return self._py.outstanding_tokens()
         return float(cc.outstanding_tokens(self.F, self.Ix, self.SI, self.C))
 
-    def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
+    def serve_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float,
                      dt: float) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         self.begin_window(action, t0, dt, arrivals)
         return self.end_window()
@@ -499,5 +500,5 @@ def warm() -> None:
     from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
 
     one = np.ones(2)
-    route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
+    route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
     _WARM = True

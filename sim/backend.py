@@ -14,6 +14,8 @@ and `Episode.fork` build on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import KNOBS, ServeAction
 from llmserve_env.sim.array_engine import ArrayEngine, make_engine
@@ -49,7 +51,7 @@ class SimBackend:
     def reset(self, seed: int) -> None:
         self._engine = make_engine(self.profile, seed, self._models)
 
-    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
+    def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:
         eng = self._engine
         pending, used, mem, acc = eng.serve_window(action, arrivals, t0, dt)
         p = self.profile

@@ -9,6 +9,7 @@ window are served, the others are rejected at their arrival time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -54,7 +55,7 @@ class RequestCaps:
     def to_dict(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
-    def apply(self, arrivals: list[Arrival]) -> tuple[list[Arrival], list[RequestRecord]]:
+    def apply(self, arrivals: Sequence[Arrival]) -> tuple[Sequence[Arrival], list[RequestRecord]]:
         """(the arrivals sent, capped; the records of those rejected as over the per-step cap)."""
         n = self.max_requests_per_step
         sent = arrivals if n is None else arrivals[:n]
@@ -82,7 +83,7 @@ class CappedBackend:
     def reset(self, seed: int) -> None:
         self.inner.reset(seed)
 
-    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
+    def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:
         sent, rejected = self.caps.apply(arrivals)
         report = self.inner.run_window(action, sent, t0, dt)
         if rejected:

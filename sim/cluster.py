@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -212,24 +213,19 @@ class ClusterBackend:
 
     # ----------------------------------------------------------------------------------- one window
 
-    def _route(self, arrivals: list[Arrival], affinity: float | None = None) -> dict[int, list[Arrival]]:
+    def _route(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> dict[int, Sequence[Arrival]]:
         """Each arrival to a replica ready by its arrival time: least outstanding work (shared/routing.py),
         or with `action.cache_affinity` set, its cached share per replica (the engine's cache at the
         window's start plus what was routed there since) weighed against that work
         (shared/prefix_routing.py); a hit's tokens are not added to the replica's work."""
         ready = [r for r in self.replicas if r.state == READY]
+        if affinity is None and HAVE_NUMBA and ready:  # the compiled router reads the arrivals' columns
+            return self._route_compiled(arrivals, arrival_columns(arrivals), ready)
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
         sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
         # every ready replica takes every arrival when all were ready by the first one (the usual case)
-        # the compiled router (no affinity) reads the arrivals' columns, the loop their objects
-        cols = arrival_columns(arrivals) if affinity is None and HAVE_NUMBA else None
-        if cols is not None:
-            first = float(cols.arrival_s.min()) if len(cols) else 0.0
-        else:
-            first = min((a.arrival_s for a in arrivals), default=0.0)
+        first = min((a.arrival_s for a in arrivals), default=0.0)
         everyone = bool(ready) and all(r.ready_s <= first for r in ready)
-        if everyone and cols is not None:
-            return self._route_compiled(arrivals, cols, ready, routed)
         for a in arrivals:
             t = a.arrival_s
             eligible = ready if everyone else self._eligible(ready, a)
@@ -241,28 +237,36 @@ class ClusterBackend:
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
-        return routed
+        return dict(routed.items())
 
-    @staticmethod
-    def _route_compiled(arrivals: list[Arrival], cols: ArrivalColumns, ready: list[Replica],
-                        routed: dict[int, list[Arrival]]) -> dict[int, list[Arrival]]:
-        """`_route`'s loop when every ready replica takes every arrival and no affinity is set, compiled
-        (sim/compiled_routing.py): the same routes and estimates. `cols`: the arrivals' columns."""
+    def _route_compiled(self, arrivals: Sequence[Arrival], cols: ArrivalColumns,
+                        ready: list[Replica]) -> dict[int, Sequence[Arrival]]:
+        """`_route`'s loop without cache affinity, compiled (sim/compiled_routing.py): the same routes and
+        estimates, each replica eligible from its ready time on. `cols`: the arrivals' columns."""
         n = len(arrivals)
         t, prompt, output = cols.arrival_s, cols.prompt_tokens.astype(np.float64), cols.output_tokens.astype(np.float64)
         est_work = np.array([r.est_work for r in ready], dtype=np.float64)
         est_t = np.array([r.est_t for r in ready], dtype=np.float64)
         rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
+        ready_s = np.array([r.ready_s for r in ready], dtype=np.float64)
         choice = np.empty(n, dtype=np.int64)
-        route_least_work(t, prompt, output, est_work, est_t, rate, choice)
+        route_least_work(t, prompt, output, est_work, est_t, rate, ready_s, choice)
+        at = arrivals.__getitem__
+        nowhere = np.flatnonzero(choice < 0)
+        if len(nowhere):  # no replica ready by these arrivals' times (only after a spot preemption)
+            for j in nowhere.tolist():
+                self._eligible(ready, at(j))  # raises without disruptions, else keeps it to be rejected
+            choice[nowhere] = len(ready)  # sorted after every replica's rows, and left there
         counts = np.bincount(choice, minlength=len(ready)).tolist()
         order = np.argsort(choice, kind="stable")  # replica by replica, each one's in arrival order
-        at = arrivals.__getitem__
+        routed: dict[int, Sequence[Arrival]] = {r.index: [] for r in ready}
         lo = 0
-        for i, k in enumerate(counts):
-            if k:  # a replica that took arrivals
+        for i, k in enumerate(counts[:len(ready)]):
+            if k:  # a replica that took arrivals (as columns: no object built; with prefix ids, the objects)
                 rows = order[lo:lo + k]
-                routed[ready[i].index] = ArrivalList(map(at, rows.tolist()), cols.take(rows))
+                taken = cols.take(rows)
+                routed[ready[i].index] = ArrivalList(map(at, rows.tolist()), taken) if taken.prefixed else \
+                    ArrivalList(columns=taken)
                 ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
                 lo += k
         return routed
@@ -289,7 +293,7 @@ class ClusterBackend:
             sent[eligible[i].index].update(a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens])
         return i, hits[i]
 
-    def _route_tracked(self, arrivals: list[Arrival], affinity: float | None = None) -> None:
+    def _route_tracked(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> None:
         """The tracked router (module docstring): each arrival, in time order, to the replica with the
         least true outstanding work at its arrival (or the cache-aware rule over it), handed to that
         engine at once. The engines' windows are begun; only the eligible ones are advanced (a draining
@@ -326,7 +330,7 @@ class ClusterBackend:
             hits.append(unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index]))))
         return hits
 
-    def run_window(self, action: ServeAction, arrivals: list[Arrival], t0: float, dt: float) -> WindowReport:
+    def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:
         t1 = t0 + dt
         lost = self._reclaim(t0) if self.disruptions is not None else []
         if action.replicas is not None:
@@ -343,7 +347,7 @@ class ClusterBackend:
                 if r.engine is not None and r.state in (READY, DRAINING):
                     r.engine.begin_window(action, t0, dt)
             self._route_tracked(arrivals, action.cache_affinity)
-            routed: dict[int, list[Arrival]] = {}
+            routed: dict[int, Sequence[Arrival]] = {}
         else:
             routed = self._route(arrivals, action.cache_affinity)
         p = self.profile

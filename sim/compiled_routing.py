@@ -4,8 +4,8 @@ The rule is shared/routing.py's `least_outstanding` over each replica's estimate
 time (`Replica.work_at`), ties to the lowest index; the replica chosen then holds that work plus the
 arrival's prompt and output tokens. Here it runs over arrays, with the same float operations in the same
 order (no fastmath), so the routes and the estimates are bit-identical to the Python loop's; the cluster
-uses it where numba imports and every ready replica takes every arrival with no cache affinity (the
-usual window). Without numba, `njit` is the identity and the cluster keeps its Python loop.
+uses it where numba imports and no cache affinity is set (a replica is eligible from its ready time on, as
+in the loop). Without numba, `njit` is the identity and the cluster keeps its Python loop.
 """
 
 from __future__ import annotations
@@ -16,23 +16,25 @@ from llmserve_env.shared.jit import njit
 
 @njit
 def route_least_work(arrival_s: np.ndarray, prompt: np.ndarray, output: np.ndarray, est_work: np.ndarray, est_t: np.ndarray,
-                     rate: np.ndarray, choice: np.ndarray) -> None:
-    """Arrival j goes to replica choice[j]: the least work at arrival_s[j] (est_work - rate x elapsed, at
-    least 0); that replica's est_work becomes its work plus prompt[j], plus output[j] (added in
-    that order, as the Python loop adds them) and its est_t arrival_s[j]. est_work and est_t are updated in place."""
+                     rate: np.ndarray, ready_s: np.ndarray, choice: np.ndarray) -> None:
+    """Arrival j goes to replica choice[j]: of the replicas ready by arrival_s[j] (ready_s <= it), the least
+    work at arrival_s[j] (est_work - rate x elapsed, at least 0); that replica's est_work becomes its work
+    plus prompt[j], plus output[j] (added in that order, as the Python loop adds them) and its est_t
+    arrival_s[j]. No replica ready: choice[j] = -1, nothing updated. est_work and est_t are updated in place."""
     k = est_work.shape[0]
     for j in range(arrival_s.shape[0]):
         t = arrival_s[j]
-        best = 0
-        bw = est_work[0] - rate[0] * (t - est_t[0])
-        if not bw > 0.0:
-            bw = 0.0
-        for i in range(1, k):
+        best = -1
+        bw = 0.0
+        for i in range(k):
+            if ready_s[i] > t:
+                continue
             w = est_work[i] - rate[i] * (t - est_t[i])
             if not w > 0.0:
                 w = 0.0
-            if w < bw:
+            if best < 0 or w < bw:
                 best, bw = i, w
-        est_work[best] = (bw + prompt[j]) + output[j]
-        est_t[best] = t
         choice[j] = best
+        if best >= 0:
+            est_work[best] = (bw + prompt[j]) + output[j]
+            est_t[best] = t

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -77,7 +78,7 @@ def tokens_per_step(accept: float, depth: int) -> float:
     return (1.0 - accept ** (depth + 1)) / (1.0 - accept)
 
 
-def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: list[Arrival]) -> np.ndarray:
+def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: Sequence[Arrival]) -> np.ndarray:
     """Each arrival's speculative acceptance rate, drawn from the engine's stream for every arrival whatever
     the policy (so the stream never depends on actions): Beta around its tenant's mean."""
     return tenant_acceptance_rates(profile, rng, [a.tenant for a in arrivals])
@@ -280,7 +281,7 @@ class Engine:
 
     # ----------------------------------------------------------------------------------- window
 
-    def start_window(self, arrivals: list[Arrival], t0: float, dt: float) -> None:
+    def start_window(self, arrivals: Sequence[Arrival], t0: float, dt: float) -> None:
         self.acc = ListMeasurements()
         self.t0, self.dt = t0, dt
         self.next_sample = t0 + dt / SAMPLES_PER_WINDOW
@@ -312,7 +313,7 @@ class Engine:
     # per arrival advance(its time) and add_arrival, then end_window. Between the calls the engine's
     # requests are its true state at the clock, which is what the router reads (outstanding_tokens).
 
-    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: list[Arrival] | None = None) -> None:
+    def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: Sequence[Arrival] | None = None) -> None:
         """Configure for `action` and open a window with `arrivals` (none: add_arrival brings them)."""
         self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
                        action.quantization_tier, action.prefill_decode_split, action.priority_routing)
@@ -355,7 +356,7 @@ class Engine:
                                           r.rec.first_token_s is not None)
         return total
 
-    def serve_window(self, action: ServeAction, arrivals: list[Arrival], t0: float,
+    def serve_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float,
                      dt: float) -> tuple[list[RequestRecord], int, float, WindowMeasurements]:
         """One window under `action`, start to close: the driver SimBackend.run_window and each of
         ClusterBackend's replicas share. (pending records, KV blocks used, GPU memory used in GB,

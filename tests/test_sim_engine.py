@@ -232,7 +232,9 @@ def test_memory_stays_flat_over_a_long_episode(core, monkeypatch):
     if core == "compiled":
         pytest.importorskip("numba")
     monkeypatch.setenv("LLMSERVE_SIM_CORE", core)
-    wins = windows(generate_arrivals(STEADY, 0), STEADY)
+    # the arrivals' objects built before measuring (an ArrivalList builds them when the Python engine first reads
+    # them, and keeps them: the caller's memory, not the engine's)
+    wins = [list(w) for w in windows(generate_arrivals(STEADY, 0), STEADY)]
     b = SimBackend(STEADY.profile)
     b.reset(0)
     a = act()
