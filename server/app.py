@@ -129,6 +129,9 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     from llmserve_env.core.grader import warm as warm_grader
 
     warm_grader()  # the references' compiled kernel (core/grader.py), before the first reset
+    from llmserve_env.shared.percentiles import warm as warm_percentiles
+
+    warm_percentiles()  # the metrics' weighted percentiles (both modes)
     if config.mode == "sim":
         # the simulator's compiled engine (sim/array_engine.py): compiled, or loaded from numba's cache, before
         # the first step rather than during it

@@ -26,7 +26,9 @@ from llmserve_env.shared.backend import Arrival
 class ArrivalColumns:
     """`Arrival`'s fields, one array per field, one row per arrival (tenant names in an object array).
     `prefixed`: some arrival carries prefix ids (they are not columns: such windows go to the Python
-    engine, which reads the objects)."""
+    engine, which reads the objects). `known_index`: where the generator drew the rows' tenants by index,
+    (the task's tenant names, each row's index among them): `tenant_index` of those names is then that array,
+    with no string compared (shared with every caller: read it, never write it)."""
 
     request_id: np.ndarray  # int64
     arrival_s: np.ndarray  # float64
@@ -35,23 +37,31 @@ class ArrivalColumns:
     tenant: np.ndarray  # object
     priority: np.ndarray  # int64
     prefixed: bool = False
+    known_index: tuple[tuple[str, ...], np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.request_id)
 
     def slice(self, lo: int, hi: int) -> ArrivalColumns:
         """Rows lo..hi-1 (views, no copy)."""
+        known = self.known_index
         return ArrivalColumns(self.request_id[lo:hi], self.arrival_s[lo:hi], self.prompt_tokens[lo:hi],
-                              self.output_tokens[lo:hi], self.tenant[lo:hi], self.priority[lo:hi], self.prefixed)
+                              self.output_tokens[lo:hi], self.tenant[lo:hi], self.priority[lo:hi], self.prefixed,
+                              None if known is None else (known[0], known[1][lo:hi]))
 
     def take(self, rows: np.ndarray) -> ArrivalColumns:
         """Rows `rows`, in that order (copies)."""
+        known = self.known_index
         return ArrivalColumns(self.request_id[rows], self.arrival_s[rows], self.prompt_tokens[rows],
-                              self.output_tokens[rows], self.tenant[rows], self.priority[rows], self.prefixed)
+                              self.output_tokens[rows], self.tenant[rows], self.priority[rows], self.prefixed,
+                              None if known is None else (known[0], known[1][rows]))
 
     def tenant_index(self, names: Sequence[str]) -> np.ndarray:
         """Each row's tenant as its index in `names` (a task's tenants, in order); ValueError naming any
-        tenant not among them."""
+        tenant not among them. Never write it: it may be the columns' own `known_index`."""
+        known = self.known_index
+        if known is not None and tuple(names) == known[0]:
+            return known[1]
         index = np.full(len(self), -1, dtype=np.int64)
         for i, name in enumerate(names):
             index[self.tenant == name] = i
@@ -68,7 +78,7 @@ class ArrivalColumns:
         return cls(np.concatenate([p.request_id for p in parts]), np.concatenate([p.arrival_s for p in parts]),
                    np.concatenate([p.prompt_tokens for p in parts]), np.concatenate([p.output_tokens for p in parts]),
                    np.concatenate([p.tenant for p in parts]), np.concatenate([p.priority for p in parts]),
-                   any(p.prefixed for p in parts))
+                   any(p.prefixed for p in parts), _joined_index(parts))
 
     @classmethod
     def of(cls, arrivals: Sequence[Arrival]) -> ArrivalColumns:
@@ -80,6 +90,15 @@ class ArrivalColumns:
                    np.array([a.tenant for a in arrivals], dtype=object),
                    np.array([a.priority for a in arrivals], dtype=np.int64),
                    any(a.prefix_ids is not None for a in arrivals))
+
+
+def _joined_index(parts: Sequence[ArrivalColumns]) -> tuple[tuple[str, ...], np.ndarray] | None:
+    """The parts' known indices joined, where every part has one among the same names."""
+    known = [p.known_index for p in parts]
+    first = known[0]
+    if first is None or any(k is None or k[0] != first[0] for k in known):
+        return None
+    return first[0], np.concatenate([k[1] for k in known])  # type: ignore[index]
 
 
 # Arrival's slots, written directly: a frozen dataclass's __init__ spends most of its time in object.__setattr__

@@ -267,7 +267,8 @@ def generate_arrivals(task: TaskSpec, seed: int) -> Sequence[Arrival]:
         n = len(sl)
         columns = ArrivalColumns(np.arange(n, dtype=np.int64), sl.arrival_s.astype(np.float64),
                                  sl.prompt_tokens.astype(np.int64), sl.output_tokens.astype(np.int64),
-                                 np.full(n, tenant.name, dtype=object), np.full(n, tenant.priority, dtype=np.int64))
+                                 np.full(n, tenant.name, dtype=object), np.full(n, tenant.priority, dtype=np.int64),
+                                 known_index=tenant_indices(task.tenants, np.zeros(n, dtype=np.int64)))
         out: Sequence[Arrival] = ArrivalList(columns=columns)
         if "prefix_block_tokens" in task.workload:
             w = task.workload
@@ -312,8 +313,14 @@ def generate_arrivals(task: TaskSpec, seed: int) -> Sequence[Arrival]:
     tenants = task.tenants
     names = np.array([t.name for t in tenants], dtype=object)
     priorities = np.array([t.priority for t in tenants], dtype=np.int64)
-    columns = ArrivalColumns(np.arange(n, dtype=np.int64), times, prompt, output, names[who], priorities[who])
+    columns = ArrivalColumns(np.arange(n, dtype=np.int64), times, prompt, output, names[who], priorities[who],
+                             known_index=tenant_indices(tenants, who))
     return ArrivalList(columns=columns)
+
+
+def tenant_indices(tenants: tuple[TenantSpec, ...], who: np.ndarray) -> tuple[tuple[str, ...], np.ndarray]:
+    """`ArrivalColumns.known_index` of rows drawn as indices `who` into a task's `tenants`."""
+    return tuple(t.name for t in tenants), np.asarray(who, dtype=np.int64)
 
 
 def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window: int, rng: np.random.Generator,
@@ -350,7 +357,8 @@ def arrivals_at_rates(task: TaskSpec, rates: dict[str, np.ndarray], first_window
         ts, who, p, o = ts[order], who[order], p[order], o[order]
         n = ts.shape[0]
         out.append(ArrivalList(columns=ArrivalColumns(np.arange(next_id, next_id + n, dtype=np.int64), ts, p, o,
-                                                      tenant_names[who], priorities[who])))
+                                                      tenant_names[who], priorities[who],
+                                                      known_index=tenant_indices(task.tenants, who))))
         next_id += n
     return out
 

@@ -26,10 +26,19 @@ def test_generated_columns_are_the_objects_fields(task_id):
     task = TASKS[task_id]
     arrivals = generate_arrivals(task, 3)
     wins = windows(arrivals, task)
+    names = [t.name for t in task.tenants]
     assert same(arrival_columns(arrivals), ArrivalColumns.of(list(arrivals)))
     assert [a for w in wins for a in w] == list(arrivals)
     for w in wins:
         assert same(arrival_columns(w), ArrivalColumns.of(list(w)))
+        # the generator's tenant indices, where kept, are the names' own indices
+        assert np.array_equal(arrival_columns(w).tenant_index(names), ArrivalColumns.of(list(w)).tenant_index(names))
+    rows = np.arange(len(arrivals))[::-3]
+    joined = ArrivalColumns.concat([arrival_columns(w) for w in wins]).take(rows)
+    assert np.array_equal(joined.tenant_index(names), ArrivalColumns.of([arrivals[i] for i in rows]).tenant_index(names))
+    if arrival_columns(arrivals).known_index is not None:  # other names (another order): compared as strings
+        assert np.array_equal(arrival_columns(arrivals).tenant_index(names[::-1]),
+                              ArrivalColumns.of(list(arrivals)).tenant_index(names[::-1]))
 
 
 def test_windows_of_a_plain_list_split_as_of_the_columns():

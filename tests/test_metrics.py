@@ -84,6 +84,26 @@ def test_weighted_percentile_matches_expanded_numpy():
     assert weighted_percentiles([(1.0, 0)], 50) == [0.0]
 
 
+def test_compiled_weighted_percentiles_are_numpys_bit_for_bit():
+    """The compiled walk (shared/percentiles.py `_weighted_sorted`) gives the numpy path's values exactly, with
+    ties, zero counts and heavy counts, from pairs and from columns."""
+    from llmserve_env.shared import percentiles as pct
+    from llmserve_env.shared.records import ItlSamples
+
+    if not pct.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(7)
+    qs = (0.0, 1.0, 25.0, 50.0, 90.0, 99.0, 99.9, 100.0)
+    for n in (128, 129, 400, 3000):
+        values = np.round(rng.exponential(0.01, n), 4)  # rounded: many ties
+        counts = rng.integers(0, 3, n) * rng.integers(1, 400, n)
+        counts[-1] = max(counts[-1], 1)
+        total = int(counts.sum())
+        want = pct._weighted_numpy(values, counts, total, qs)
+        assert weighted_percentiles(ItlSamples(values, counts), *qs) == want
+        assert weighted_percentiles(list(zip(values.tolist(), counts.tolist(), strict=True)), *qs) == want
+
+
 def test_latencies_as_vllm_defines_them():
     tr = MetricsTracker(TASK)
     a = arrival(0, 0.1, out=11)
