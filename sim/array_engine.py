@@ -366,9 +366,40 @@ class ArrayEngine:
     def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         if self._py is not None:
             return self._py.end_window()
+        if self._log is None and not self.split:
+            return self._end_unified()
         self.run(self.t0 + self.dt)
         pending, used, mem = self.close_window()
         return pending, used, mem, self.take_measurements()
+
+    def _end_unified(self) -> tuple[RequestBatch, int, float, WindowMeasurements]:
+        """`end_window` of a unified engine (`run`, `close_window`, `take_measurements`) with the window's
+        bookkeeping in the same kernel call as its loop (compiled_core.end_unified): the same state after,
+        the same report."""
+        t_end = self.t0 + self.dt
+        model = self._model(self.tier, "unified")
+        while True:
+            (status, ou, m, used, rejected, pint, pflt, fint, fflt, ft_rid, ft_v, itl_v, itl_n) = cc.end_unified(
+                self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx, self.ft_val, self.itl_v,
+                self.itl_n, self.samp_f, self.samp_i, t_end, self.dt, self.pend_idx, self.pend_cur, *model)
+            if status == cc.RUN_DONE:
+                break
+            self._flush_samples()
+            self._more_room()
+        self.carry = (ou, 0.0, 0.0)
+        self._flush_samples()
+        tenants = self.tenants
+        pending = self._columns(pint, pflt, tenants[self.pend_idx[:m]], 0)
+        mem = self.kv.memory_gib(used)
+        SI = self.SI
+        self.samples.append(ResourceSample(t_end, int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR]),
+                                           int(SI[cc.SI_NW]), used, self.kv.total, mem))
+        acc = WindowMeasurements()
+        acc.finished = self._columns(fint, fflt, tenants[self.fin_out[:SI[cc.SI_NFIN]]], rejected)
+        acc.first_tokens = FirstTokens(ft_rid, tenants[self.ft_idx[:SI[cc.SI_NFT]]], ft_v)
+        acc.itl = ItlSamples(itl_v, itl_n)
+        self._measured(acc)
+        return pending, used, mem, acc
 
     def outstanding_tokens(self) -> float:
         if self._py is not None:
@@ -418,8 +449,13 @@ class ArrayEngine:
         ints, floats = np.empty((8, n), dtype=np.int64), np.empty((5, n))
         rejected = cc.gather_finished(self.F, self.Ix, rows, ints, floats) if cur is None else \
             cc.gather_pending(self.F, self.Ix, rows, cur, ints, floats)
+        return self._columns(ints, floats, self.tenants[rows], rejected)
+
+    @staticmethod
+    def _columns(ints: np.ndarray, floats: np.ndarray, tenants: np.ndarray, rejected: int) -> RequestBatch:
+        """A gather's int and float rows as a batch (`rejected`: how many were rejected: their reason added)."""
         error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
-        return RequestBatch(ints[0], self.tenants[rows], ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
+        return RequestBatch(ints[0], tenants, ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
                             floats[2], floats[3], ints[5], ints[6], ints[7], floats[4], error, {})
 
     def take_measurements(self) -> WindowMeasurements:
@@ -427,7 +463,7 @@ class ArrayEngine:
             return self._py.take_measurements()
         if self._log is not None:
             self._log.append(("take_measurements", ()))
-        SI, SF = self.SI, self.SF
+        SI = self.SI
         acc = WindowMeasurements()
         acc.finished = self._batch(self.fin_out[:SI[cc.SI_NFIN]])
         n = int(SI[cc.SI_NFT])
@@ -435,6 +471,12 @@ class ArrayEngine:
         acc.first_tokens = FirstTokens(self.Ix[rows, cc.I_RID], self.tenants[rows], self.ft_val[:n].copy())
         m = int(SI[cc.SI_NITL])
         acc.itl = ItlSamples(self.itl_v[:m].copy(), self.itl_n[:m].astype(np.int64))
+        self._measured(acc)
+        return acc
+
+    def _measured(self, acc: WindowMeasurements) -> None:
+        """The window's counters into `acc`, then cleared."""
+        SI, SF = self.SI, self.SF
         acc.samples = self.samples
         acc.output_tokens = int(SI[cc.SI_OUT_TOK])
         acc.prompt_tokens = int(SI[cc.SI_PROMPT_TOK])
@@ -445,7 +487,6 @@ class ArrayEngine:
         acc.iterations = int(SI[cc.SI_ITERS])
         acc.rejected = int(SI[cc.SI_REJ])
         self._clear_window()
-        return acc
 
     def _clear_window(self) -> None:
         """An empty set of window measurements (Engine's fresh WindowMeasurements)."""

@@ -1081,6 +1081,47 @@ def _gather(F, Ix, r, j, ints, floats, status, finish, out):
 
 
 @njit
+def end_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, dt, pend_idx,
+                pend_cur, ms, dense, head, ddense, dhead):
+    """A unified engine's window end in one call (ArrayEngine.end_window's steps, in its order): `run_unified`
+    to t_end; the arrivals due admitted; the busy time less what runs past t_end (returned: the carry); the
+    pending requests closed (`close_window`); the pending and finished requests gathered as report columns
+    (`gather_pending`, `gather_finished`); the first tokens' request ids and values, the ITL samples copied.
+    Returns (status, carry, pending count, KV blocks used, rejected, pending ints, pending floats, finished
+    ints, finished floats, first-token ids, first-token values, ITL gaps, ITL counts); on RUN_ROOM only the
+    status means anything (grow the buffers and call again)."""
+    status = run_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, ms,
+                         dense, head, ddense, dhead)
+    if status != RUN_DONE:
+        ei, ef = np.empty((8, 0), dtype=np.int64), np.empty((5, 0))
+        e1 = np.empty(0, dtype=np.int64)
+        return status, 0.0, 0, 0, 0, ei, ef, ei, ef, e1, np.empty(0), np.empty(0), e1
+    admit_arrivals(F, Ix, SI, C, INF)
+    ou = SF[SF_CLOCK] - t_end  # as ArrayEngine.run: max(0, clock - t_end), min(max(busy, 0), dt)
+    if not ou > 0.0:
+        ou = 0.0
+    busy = SF[SF_BUSY] - ou
+    if 0.0 > busy:
+        busy = 0.0
+    if dt < busy:
+        busy = dt
+    SF[SF_BUSY] = busy
+    m, used = close_window(F, Ix, SF, SI, C, pend_idx, pend_cur)
+    pint, pflt = np.empty((8, m), dtype=np.int64), np.empty((5, m))
+    gather_pending(F, Ix, pend_idx[:m], pend_cur[:m], pint, pflt)
+    nfin = SI[SI_NFIN]
+    fint, fflt = np.empty((8, nfin), dtype=np.int64), np.empty((5, nfin))
+    rejected = gather_finished(F, Ix, fin_out[:nfin], fint, fflt)
+    nft = SI[SI_NFT]
+    ft_rid = np.empty(nft, dtype=np.int64)
+    for j in range(nft):
+        ft_rid[j] = Ix[ft_idx[j], I_RID]
+    nitl = SI[SI_NITL]
+    return (status, ou, m, used, rejected, pint, pflt, fint, fflt, ft_rid, ft_val[:nft].copy(), itl_v[:nitl].copy(),
+            itl_n[:nitl].copy())
+
+
+@njit
 def outstanding_tokens(F, Ix, SI, C):
     """`Engine.outstanding_tokens` (shared/routing.py `outstanding_work` per request)."""
     it = SI[SI_ITER]
