@@ -4,8 +4,8 @@
     python bench/train_speed.py --task diurnal_autoscale --single-only --against 9d1832e --repeats 3
 
 Measures, on the same task:
-1. one in-process Gymnasium env stepped with random actions in this process (the simulator's
-   per-window cost plus metrics, reward, features; the wrapper's fast path), as steps per CPU
+1. one in-process Gymnasium env stepped with random actions in this process after 64 warm-up steps (the
+   simulator's per-window cost plus metrics, reward, features; the wrapper's fast path), as steps per CPU
    second of this process (`time.process_time`: a shared machine's wall clock counts the
    neighbours), the fastest of `--repeats`: the most a learner on one core could consume;
 2. train.py's whole loop (rollouts in `num_workers` processes, PPO updates, validation), as
@@ -38,13 +38,19 @@ TARGET = 2000.0
 def single_env_rate(task: str, steps: int) -> float:
     """Random-action steps per CPU second of one in-process Gym env (resets included)."""
     env = LLMServeGymEnv(task, grade_on_done=True)
-    env.reset(seed=0)
     rng = np.random.default_rng(0)
+
+    def play(n: int) -> None:
+        for _ in range(n):
+            _, _, terminated, truncated, _ = env.step(rng.integers(0, env.action_space.nvec))
+            if terminated or truncated:
+                env.reset()
+
+    env.reset(seed=0)
+    play(64)  # warm: numba loads each kernel from its disk cache at its first call (~10-50 ms each), once a process
+    env.reset(seed=0)
     t0 = time.process_time()
-    for _ in range(steps):
-        _, _, terminated, truncated, _ = env.step(rng.integers(0, env.action_space.nvec))
-        if terminated or truncated:
-            env.reset()
+    play(steps)
     return steps / (time.process_time() - t0)
 
 
