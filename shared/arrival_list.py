@@ -19,7 +19,7 @@ from itertools import repeat
 from typing import Any, overload
 
 import numpy as np
-from llmserve_env.shared.backend import Arrival
+from llmserve_env.shared.backend import ARRIVAL_SLOT_SETTERS, Arrival
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,21 +101,14 @@ def _joined_index(parts: Sequence[ArrivalColumns]) -> tuple[tuple[str, ...], np.
     return first[0], np.concatenate([k[1] for k in known])  # type: ignore[index]
 
 
-# Arrival's slots, written directly: a frozen dataclass's __init__ spends most of its time in object.__setattr__
-# (one call per field); `map` over the slot descriptors builds the same objects without a Python frame each
-_NEW = object.__new__
-_SETTERS = tuple(Arrival.__dict__[f].__set__ for f in ("request_id", "arrival_s", "prompt_tokens", "output_tokens",
-                                                        "tenant", "priority", "prefix_ids", "prefix_block_tokens"))
-
-
 def arrivals_of(columns: ArrivalColumns) -> list[Arrival]:
     """The `Arrival` objects of columns without prefix ids (`Arrival(request_id, arrival_s, ...)` each)."""
     n = len(columns)
-    objs = list(map(_NEW, repeat(Arrival, n)))
+    objs = list(map(object.__new__, repeat(Arrival, n)))  # then each field's slot written by a `map` (no frame each)
     values = (columns.request_id.tolist(), columns.arrival_s.tolist(), columns.prompt_tokens.tolist(),
               columns.output_tokens.tolist(), columns.tenant.tolist(), columns.priority.tolist(), repeat(None, n),
               repeat(0, n))
-    for setter, vals in zip(_SETTERS, values, strict=True):
+    for setter, vals in zip(ARRIVAL_SLOT_SETTERS, values, strict=True):
         deque(map(setter, objs, vals), maxlen=0)
     return objs
 

@@ -63,13 +63,14 @@ class Arrival:
     prefix_block_tokens: int = 0
 
 
-# Arrival's slots, written directly: an episode builds ~10^4 arrivals, and a frozen dataclass's __init__
-# spends most of its time in object.__setattr__ (one call per field); these build the same objects in half
-# the time. Only `new_arrival` uses them.
+# Arrival's slots' setters in field order, to write them directly: an episode builds ~10^4 arrivals, and a
+# frozen dataclass's __init__ spends most of its time in object.__setattr__ (one call per field); these build
+# the same objects in half the time (`new_arrival` one at a time, shared/arrival_list.py `arrivals_of` in bulk)
 _NEW = object.__new__
-(_SET_ID, _SET_T, _SET_P, _SET_O, _SET_TENANT, _SET_PRIO, _SET_IDS, _SET_UNIT) = (
-    Arrival.__dict__[f].__set__ for f in ("request_id", "arrival_s", "prompt_tokens", "output_tokens", "tenant",
-                                          "priority", "prefix_ids", "prefix_block_tokens"))
+ARRIVAL_SLOT_SETTERS = tuple(Arrival.__dict__[f].__set__ for f in (
+    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "tenant", "priority", "prefix_ids",
+    "prefix_block_tokens"))
+(_SET_ID, _SET_T, _SET_P, _SET_O, _SET_TENANT, _SET_PRIO, _SET_IDS, _SET_UNIT) = ARRIVAL_SLOT_SETTERS
 
 
 def new_arrival(request_id: int, arrival_s: float, prompt_tokens: int, output_tokens: int, tenant: str,

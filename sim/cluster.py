@@ -68,7 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -213,7 +213,7 @@ class ClusterBackend:
 
     # ----------------------------------------------------------------------------------- one window
 
-    def _route(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> dict[int, Sequence[Arrival]]:
+    def _route(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> Mapping[int, Sequence[Arrival]]:
         """Each arrival to a replica ready by its arrival time: least outstanding work (shared/routing.py),
         or with `action.cache_affinity` set, its cached share per replica (the engine's cache at the
         window's start plus what was routed there since) weighed against that work
@@ -237,7 +237,7 @@ class ClusterBackend:
             best.est_work = work[i] + a.prompt_tokens - hit + a.output_tokens
             best.est_t = t
             routed[best.index].append(a)
-        return dict(routed.items())
+        return routed
 
     def _route_compiled(self, arrivals: Sequence[Arrival], cols: ArrivalColumns,
                         ready: list[Replica]) -> dict[int, Sequence[Arrival]]:
@@ -347,7 +347,7 @@ class ClusterBackend:
                 if r.engine is not None and r.state in (READY, DRAINING):
                     r.engine.begin_window(action, t0, dt)
             self._route_tracked(arrivals, action.cache_affinity)
-            routed: dict[int, Sequence[Arrival]] = {}
+            routed: Mapping[int, Sequence[Arrival]] = {}
         else:
             routed = self._route(arrivals, action.cache_affinity)
         p = self.profile
