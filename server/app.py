@@ -126,18 +126,11 @@ def build_app(config: ServerSettings | None = None) -> FastAPI:
     # adds the ones only a runner can enforce (request-head timeout, connection cap).
     raise_open_file_limit()
     bound_logs()
-    from llmserve_env.core.grader import warm as warm_grader
+    from llmserve_env.core.kernels import warm
 
-    warm_grader()  # the references' compiled kernel (core/grader.py), before the first reset
-    from llmserve_env.shared.percentiles import warm as warm_percentiles
-
-    warm_percentiles()  # the metrics' weighted percentiles (both modes)
-    if config.mode == "sim":
-        # the simulator's compiled engine (sim/array_engine.py): compiled, or loaded from numba's cache, before
-        # the first step rather than during it
-        from llmserve_env.sim.array_engine import warm
-
-        warm()
+    # every compiled kernel (core/kernels.py), compiled or loaded from numba's cache before the first reset
+    # rather than during it; the simulator's only in sim mode
+    warm(sim=config.mode == "sim")
     store = EpisodeStore(config.max_episodes, config.idle_timeout_s)
     parse_in_worker_process()  # trace files parse in a worker process, never against the event loop
 

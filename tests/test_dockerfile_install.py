@@ -33,6 +33,7 @@ DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 SPACE_PORT = "7860"
 IMAGE_UID = 1000
+IMAGE_HOME = "/home/app"  # the Dockerfile's `useradd --create-home ... app`
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Dockerfile:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = ""
     runs: list[str] = field(default_factory=list)
+    user_runs: list[str] = field(default_factory=list)  # RUN lines after USER: they run as the image's user
     copies: list[str] = field(default_factory=list)
     user: str = ""
     expose: list[str] = field(default_factory=list)
@@ -87,6 +89,8 @@ def parse_dockerfile(path: Path = DOCKERFILE) -> Dockerfile:
             df.workdir = args
         elif keyword == "RUN":
             df.runs.append(args)
+            if df.user:
+                df.user_runs.append(args)
         elif keyword == "COPY":
             df.copies.append(args)
         elif keyword == "USER":
@@ -222,7 +226,8 @@ def _clean_env(extra: dict[str, str], venv: Path, home: Path) -> dict[str, str]:
         for k, v in os.environ.items()
         if k not in {"VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP"}
     }
-    env.update(extra)
+    # the image user's home (useradd --create-home app) is the test's `home`
+    env.update({k: str(home) + v[len(IMAGE_HOME):] if v.startswith(IMAGE_HOME + "/") else v for k, v in extra.items()})
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}"
     env["HOME"] = str(home)
     # A container has its own /tmp; the host's may hold Gradio files another user made.
@@ -232,7 +237,8 @@ def _clean_env(extra: dict[str, str], venv: Path, home: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def installed_image() -> Iterator[tuple[Dockerfile, Path, Path, Path]]:
-    """(dockerfile, staged context, fresh venv, home) after the Dockerfile's install line ran."""
+    """(dockerfile, staged context, fresh venv, home) after the Dockerfile's install line and its build steps
+    as the image's user (the kernels' warm-up into that user's numba cache) ran."""
     df = parse_dockerfile()
     top = Path(tempfile.mkdtemp(prefix="llmserve-image-"))
     top.chmod(0o755)  # the demoted server must be able to read the context and the venv
@@ -254,8 +260,15 @@ def installed_image() -> Iterator[tuple[Dockerfile, Path, Path, Path]]:
         )
         assert result.returncode == 0, f"install failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
         print(f"install took {time.monotonic() - started:.1f}s")
+        # the build steps after USER (the kernels compiled into the user's numba cache, in `home`); run as this
+        # test's user, their files then handed to the image's user as the image's own are
+        for line in df.user_runs:
+            done = subprocess.run(["/bin/sh", "-c", line], cwd=context, env=env, capture_output=True, text=True,
+                                  timeout=900)
+            assert done.returncode == 0, f"build step {line!r} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
         if _demote(IMAGE_UID):
-            os.chown(home, IMAGE_UID, IMAGE_UID)
+            for path in [home, *home.rglob("*")]:
+                os.chown(path, IMAGE_UID, IMAGE_UID)
         yield df, context, venv, home
     finally:
         shutil.rmtree(top, ignore_errors=True)
