@@ -390,10 +390,8 @@ class ArrayEngine:
         self._flush_samples()
         tenants = self.tenants
         pending = self._columns(pint, pflt, tenants[self.pend_idx[:m]], 0)
-        mem = self.kv.memory_gib(used)
+        mem = self._close_sample(used)
         SI = self.SI
-        self.samples.append(ResourceSample(t_end, int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR]),
-                                           int(SI[cc.SI_NW]), used, self.kv.total, mem))
         acc = WindowMeasurements()
         acc.finished = self._columns(fint, fflt, tenants[self.fin_out[:SI[cc.SI_NFIN]]], rejected)
         acc.first_tokens = FirstTokens(ft_rid, tenants[self.ft_idx[:SI[cc.SI_NFT]]], ft_v)
@@ -507,11 +505,16 @@ class ArrayEngine:
         rows = self.pend_idx[:m]
         pending = self._batch(rows, self.pend_cur[:m])
         used = int(used)
+        return pending, used, self._close_sample(used)
+
+    def _close_sample(self, used: int) -> float:
+        """The resources at the window's end (after the close) appended to its samples; returns the GPU memory
+        `used` KV blocks take."""
         mem = self.kv.memory_gib(used)
         SI = self.SI
         self.samples.append(ResourceSample(self.t0 + self.dt, int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR]),
                                            int(SI[cc.SI_NW]), used, self.kv.total, mem))
-        return pending, used, mem
+        return mem
 
 
 _WARM = False
