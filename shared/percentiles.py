@@ -13,6 +13,10 @@ from llmserve_env.shared.records import ItlSamples
 
 # Below this many samples a sorted Python list beats numpy's per-call overhead (same results).
 _NUMPY_MIN = 128
+# From this many (value, count) pairs on, where numba imports, the compiled selection (`_weighted_ranks`)
+# beats both: it finds the two ranks each percentile needs without sorting. (Unweighted, numpy's
+# vectorised sort is faster than selecting.)
+_SELECT_MIN = 16
 
 
 def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
@@ -54,58 +58,149 @@ def _numpy_linear(s: np.ndarray, q: float) -> float:
 def weighted_percentiles(samples: list[tuple[float, int]] | ItlSamples, *qs: float) -> list[float]:
     """Percentiles of `samples` expanded (value repeated count times), numpy's linear method. `samples`
     are (value, count) pairs, or their columns (shared/records.py `ItlSamples`: the same results)."""
-    if isinstance(samples, ItlSamples):
-        if len(samples) < _NUMPY_MIN:
+    columns = isinstance(samples, ItlSamples)
+    n = len(samples)
+    if HAVE_NUMBA and n >= _SELECT_MIN:
+        if columns:
+            values, counts = samples.gap_s, np.asarray(samples.count, dtype=np.int64)
+        else:
+            arr = np.asarray(samples, dtype=np.float64)
+            values, counts = arr[:, 0].copy(), arr[:, 1].astype(np.int64)
+        out = np.empty(len(qs))
+        if _weighted_ranks(values, counts, _qs_array(qs), out):
+            return out.tolist()
+    if columns:
+        if n < _NUMPY_MIN:
             return _weighted_few(samples.rows(), qs)
-        return _weighted_many(samples.gap_s, samples.count, int(samples.count.sum()), qs)
-    if len(samples) < _NUMPY_MIN:
+        return _weighted_numpy(samples.gap_s, samples.count, int(samples.count.sum()), qs)
+    if n < _NUMPY_MIN:
         return _weighted_few(samples, qs)
     total = 0
     for _, c in samples:
         total += c
     arr = np.asarray(samples, dtype=np.float64)
-    return _weighted_many(arr[:, 0], arr[:, 1], total, qs)
+    return _weighted_numpy(arr[:, 0], arr[:, 1], total, qs)
 
 
-def _weighted_many(values: np.ndarray, counts: np.ndarray, total: int, qs: tuple[float, ...]) -> list[float]:
-    """`weighted_percentiles` of many pairs: compiled where numba imports, else by numpy (the same values:
-    tests/test_metrics.py compares them exactly)."""
-    if total <= 0:
-        return [0.0] * len(qs)
-    if HAVE_NUMBA:
-        out = np.empty(len(qs))
-        _weighted_sorted(values, np.asarray(counts, dtype=np.int64), total, np.array(qs, dtype=np.float64), out)
-        return out.tolist()
-    return _weighted_numpy(values, counts, total, qs)
+_QS: dict[tuple[float, ...], np.ndarray] = {}
+
+
+def _qs_array(qs: tuple[float, ...]) -> np.ndarray:
+    """The percentiles asked for as an array, made once per tuple (a window asks for the same few)."""
+    arr = _QS.get(qs)
+    if arr is None:
+        arr = _QS[qs] = np.array(qs, dtype=np.float64)
+    return arr
+
+
+# ------------------------------------------------------------------------------ compiled selection
+# The value at a rank of the sorted values is the same whichever way it is found, so selecting it
+# (quickselect, O(n)) gives the sort's result exactly; the interpolation is then the same float
+# operations as the sorting paths'. The kernel returns False, changing nothing, for what it leaves to
+# them: a NaN (whose place in a sort is numpy's or Python's rule) or a negative count.
 
 
 @njit
-def _weighted_sorted(values: np.ndarray, counts: np.ndarray, total: int, qs: np.ndarray, out: np.ndarray) -> None:
-    """`_weighted_numpy`'s values in one call: the pairs sorted by value (stable, as numpy's), then one walk
-    of the running count per percentile, stopping at the ranks it needs; the same float operations."""
-    order = np.argsort(values, kind="mergesort")
+def _partition(v: np.ndarray, c: np.ndarray, lo: int, hi: int, p: float) -> tuple[int, int, int, int]:
+    """Three-way partition of v[lo:hi] (with c alongside) around p: < p, == p, > p; returns the == run's
+    bounds and the counts below p and at p."""
+    lt, i, gt = lo, lo, hi
+    below = equal = 0
+    while i < gt:
+        x = v[i]
+        if x < p:
+            below += c[i]
+            v[i], v[lt] = v[lt], x
+            c[i], c[lt] = c[lt], c[i]
+            lt += 1
+            i += 1
+        elif x > p:
+            gt -= 1
+            v[i], v[gt] = v[gt], x
+            c[i], c[gt] = c[gt], c[i]
+        else:
+            equal += c[i]
+            i += 1
+    return lt, gt, below, equal
+
+
+@njit
+def _pivot(v: np.ndarray, lo: int, hi: int) -> float:
+    """The median of the range's first, middle and last values."""
+    a, b, z = v[lo], v[(lo + hi - 1) // 2], v[hi - 1]
+    if a > b:
+        a, b = b, a
+    if b > z:
+        b = z
+    return a if a > b else b
+
+
+@njit
+def _select(v: np.ndarray, c: np.ndarray, m: int, k: int) -> float:
+    """The value at 0-based rank k of v[:m] expanded (each value c times, every c >= 1); permutes v and c."""
+    lo, hi = 0, m
+    while True:
+        p = _pivot(v, lo, hi)
+        lt, gt, below, equal = _partition(v, c, lo, hi, p)
+        if k < below:
+            hi = lt
+        elif k < below + equal:
+            return p
+        else:
+            k -= below + equal
+            lo = gt
+
+
+@njit
+def _after(v: np.ndarray, c: np.ndarray, m: int, at: float, k: int) -> float:
+    """The value at rank k given that `at` is the value at rank k - 1: `at` again if enough of it (and of
+    smaller values) fill rank k, else the smallest value above it."""
+    upto = 0
+    above = math.inf
+    for j in range(m):
+        x = v[j]
+        if x <= at:
+            upto += c[j]
+        elif x < above:
+            above = x
+    return at if upto > k else above
+
+
+@njit
+def _weighted_ranks(values: np.ndarray, counts: np.ndarray, qs: np.ndarray, out: np.ndarray) -> bool:
+    """`_weighted_numpy`'s percentiles of (values, counts) into `out` by selection; False (nothing written)
+    for a NaN value or a negative count. Pairs with no count take no rank (as in the running sum)."""
     n = values.shape[0]
+    v = np.empty(n)
+    c = np.empty(n, dtype=np.int64)
+    m = 0
+    total = 0
+    for j in range(n):
+        x, w = values[j], counts[j]
+        if x != x or w < 0:
+            return False
+        if w > 0:
+            v[m] = x
+            c[m] = w
+            total += w
+            m += 1
     for i in range(qs.shape[0]):
+        if total <= 0:
+            out[i] = 0.0
+            continue
         pos = (total - 1) * qs[i] / 100.0
         lo = int(pos)
-        first, second = lo + 1, min(lo + 1, total - 1) + 1  # the running counts that reach ranks lo and lo + 1
-        v_lo = v_hi = values[order[n - 1]]
-        found_lo = False
-        seen = 0
-        for j in range(n):
-            seen += counts[order[j]]
-            if not found_lo and seen >= first:
-                v_lo, found_lo = values[order[j]], True
-            if seen >= second:
-                v_hi = values[order[j]]
-                break
+        v_lo = _select(v, c, m, lo)
+        v_hi = v_lo if lo + 1 > total - 1 else _after(v, c, m, v_lo, lo + 1)
         out[i] = v_lo + (v_hi - v_lo) * (pos - lo)
+    return True
 
 
 def warm() -> None:
-    """Compile (or load from numba's cache) the weighted walk before the first window needs it."""
+    """Compile (or load from numba's cache) the selections before the first window needs them."""
     if HAVE_NUMBA:
-        _weighted_sorted(np.ones(2), np.ones(2, dtype=np.int64), 2, np.array([50.0]), np.empty(1))
+        out = np.empty(1)
+        _weighted_ranks(np.ones(2), np.ones(2, dtype=np.int64), np.array([50.0]), out)
 
 
 def _weighted_numpy(values: np.ndarray, counts: np.ndarray, total: int, qs: tuple[float, ...]) -> list[float]:

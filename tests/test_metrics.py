@@ -84,24 +84,42 @@ def test_weighted_percentile_matches_expanded_numpy():
     assert weighted_percentiles([(1.0, 0)], 50) == [0.0]
 
 
-def test_compiled_weighted_percentiles_are_numpys_bit_for_bit():
-    """The compiled walk (shared/percentiles.py `_weighted_sorted`) gives the numpy path's values exactly, with
-    ties, zero counts and heavy counts, from pairs and from columns."""
+def test_compiled_weighted_percentiles_are_numpys_bit_for_bit(monkeypatch):
+    """The compiled selection (shared/percentiles.py `_weighted_ranks`) gives the sorting paths' values
+    exactly (numpy's from _NUMPY_MIN pairs on, the Python list's below), with ties, zero counts and heavy
+    counts, from pairs and from columns; a NaN or a negative count is left to those paths."""
     from llmserve_env.shared import percentiles as pct
     from llmserve_env.shared.records import ItlSamples
 
     if not pct.HAVE_NUMBA:
         pytest.skip("numba is not installed")
     rng = np.random.default_rng(7)
-    qs = (0.0, 1.0, 25.0, 50.0, 90.0, 99.0, 99.9, 100.0)
-    for n in (128, 129, 400, 3000):
-        values = np.round(rng.exponential(0.01, n), 4)  # rounded: many ties
-        counts = rng.integers(0, 3, n) * rng.integers(1, 400, n)
-        counts[-1] = max(counts[-1], 1)
-        total = int(counts.sum())
-        want = pct._weighted_numpy(values, counts, total, qs)
-        assert weighted_percentiles(ItlSamples(values, counts), *qs) == want
-        assert weighted_percentiles(list(zip(values.tolist(), counts.tolist(), strict=True)), *qs) == want
+    qs = (0.0, 1.0, 25.0, 33.3, 50.0, 90.0, 99.0, 99.9, 100.0)
+    cases = []
+    for n in (pct._SELECT_MIN, 17, 40, 127, 128, 129, 400, 3000):
+        for values in (np.round(rng.exponential(0.01, n), 4), rng.integers(0, 3, n).astype(float), np.full(n, 0.25)):
+            counts = rng.integers(0, 3, n) * rng.integers(1, 400, n)
+            counts[-1] = max(counts[-1], 1)
+            cases.append((values, counts))
+            cases.append((values, np.ones(n, dtype=np.int64)))
+    for values, counts in cases:
+        columns, pairs = ItlSamples(values, counts), list(zip(values.tolist(), counts.tolist(), strict=True))
+        with monkeypatch.context() as m:
+            m.setattr(pct, "HAVE_NUMBA", False)
+            want, want_pairs = weighted_percentiles(columns, *qs), weighted_percentiles(pairs, *qs)
+        assert want == want_pairs
+        if len(values) >= pct._NUMPY_MIN:
+            assert want == pct._weighted_numpy(values, counts, int(counts.sum()), qs)
+        assert weighted_percentiles(columns, *qs) == want
+        assert weighted_percentiles(pairs, *qs) == want
+    out = np.zeros(2)
+    nan = np.append(rng.random(30), np.nan)
+    assert not pct._weighted_ranks(nan, np.ones(31, dtype=np.int64), np.array([50.0, 99.0]), out)
+    negative = np.ones(30, dtype=np.int64)
+    negative[3] = -1
+    assert not pct._weighted_ranks(rng.random(30), negative, np.array([50.0, 99.0]), out)
+    assert out.tolist() == [0.0, 0.0]
+    assert pct.weighted_percentiles(ItlSamples(np.ones(20), np.zeros(20, dtype=np.int64)), 50.0) == [0.0]
 
 
 def test_latencies_as_vllm_defines_them():
