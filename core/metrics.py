@@ -211,24 +211,24 @@ class MetricsTracker:
         # converted once); the arithmetic per request is the docstring's, as array operations.
         fin = report.finished_batch()
         pen = report.pending_batch()
-        ttft_dispatch = _dispatch_ttfts(fin, t0, t_end) + _dispatch_ttfts(pen, t0, t_end)
+        ttft_dispatch = np.concatenate((_dispatch_ttfts(fin, t0, t_end), _dispatch_ttfts(pen, t0, t_end)))
         good_tokens = 0
-        tpots: list[float] = []
-        e2es: list[float] = []
+        tpots = e2es = _NONE
         n_names = len(names)
         if len(fin):
             fids = fin.request_id
             rows, at = opened.find(fids)
-            if len(rows) < len(fids) or not _distinct(at):
-                rows, at = self._settled_before(fids, rows, at)
+            distinct = _distinct(at)
+            if len(rows) < len(fids) or not distinct:
+                rows, at = self._settled_before(fids, rows, at, distinct)
             ft, fin_s, out = fin.first_token_s, fin.finish_s, fin.output_tokens
             ok_done = fin.status == rb.OK
             ended = ok_done & (fin_s == fin_s)
-            e2es = (fin_s[ended] - fin.arrival_s[ended]).tolist()
+            e2es = fin_s[ended] - fin.arrival_s[ended]
             has_tpot = ended & (ft == ft) & (out >= 2)
             tpot = np.zeros(len(fin))
             tpot[has_tpot] = (fin_s[has_tpot] - ft[has_tpot]) / (out[has_tpot] - 1)
-            tpots = tpot[has_tpot].tolist()
+            tpots = tpot[has_tpot]
             # settled now: the rows still open (a request flagged while pending was settled then)
             ft, out, ok_done, has_tpot, tpot = ft[rows], out[rows], ok_done[rows], has_tpot[rows], tpot[rows]
             met_rows = ok_done & (ft <= opened.deadline[at]) & (~has_tpot | (tpot <= opened.tpot_slo[at]))  # NaN (no first token) compares False
@@ -330,15 +330,19 @@ class MetricsTracker:
         self._open.add(cols.request_id, index, cols.arrival_s + ttft[index], tpot[index])
         return int(cols.prompt_tokens.sum())
 
-    def _settled_before(self, fids: np.ndarray, rows: np.ndarray, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The finished rows that are open (`rows`, their table positions `at`) less a request's second row
-        in one window; every other row must have been flagged while pending (settled then: unflagged now),
-        else it is a backend bug (ValueError naming the request, nothing changed)."""
-        first = np.unique(at, return_index=True)[1]  # each position's first row
-        keep = np.zeros(len(rows), dtype=bool)
-        keep[first] = True
+    def _settled_before(self, fids: np.ndarray, rows: np.ndarray, at: np.ndarray,
+                        distinct: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The finished rows that are open (`rows`, their table positions `at`, `distinct` when none repeats)
+        less a request's second row in one window; every other row must have been flagged while pending
+        (settled then: unflagged now), else it is a backend bug (ValueError naming the request, nothing
+        changed)."""
+        if not distinct:
+            first = np.unique(at, return_index=True)[1]  # each position's first row
+            keep = np.zeros(len(rows), dtype=bool)
+            keep[first] = True
+            rows, at = rows[keep], at[keep]
         known = np.zeros(len(fids), dtype=bool)
-        known[rows[keep]] = True
+        known[rows] = True
         unknown = fids[~known].tolist()
         once = set(unknown)
         bad = [rid for rid in unknown if rid not in self._flagged]
@@ -346,7 +350,7 @@ class MetricsTracker:
             rid = bad[0] if bad else next(r for r in unknown if unknown.count(r) > 1)
             raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
         self._flagged.difference_update(once)
-        return rows[keep], at[keep]
+        return rows, at
 
     def close(self) -> None:
         """End the episode's accounting (nothing may be observed after); raises if requests are
@@ -380,6 +384,9 @@ class MetricsTracker:
         return len(self._open)
 
 
+_NONE = np.zeros(0)  # no latencies (read only, never written)
+
+
 def _distinct(positions: np.ndarray) -> bool:
     """True when no table position repeats (no request finished twice in one window)."""
     if len(positions) < 2:
@@ -389,13 +396,13 @@ def _distinct(positions: np.ndarray) -> bool:
     return int(np.count_nonzero(seen)) == len(positions)
 
 
-def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> list[float]:
+def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> np.ndarray:
     """TTFT from dispatch of the requests whose first token came in [t0, t_end) (NaN times compare False)."""
     if not len(batch):
-        return []
+        return _NONE
     ft, disp = batch.first_token_s, batch.dispatch_s
     mask = (ft >= t0) & (ft < t_end) & (disp == disp)
-    return (ft[mask] - disp[mask]).tolist()
+    return ft[mask] - disp[mask]
 
 
 def _chunk_gaps(batches: tuple[RequestBatch, ...], t0: float, t_end: float) -> list[tuple[float, int]]:

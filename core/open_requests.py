@@ -33,7 +33,7 @@ class OpenRequests:
         if not len(ids):
             return
         ids = np.asarray(ids, dtype=np.int64)
-        in_order = len(ids) == 1 or bool(np.all(ids[1:] > ids[:-1]))
+        in_order = len(ids) == 1 or bool((ids[1:] > ids[:-1]).all())
         if in_order and (not len(self.ids) or ids[0] > self.ids[-1]):
             self.ids = np.concatenate((self.ids, ids))
             self.tenant = np.concatenate((self.tenant, tenant))

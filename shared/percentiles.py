@@ -29,7 +29,11 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
         if arr[-1] != arr[-1]:  # a NaN (sorted last): numpy's own rules for it
             return [float(x) for x in np.percentile(arr, qs)]
         return [_numpy_linear(arr, q) for q in qs]
-    s = sorted(values.tolist() if isinstance(values, np.ndarray) else values)
+    if isinstance(values, np.ndarray):
+        s = np.sort(values, kind="stable")  # sorted()'s order (both stable), a NaN aside
+        s = sorted(values.tolist()) if s[-1] != s[-1] else s.tolist()
+    else:
+        s = sorted(values)
     out = []
     for q in qs:
         pos = (n - 1) * q / 100.0
