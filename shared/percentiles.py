@@ -30,8 +30,8 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
             return [float(x) for x in np.percentile(arr, qs)]
         return [_numpy_linear(arr, q) for q in qs]
     if isinstance(values, np.ndarray):
-        s = np.sort(values, kind="stable")  # sorted()'s order (both stable), a NaN aside
-        s = sorted(values.tolist()) if s[-1] != s[-1] else s.tolist()
+        arr = np.sort(values, kind="stable")  # sorted()'s order (both stable), a NaN aside
+        s = sorted(values.tolist()) if arr[-1] != arr[-1] else arr.tolist()
     else:
         s = sorted(values)
     out = []
@@ -62,21 +62,20 @@ def _numpy_linear(s: np.ndarray, q: float) -> float:
 def weighted_percentiles(samples: list[tuple[float, int]] | ItlSamples, *qs: float) -> list[float]:
     """Percentiles of `samples` expanded (value repeated count times), numpy's linear method. `samples`
     are (value, count) pairs, or their columns (shared/records.py `ItlSamples`: the same results)."""
-    columns = isinstance(samples, ItlSamples)
     n = len(samples)
-    if HAVE_NUMBA and n >= _SELECT_MIN:
-        if columns:
-            values, counts = samples.gap_s, np.asarray(samples.count, dtype=np.int64)
-        else:
-            arr = np.asarray(samples, dtype=np.float64)
-            values, counts = arr[:, 0].copy(), arr[:, 1].astype(np.int64)
-        out = np.empty(len(qs))
-        if _weighted_ranks(values, counts, _qs_array(qs), out):
-            return out.tolist()
-    if columns:
+    if isinstance(samples, ItlSamples):
+        if HAVE_NUMBA and n >= _SELECT_MIN:
+            got = _selected(samples.gap_s, np.asarray(samples.count, dtype=np.int64), qs)
+            if got is not None:
+                return got
         if n < _NUMPY_MIN:
             return _weighted_few(samples.rows(), qs)
         return _weighted_numpy(samples.gap_s, samples.count, int(samples.count.sum()), qs)
+    if HAVE_NUMBA and n >= _SELECT_MIN:
+        pairs = np.asarray(samples, dtype=np.float64)
+        got = _selected(pairs[:, 0].copy(), pairs[:, 1].astype(np.int64), qs)
+        if got is not None:
+            return got
     if n < _NUMPY_MIN:
         return _weighted_few(samples, qs)
     total = 0
@@ -84,6 +83,12 @@ def weighted_percentiles(samples: list[tuple[float, int]] | ItlSamples, *qs: flo
         total += c
     arr = np.asarray(samples, dtype=np.float64)
     return _weighted_numpy(arr[:, 0], arr[:, 1], total, qs)
+
+
+def _selected(values: np.ndarray, counts: np.ndarray, qs: tuple[float, ...]) -> list[float] | None:
+    """`_weighted_ranks`' percentiles, None where it leaves them to the sorting paths."""
+    out = np.empty(len(qs))
+    return out.tolist() if _weighted_ranks(values, counts, _qs_array(qs), out) else None
 
 
 _QS: dict[tuple[float, ...], np.ndarray] = {}

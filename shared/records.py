@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -89,9 +89,19 @@ class RequestBatch:
     cost_usd: np.ndarray
     error: dict[int, str]
     chunk_times: dict[int, list[float]]
+    # The int and float columns' own 2-D arrays where the columns are their rows (`from_blocks`): a
+    # cluster's window joins its replicas' batches with one concatenate each instead of one per column.
+    blocks: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.request_id)
+
+    @classmethod
+    def from_blocks(cls, ints: np.ndarray, floats: np.ndarray, tenants: np.ndarray, error: dict[int, str],
+                    chunk_times: dict[int, list[float]]) -> RequestBatch:
+        """A batch whose columns are the rows of `ints` (`_INT_COLUMNS`' order) and `floats` (`_FLOAT_COLUMNS`')."""
+        return cls(ints[0], tenants, ints[1], floats[0], ints[2], ints[3], ints[4], floats[1], floats[2], floats[3],
+                   ints[5], ints[6], ints[7], floats[4], error, chunk_times, (ints, floats))
 
     def __iter__(self) -> Iterator[RequestRecord]:
         """The rows as records (built on each call: hot paths read the columns)."""
@@ -111,10 +121,8 @@ class RequestBatch:
                                    nan if r.first_token_s is None else r.first_token_s,
                                    nan if r.finish_s is None else r.finish_s, r.cost_usd) for r in records]).T
         tenants = np.array([r.tenant for r in records], dtype=object)
-        return cls(ints[0], tenants, ints[1], floats[0], ints[2], ints[3], ints[4], floats[1], floats[2], floats[3],
-                   ints[5], ints[6], ints[7], floats[4],
-                   {j: r.error for j, r in enumerate(records) if r.error is not None},
-                   {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
+        return cls.from_blocks(ints, floats, tenants, {j: r.error for j, r in enumerate(records) if r.error is not None},
+                               {j: r.chunk_times_s for j, r in enumerate(records) if r.chunk_times_s})
 
     @classmethod
     def of(cls, requests: Sequence[RequestRecord] | RequestBatch) -> RequestBatch:
@@ -135,9 +143,14 @@ class RequestBatch:
             error.update({off + j: e for j, e in b.error.items()})
             chunks.update({off + j: c for j, c in b.chunk_times.items()})
             off += len(b)
-        cols = {name: np.concatenate([getattr(b, name) for b in parts])
-                for name in ("tenant", *_INT_COLUMNS, *_FLOAT_COLUMNS)}
-        return cls(error=error, chunk_times=chunks, **cols)
+        tenants = np.concatenate([b.tenant for b in parts])
+        if all(b.blocks is not None for b in parts):
+            ints = np.concatenate([b.blocks[0] for b in parts], axis=1)  # type: ignore[index]
+            floats = np.concatenate([b.blocks[1] for b in parts], axis=1)  # type: ignore[index]
+            return cls.from_blocks(ints, floats, tenants, error, chunks)
+        cols: dict[str, Any] = {name: np.concatenate([getattr(b, name) for b in parts])
+                                for name in (*_INT_COLUMNS, *_FLOAT_COLUMNS)}
+        return cls(tenant=tenants, error=error, chunk_times=chunks, **cols)
 
     def records(self) -> list[RequestRecord]:
         """The rows as records (None where a time is NaN), as the backend would have listed them."""

@@ -453,8 +453,7 @@ class ArrayEngine:
     def _columns(ints: np.ndarray, floats: np.ndarray, tenants: np.ndarray, rejected: int) -> RequestBatch:
         """A gather's int and float rows as a batch (`rejected`: how many were rejected: their reason added)."""
         error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
-        return RequestBatch(ints[0], tenants, ints[1], floats[0], ints[2], ints[3], ints[4], floats[1],
-                            floats[2], floats[3], ints[5], ints[6], ints[7], floats[4], error, {})
+        return RequestBatch.from_blocks(ints, floats, tenants, error, {})
 
     def take_measurements(self) -> WindowMeasurements:
         if self._py is not None:

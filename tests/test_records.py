@@ -39,6 +39,13 @@ def test_joined_batches_keep_each_rows_message_and_chunks():
     assert joined.error == {1: "too long", 4: "reclaimed"} and joined.chunk_times == {2: [0.9, 0.95, 1.01]}
     assert RequestBatch.concat([parts[0]]) is parts[0]
     assert len(RequestBatch.concat([])) == 0
+    # batches from their 2-D blocks join by block; one without (columns given one by one) column by column
+    assert joined.blocks is not None and joined.request_id.base is joined.blocks[0]
+    loose = RequestBatch(**{f.name: getattr(parts[2], f.name) for f in dataclasses.fields(RequestBatch)
+                            if f.name != "blocks"})
+    assert loose.blocks is None
+    mixed = RequestBatch.concat([parts[0], loose])
+    assert mixed.blocks is None and mixed.records() == recs
 
 
 def test_every_status_has_a_code():
