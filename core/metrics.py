@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 from llmserve_env.core.open_requests import OpenRequests
+from llmserve_env.core.settlement import appends, settle_window
 from llmserve_env.shared import records as rb
 from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival, WindowReport
@@ -199,80 +200,44 @@ class MetricsTracker:
         t0 = report.t0
         t_end = t0 + dt
         names = self._names
-        arrived = dict.fromkeys(names, 0)
-        met_by = dict.fromkeys(names, 0)
-        missed_by = dict.fromkeys(names, 0)
         opened = self._open
         flagged = self._flagged
 
-        prompt_sum = self._open_arrivals(arrivals, arrived)
-
-        # The requests as columns (shared/records.py: the simulator's own shape, the gateway's records
-        # converted once); the arithmetic per request is the docstring's, as array operations.
+        # The window's arrivals open a request each (appended to the table in the settlement's call, or
+        # merged in first where their ids do not simply follow the open ones'); the requests as columns
+        # (shared/records.py: the simulator's own shape, the gateway's records converted once), settled
+        # by the docstring's rules in one pass (core/settlement.py).
+        cols = arrival_columns(arrivals)
+        n_arr = len(cols)
+        index = np.asarray(cols.tenant_index(names), dtype=np.int64) if n_arr else _NO_IDS
+        append = appends(opened.ids, cols.request_id) if n_arr else False
+        if n_arr and not append:
+            ttft, tpot = self._slo_columns
+            opened.add(cols.request_id, index, cols.arrival_s + ttft[index], tpot[index])
         fin = report.finished_batch()
         pen = report.pending_batch()
-        ttft_dispatch = np.concatenate((_dispatch_ttfts(fin, t0, t_end), _dispatch_ttfts(pen, t0, t_end)))
-        good_tokens = 0
-        tpots = e2es = _NONE
-        n_names = len(names)
-        if len(fin):
-            fids = fin.request_id
-            rows, at = opened.find(fids)
-            distinct = _distinct(at)
-            if len(rows) < len(fids) or not distinct:
-                rows, at = self._settled_before(fids, rows, at, distinct)
-            ft, fin_s, out = fin.first_token_s, fin.finish_s, fin.output_tokens
-            ok_done = fin.status == rb.OK
-            ended = ok_done & (fin_s == fin_s)
-            e2es = fin_s[ended] - fin.arrival_s[ended]
-            has_tpot = ended & (ft == ft) & (out >= 2)
-            tpot = np.zeros(len(fin))
-            tpot[has_tpot] = (fin_s[has_tpot] - ft[has_tpot]) / (out[has_tpot] - 1)
-            tpots = tpot[has_tpot]
-            # settled now: the rows still open (a request flagged while pending was settled then)
-            ft, out, ok_done, has_tpot, tpot = ft[rows], out[rows], ok_done[rows], has_tpot[rows], tpot[rows]
-            met_rows = ok_done & (ft <= opened.deadline[at]) & (~has_tpot | (tpot <= opened.tpot_slo[at]))  # NaN (no first token) compares False
-            good_tokens = int(out[met_rows].sum())
-            # a request's tenant as it arrived
-            of = opened.tenant[at]
-            met_n = np.bincount(of[met_rows], minlength=n_names).tolist()
-            all_n = np.bincount(of, minlength=n_names).tolist()
-            for k, name in enumerate(names):
-                met_by[name] += met_n[k]
-                missed_by[name] += all_n[k] - met_n[k]
-            opened.remove(at)
-
-        queued = int(np.count_nonzero(pen.status == rb.QUEUED))
-        running = len(pen) - queued
-        if len(pen) and len(opened):
-            # only the requests still open can be settled now (a long queue is mostly flagged already)
-            rows, at = opened.find(pen.request_id)
-            if len(rows):
-                deadline, tpot_slo = opened.deadline[at], opened.tpot_slo[at]
-                ft, target = pen.first_token_s[rows], pen.target_output_tokens[rows]
-                # TPOT >= (now - first) / (target - 1): the request cannot finish sooner than now, nor produce
-                # more than its target tokens.
-                late = np.where(ft != ft, t_end > deadline,
-                                (ft > deadline) | ((target >= 2) & (t_end - ft > tpot_slo * (target - 1))))
-                now_late = at[late]
-                if len(now_late):
-                    flagged.update(opened.ids[now_late].tolist())
-                    for k, c in enumerate(np.bincount(opened.tenant[now_late], minlength=n_names).tolist()):
-                        missed_by[names[k]] += c
-                    opened.remove(now_late)
-
-        backlog = 0
+        (ids, tenant, deadline, tpot_slo, arrived_n, prompt_sum, met_n, missed_n, good_tokens, backlog, unknown,
+         late_ids, e2es, tpots, ttft_dispatch, queued) = settle_window(
+            opened.ids, opened.tenant, opened.deadline, opened.tpot_slo, cols.request_id, index, cols.arrival_s,
+            cols.prompt_tokens, append, *self._slo_columns, fin.request_id, fin.status, fin.arrival_s,
+            fin.first_token_s, fin.finish_s, fin.output_tokens, fin.dispatch_s, pen.request_id, pen.status,
+            pen.first_token_s, pen.target_output_tokens, pen.dispatch_s, float(t0), float(t_end), len(names), rb.OK,
+            rb.QUEUED, bool(final))
+        if len(unknown):
+            self._settled_before(unknown.tolist())
+        if len(late_ids):
+            flagged.update(late_ids.tolist())
+        opened.ids, opened.tenant, opened.deadline, opened.tpot_slo = ids, tenant, deadline, tpot_slo
         if final:
-            backlog = len(opened)
-            for k, c in enumerate(np.bincount(opened.tenant, minlength=n_names).tolist()):
-                missed_by[names[k]] += c
-            opened.clear()
             flagged.clear()
             self.closed = True
-
-        met = sum(met_by.values())
-        missed = sum(missed_by.values())
-        per_tenant = {n: TenantStats(arrived[n], met_by[n], missed_by[n]) for n in names}
+        queued, good_tokens, backlog, prompt_sum = int(queued), int(good_tokens), int(backlog), int(prompt_sum)
+        arrived = dict(zip(names, arrived_n.tolist(), strict=True))
+        running = len(pen) - queued
+        met_by, missed_by = met_n.tolist(), missed_n.tolist()
+        met = sum(met_by)
+        missed = sum(missed_by)
+        per_tenant = {n: TenantStats(arrived[n], met_by[k], missed_by[k]) for k, n in enumerate(names)}
         ttft_p50, ttft_p99 = percentiles(report.ttfts(), 50.0, 99.0)
         itl = report.itl_as_given()
         if not len(itl):
@@ -281,7 +246,6 @@ class MetricsTracker:
         out_tokens = int(report.output_tokens)
         settled = met + missed
         cost = float(report.cost_usd)
-        n_arr = len(arrivals)
         return WindowMetrics(
             window_s=dt,
             arrivals=n_arr,
@@ -316,41 +280,16 @@ class MetricsTracker:
             per_tenant=per_tenant,
         )
 
-    def _open_arrivals(self, arrivals: Sequence[Arrival], arrived: dict[str, int]) -> int:
-        """Open an entry for each arrival (its tenant, latest first-token time meeting its TTFT SLO, TPOT
-        SLO), count them per tenant in `arrived`; returns their prompt tokens. Over the arrivals' columns
-        (the same sums as one arrival at a time: float64 either way)."""
-        cols = arrival_columns(arrivals)
-        if not len(cols):
-            return 0
-        index = cols.tenant_index(self._names)
-        for name, k in zip(self._names, np.bincount(index, minlength=len(self._names)).tolist(), strict=True):
-            arrived[name] += k
-        ttft, tpot = self._slo_columns
-        self._open.add(cols.request_id, index, cols.arrival_s + ttft[index], tpot[index])
-        return int(cols.prompt_tokens.sum())
-
-    def _settled_before(self, fids: np.ndarray, rows: np.ndarray, at: np.ndarray,
-                        distinct: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The finished rows that are open (`rows`, their table positions `at`, `distinct` when none repeats)
-        less a request's second row in one window; every other row must have been flagged while pending
-        (settled then: unflagged now), else it is a backend bug (ValueError naming the request, nothing
-        changed)."""
-        if not distinct:
-            first = np.unique(at, return_index=True)[1]  # each position's first row
-            keep = np.zeros(len(rows), dtype=bool)
-            keep[first] = True
-            rows, at = rows[keep], at[keep]
-        known = np.zeros(len(fids), dtype=bool)
-        known[rows] = True
-        unknown = fids[~known].tolist()
+    def _settled_before(self, unknown: list[int]) -> None:
+        """The finished requests that were not open (`unknown`, in row order) must each have been flagged
+        while pending (settled then: unflagged now), once; else it is a backend bug (ValueError naming the
+        request, nothing settled)."""
         once = set(unknown)
         bad = [rid for rid in unknown if rid not in self._flagged]
         if bad or len(once) < len(unknown):
             rid = bad[0] if bad else next(r for r in unknown if unknown.count(r) > 1)
             raise ValueError(f"request {rid} finished but is not outstanding (never arrived, or finished twice)")
         self._flagged.difference_update(once)
-        return rows, at
 
     def close(self) -> None:
         """End the episode's accounting (nothing may be observed after); raises if requests are
@@ -384,25 +323,7 @@ class MetricsTracker:
         return len(self._open)
 
 
-_NONE = np.zeros(0)  # no latencies (read only, never written)
-
-
-def _distinct(positions: np.ndarray) -> bool:
-    """True when no table position repeats (no request finished twice in one window)."""
-    if len(positions) < 2:
-        return True
-    seen = np.zeros(int(positions.max()) + 1, dtype=bool)
-    seen[positions] = True
-    return int(np.count_nonzero(seen)) == len(positions)
-
-
-def _dispatch_ttfts(batch: RequestBatch, t0: float, t_end: float) -> np.ndarray:
-    """TTFT from dispatch of the requests whose first token came in [t0, t_end) (NaN times compare False)."""
-    if not len(batch):
-        return _NONE
-    ft, disp = batch.first_token_s, batch.dispatch_s
-    mask = (ft >= t0) & (ft < t_end) & (disp == disp)
-    return ft[mask] - disp[mask]
+_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 def _chunk_gaps(batches: tuple[RequestBatch, ...], t0: float, t_end: float) -> list[tuple[float, int]]:

@@ -2,11 +2,12 @@
 
 Each open request keeps its tenant (an index into the task's tenants), the latest first-token time that
 meets its TTFT SLO and its TPOT SLO (seconds). The metrics look a window's finished and pending requests up
-by id: one `searchsorted` over the ids for the whole window instead of a dict lookup per request (the
-lookups were a third of `MetricsTracker.observe`). Ids are unique within an episode and arrive in
-increasing order (shared/backend.py `Arrival`), so adding a window keeps the ids sorted by appending; ids
-out of order (a planner's sampled day after a continued one) are merged in by a stable sort.
-"""
+by id with a binary search (core/settlement.py) instead of a dict lookup per request (the lookups were
+a third of `MetricsTracker.observe`). Ids are unique within an episode and arrive in
+increasing order (shared/backend.py `Arrival`), so a window's arrivals keep the ids sorted by appending
+(the settlement's call appends them: core/settlement.py `appends`); ids out of order (a planner's sampled
+day after a continued one) are merged in by `add`, by a stable sort. The settlement returns the table
+after each window, which the tracker sets in place of the old one."""
 
 from __future__ import annotations
 
@@ -51,28 +52,6 @@ class OpenRequests:
         self.tenant = np.concatenate((self.tenant, tenant))[order]
         self.deadline = np.concatenate((self.deadline, deadline))[order]
         self.tpot_slo = np.concatenate((self.tpot_slo, tpot_slo))[order]
-
-    def find(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(rows of `ids` that are open, in row order; their positions in the table)."""
-        n = len(self.ids)
-        if not n or not len(ids):
-            return _EMPTY_I, _EMPTY_I
-        pos = np.searchsorted(self.ids, ids)
-        np.minimum(pos, n - 1, out=pos)
-        rows = np.flatnonzero(self.ids[pos] == ids)
-        return rows, pos[rows]
-
-    def remove(self, positions: np.ndarray) -> None:
-        """Settle the requests at these table positions (each at most once)."""
-        if not len(positions):
-            return
-        keep = np.ones(len(self.ids), dtype=bool)
-        keep[positions] = False
-        self.ids, self.tenant = self.ids[keep], self.tenant[keep]
-        self.deadline, self.tpot_slo = self.deadline[keep], self.tpot_slo[keep]
-
-    def clear(self) -> None:
-        self.ids, self.tenant, self.deadline, self.tpot_slo = _EMPTY_I, _EMPTY_I, _EMPTY_F, _EMPTY_F
 
     def copy(self) -> OpenRequests:
         """An independent copy. The arrays are shared: no method writes them in place (each replaces them),

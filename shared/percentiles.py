@@ -29,9 +29,11 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
         if arr[-1] != arr[-1]:  # a NaN (sorted last): numpy's own rules for it
             return [float(x) for x in np.percentile(arr, qs)]
         return [_numpy_linear(arr, q) for q in qs]
+    s: list[float] | np.ndarray
     if isinstance(values, np.ndarray):
-        arr = np.sort(values, kind="stable")  # sorted()'s order (both stable), a NaN aside
-        s = sorted(values.tolist()) if arr[-1] != arr[-1] else arr.tolist()
+        s = np.sort(values, kind="stable")
+        if s[-1] != s[-1]:  # a NaN: placed as sorted() places it
+            s = sorted(values.tolist())
     else:
         s = sorted(values)
     out = []
@@ -39,7 +41,8 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
         pos = (n - 1) * q / 100.0
         lo = int(pos)
         hi = min(lo + 1, n - 1)
-        out.append(s[lo] + (s[hi] - s[lo]) * (pos - lo))
+        # the same float operations on a sorted array's elements as on the list's (float64 either way)
+        out.append(float(s[lo] + (s[hi] - s[lo]) * (pos - lo)))
     return out
 
 

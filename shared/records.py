@@ -181,7 +181,8 @@ class _Rows:
     _DTYPES: ClassVar[tuple[type, ...]]
 
     def __len__(self) -> int:
-        return len(getattr(self, fields(self)[0].name))  # type: ignore[arg-type]
+        first: str = type(self).__slots__[0]  # type: ignore[misc]  # a slotted dataclass's slots: its fields
+        return len(getattr(self, first))
 
     @classmethod
     def of(cls, rows: list[tuple] | Self) -> Self:
