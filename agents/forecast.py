@@ -91,8 +91,9 @@ class Job:
 
 def tenant_counts(task: TaskSpec, wins: list[Sequence[Arrival]]) -> dict[str, np.ndarray]:
     """Each tenant's arrivals per window: what `DayForecast` conditions on."""
-    tenants = [arrival_columns(w).tenant for w in wins]
-    return {t.name: np.array([np.count_nonzero(c == t.name) for c in tenants], dtype=float) for t in task.tenants}
+    names = [t.name for t in task.tenants]
+    counts = np.array([arrival_columns(w).tenant_counts(names) for w in wins], dtype=float).reshape(len(wins), len(names))
+    return {name: counts[:, i].copy() for i, name in enumerate(names)}
 
 
 def _runs(counts: np.ndarray) -> list[tuple[int, int]]:

@@ -27,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
 from llmserve_env.core.episode_log import EpisodeLog, StepRecord
 from llmserve_env.core.errors import (
     BackendFailure,
@@ -134,7 +133,7 @@ def cluster_metadata(task: TaskSpec, next_window: int, notes: dict[str, Any] | N
         out["time_of_day_h"] = round(24.0 * k / task.cycle_windows, 4)
     if served is not None:
         names = [t.name for t in task.tenants]
-        counts = np.bincount(arrival_columns(served).tenant_index(names), minlength=len(names)).tolist()
+        counts = arrival_columns(served).tenant_counts(names)
         out["arrival_rate_by_tenant"] = {name: round(n / task.window_s, 4) for name, n in zip(names, counts, strict=True)}
     if seed is not None and task.workload.get("kind") == "cycle":
         out["announced_jobs"] = announced_jobs(task, seed, next_window)

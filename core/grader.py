@@ -269,8 +269,7 @@ def _totals(log: EpisodeLog, task: TaskSpec, per_window: list[Sequence[Arrival]]
         pt = m.get("per_tenant")
         if not isinstance(pt, dict) or set(pt) != set(names):
             raise GradeError(f"step {k}: per_tenant must list exactly the tenants {', '.join(names)}")
-        expected = dict(zip(names, np.bincount(arrival_columns(per_window[k]).tenant_index(names),
-                                               minlength=len(names)).tolist(), strict=True))
+        expected = dict(zip(names, arrival_columns(per_window[k]).tenant_counts(names), strict=True))
         sum_met = sum_missed = 0
         for n in names:
             entry = pt[n]

@@ -208,10 +208,9 @@ class MetricsTracker:
         # (shared/records.py: the simulator's own shape, the gateway's records converted once), settled
         # by the docstring's rules in one pass (core/settlement.py).
         cols = arrival_columns(arrivals)
-        n_arr = len(cols)
-        index = np.asarray(cols.tenant_index(names), dtype=np.int64) if n_arr else _NO_IDS
-        append = appends(opened.ids, cols.request_id) if n_arr else False
-        if n_arr and not append:
+        index = cols.tenant_index(names)
+        append = appends(opened.ids, cols.request_id)
+        if not append:
             ttft, tpot = self._slo_columns
             opened.add(cols.request_id, index, cols.arrival_s + ttft[index], tpot[index])
         fin = report.finished_batch()
@@ -227,7 +226,7 @@ class MetricsTracker:
             self._settled_before(unknown.tolist())
         if len(late_ids):
             flagged.update(late_ids.tolist())
-        opened.ids, opened.tenant, opened.deadline, opened.tpot_slo = ids, tenant, deadline, tpot_slo
+        self._open = OpenRequests(ids, tenant, deadline, tpot_slo)
         if final:
             flagged.clear()
             self.closed = True
@@ -246,6 +245,7 @@ class MetricsTracker:
         out_tokens = int(report.output_tokens)
         settled = met + missed
         cost = float(report.cost_usd)
+        n_arr = len(cols)
         return WindowMetrics(
             window_s=dt,
             arrivals=n_arr,
@@ -321,9 +321,6 @@ class MetricsTracker:
     def outstanding(self) -> int:
         """Requests arrived and not yet settled."""
         return len(self._open)
-
-
-_NO_IDS = np.zeros(0, dtype=np.int64)
 
 
 def _chunk_gaps(batches: tuple[RequestBatch, ...], t0: float, t_end: float) -> list[tuple[float, int]]:

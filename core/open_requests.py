@@ -30,16 +30,9 @@ class OpenRequests:
         return self.ids.shape[0]
 
     def add(self, ids: np.ndarray, tenant: np.ndarray, deadline: np.ndarray, tpot_slo: np.ndarray) -> None:
-        """Open these requests; an id already open is refused (ValueError naming it) and nothing is added."""
+        """Open these requests, merged in by id (the settlement appends arrivals that simply follow the open
+        ids itself); an id already open is refused (ValueError naming it) and nothing is added."""
         if not len(ids):
-            return
-        ids = np.asarray(ids, dtype=np.int64)
-        in_order = len(ids) == 1 or bool((ids[1:] > ids[:-1]).all())
-        if in_order and (not len(self.ids) or ids[0] > self.ids[-1]):
-            self.ids = np.concatenate((self.ids, ids))
-            self.tenant = np.concatenate((self.tenant, tenant))
-            self.deadline = np.concatenate((self.deadline, deadline))
-            self.tpot_slo = np.concatenate((self.tpot_slo, tpot_slo))
             return
         all_ids = np.concatenate((self.ids, ids))
         order = np.argsort(all_ids, kind="stable")

@@ -3,9 +3,10 @@
 `MetricsTracker.observe` hands it the open requests (core/open_requests.py's sorted arrays), the
 window's arrivals, and its finished and pending requests as columns (shared/records.py); it returns the
 verdicts and the open requests after the window, and changes nothing, so the tracker can refuse a bad
-report (a request finishing that was never open) before it applies them. One loop over the rows, compiled by numba where it imports (shared/jit.py)
-and plain Python where not: the numpy expression of the same rules made ~35 array calls a window,
-whose per-call overhead was most of the metrics' time (issue 27).
+report (a request finishing that was never open) before it applies them. One loop over the rows,
+compiled by numba where it imports (shared/jit.py) and plain Python where not: the numpy expression of
+the same rules made ~35 array calls a window, whose per-call overhead was most of the metrics' time
+(issue 27).
 
 The rules, per row (NaN stands for a missing time and compares False, as in the arrays before):
 

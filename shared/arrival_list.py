@@ -70,6 +70,10 @@ class ArrivalColumns:
             raise ValueError(f"arrivals from tenant(s) {unknown} the task does not have (tenants: {', '.join(names)})")
         return index
 
+    def tenant_counts(self, names: Sequence[str]) -> list[int]:
+        """How many rows each tenant of `names` has, in that order (ValueError naming any other tenant)."""
+        return np.bincount(self.tenant_index(names), minlength=len(names)).tolist()
+
     @classmethod
     def concat(cls, parts: Sequence[ArrivalColumns]) -> ArrivalColumns:
         """The parts' rows one after another."""

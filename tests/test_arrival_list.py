@@ -33,6 +33,7 @@ def test_generated_columns_are_the_objects_fields(task_id):
         assert same(arrival_columns(w), ArrivalColumns.of(list(w)))
         # the generator's tenant indices, where kept, are the names' own indices
         assert np.array_equal(arrival_columns(w).tenant_index(names), ArrivalColumns.of(list(w)).tenant_index(names))
+        assert arrival_columns(w).tenant_counts(names) == [sum(a.tenant == n for a in w) for n in names]
     rows = np.arange(len(arrivals))[::-3]
     joined = ArrivalColumns.concat([arrival_columns(w) for w in wins]).take(rows)
     assert np.array_equal(joined.tenant_index(names), ArrivalColumns.of([arrivals[i] for i in rows]).tenant_index(names))
