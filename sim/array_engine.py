@@ -27,7 +27,6 @@ from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.sim import compiled_core as cc
 from llmserve_env.sim.engine import (
-    SAMPLES_PER_WINDOW,
     Engine,
     WindowMeasurements,
     acceptance_rate,
@@ -138,6 +137,11 @@ class ArrayEngine:
         self.samp_i = np.zeros((cc.MAX_SAMPLES, 3), dtype=np.int64)
         self.pend_idx = np.zeros(64, dtype=np.int64)
         self.pend_cur = np.zeros(64, dtype=np.int64)
+        # end_unified's report columns (pending ints/floats, finished ints/floats, first tokens' ids), a row per
+        # request: the kernels allocate nothing (shared/jit.py `njit_borrowing`), the report gets copies
+        self.out_pi, self.out_pf = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
+        self.out_fi, self.out_ff = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
+        self.out_ft = np.zeros(64, dtype=np.int64)
         self.samples: list[ResourceSample] = []
         self.action_key: tuple | None = None
         self.tier = "FP16"
@@ -162,44 +166,27 @@ class ArrayEngine:
         H = np.zeros((max(2 * new + 1, self.H.shape[0]), 4), dtype=np.int64)
         H[:self.H.shape[0] - 1] = self.H[:-1]
         self.F, self.Ix, self.C, self.H = F, Ix, C, H
-        for name in ("tenants", "fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur"):
+        for name in ("tenants", "fin_out", "ft_idx", "ft_val", "pend_idx", "pend_cur", "out_ft"):
             old = getattr(self, name)
             arr = np.zeros(new, dtype=old.dtype)
             arr[:cap] = old
             setattr(self, name, arr)
+        for name in ("out_pi", "out_pf", "out_fi", "out_ff"):  # outputs only: nothing to keep
+            old = getattr(self, name)
+            setattr(self, name, np.zeros((old.shape[0], new), dtype=old.dtype))
 
     def _compact(self) -> None:
         """Drop the finished requests' rows, keeping the others' order (between windows: every arrival is queued,
         the window's outputs were taken). The ordered rows of C and the heaps keep their layouts with the requests
         renumbered; the finish heap loses the entries of finished requests (stale entries, which every pop skips:
-        the pops' order is its keys' order, unique, whatever the layout)."""
+        the pops' order is its keys' order, unique, whatever the layout). One kernel call (compiled_core.compact)."""
         SI = self.SI
         n = int(SI[cc.SI_NREQ])
         if int(SI[cc.SI_ARR_IDX]) != n:
             return
-        keep = self.Ix[:n, cc.I_STATE] != cc.DONE
-        rows = np.flatnonzero(keep)
-        m = len(rows)
-        new = np.full(n, -1, dtype=np.int64)
-        new[rows] = np.arange(m)
-        self.F[:m] = self.F[rows]
-        self.Ix[:m] = self.Ix[rows]
-        self.F[m:n] = 0.0
-        self.F[m:n, cc.F_FT] = self.F[m:n, cc.F_DISP] = self.F[m:n, cc.F_FIN] = math.nan
-        self.Ix[m:n] = 0
-        for row, count in ((cc.C_DEC, cc.SI_NDEC), (cc.C_PRE, cc.SI_NPRE), (cc.C_TR, cc.SI_NTR),
-                           (cc.C_FRESH, cc.SI_NFRESH), (cc.C_WQ, cc.SI_NW)):
-            k = int(SI[count])
-            self.C[row, :k] = new[self.C[row, :k]]
-        nfh = int(SI[cc.SI_NFH])
-        H = self.H[:nfh]
-        live = H[new[H[:, 3]] >= 0]
-        live[:, 3] = new[live[:, 3]]
-        self.H[:len(live)] = live
-        cc.fheapify(self.H, len(live))
-        SI[cc.SI_NFH] = len(live)
-        SI[cc.SI_NREQ] = SI[cc.SI_ARR_IDX] = m
-        self.tenants[:m] = self.tenants[rows]
+        new = self.pend_idx if self.pend_idx.shape[0] >= n else np.empty(n, dtype=np.int64)  # scratch
+        m = cc.compact(self.F, self.Ix, SI, self.C, self.H, new)
+        self.tenants[:m] = self.tenants[:n][new[:n] >= 0]
 
     def _more_room(self) -> None:
         """The loop stopped for want of output room: double the ITL buffer and the finish heap."""
@@ -287,19 +274,17 @@ class ArrayEngine:
                 self._log = None
             else:
                 self._log.append(("start_window", ([], t0, dt)))
-        SF, SI = self.SF, self.SI
-        done = int(SI[cc.SI_NREQ]) - int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR] + SI[cc.SI_NW])
-        if done >= COMPACT_MIN_DONE and 2 * done >= int(SI[cc.SI_NREQ]):
-            self._compact()
-        self._clear_window()
-        self.t0, self.dt = t0, dt
-        SF[cc.SF_T0], SF[cc.SF_DT] = t0, dt
-        SF[cc.SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
-        if arrivals:
-            self._add(cols)
         cu, cp, cd = self.carry
         share = self.profile.split_prefill_compute_share
-        SF[cc.SF_BUSY] = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+        busy = min(cu, dt) + share * min(cp, dt) + (1.0 - share) * min(cd, dt)
+        # the counters cleared, the window's clocks and carried busy time set (one call); rows of finished requests
+        done = cc.open_window(self.SF, self.SI, t0, dt, busy)
+        self.samples = []
+        self.t0, self.dt = t0, dt
+        if done >= COMPACT_MIN_DONE and 2 * done >= self.SI[cc.SI_NREQ]:
+            self._compact()
+        if len(cols):
+            self._add(cols)
         return None
 
     def _add(self, cols: ArrivalColumns, accepts: np.ndarray | None = None) -> None:
@@ -366,36 +351,43 @@ class ArrayEngine:
     def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         if self._py is not None:
             return self._py.end_window()
-        if self._log is None and not self.split:
-            return self._end_unified()
+        if self._log is None:
+            return self._end_fused()
         self.run(self.t0 + self.dt)
         pending, used, mem = self.close_window()
         return pending, used, mem, self.take_measurements()
 
-    def _end_unified(self) -> tuple[RequestBatch, int, float, WindowMeasurements]:
-        """`end_window` of a unified engine (`run`, `close_window`, `take_measurements`) with the window's
-        bookkeeping in the same kernel call as its loop (compiled_core.end_unified): the same state after,
-        the same report."""
+    def _end_fused(self) -> tuple[RequestBatch, int, float, WindowMeasurements]:
+        """`end_window` (`run`, `close_window`, `take_measurements`) with the window's bookkeeping in the same
+        kernel call as its loop (compiled_core.end_unified / end_split): the same state after, the same report."""
         t_end = self.t0 + self.dt
-        model = self._model(self.tier, "unified")
         while True:
-            (status, ou, m, used, rejected, pint, pflt, fint, fflt, ft_rid, ft_v, itl_v, itl_n) = cc.end_unified(
-                self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx, self.ft_val, self.itl_v,
-                self.itl_n, self.samp_f, self.samp_i, t_end, self.dt, self.pend_idx, self.pend_cur, *model)
+            args = (self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx, self.ft_val,
+                    self.itl_v, self.itl_n, self.samp_f, self.samp_i, t_end, self.dt, self.pend_idx, self.pend_cur,
+                    self.out_pi, self.out_pf, self.out_fi, self.out_ff, self.out_ft)
+            if self.split:
+                status, op, od, m, used, rejected = cc.end_split(
+                    *args, *self._model(self.tier, "prefill"), *self._model(self.tier, "decode"))
+                carry = (0.0, op, od)
+            else:
+                status, ou, m, used, rejected = cc.end_unified(*args, *self._model(self.tier, "unified"))
+                carry = (ou, 0.0, 0.0)
             if status == cc.RUN_DONE:
                 break
             self._flush_samples()
             self._more_room()
-        self.carry = (ou, 0.0, 0.0)
+        self.carry = carry
         self._flush_samples()
         tenants = self.tenants
-        pending = self._columns(pint, pflt, tenants[self.pend_idx[:m]], 0)
+        pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
         mem = self._close_sample(used)
-        SI = self.SI
+        si = self.SI.tolist()
+        nfin, nft, nitl = si[cc.SI_NFIN], si[cc.SI_NFT], si[cc.SI_NITL]
         acc = WindowMeasurements()
-        acc.finished = self._columns(fint, fflt, tenants[self.fin_out[:SI[cc.SI_NFIN]]], rejected)
-        acc.first_tokens = FirstTokens(ft_rid, tenants[self.ft_idx[:SI[cc.SI_NFT]]], ft_v)
-        acc.itl = ItlSamples(itl_v, itl_n)
+        acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
+                                     tenants[self.fin_out[:nfin]], rejected)
+        acc.first_tokens = FirstTokens(self.out_ft[:nft].copy(), tenants[self.ft_idx[:nft]], self.ft_val[:nft].copy())
+        acc.itl = ItlSamples(self.itl_v[:nitl].copy(), self.itl_n[:nitl].copy())
         self._measured(acc)
         return pending, used, mem, acc
 
@@ -473,24 +465,17 @@ class ArrayEngine:
 
     def _measured(self, acc: WindowMeasurements) -> None:
         """The window's counters into `acc`, then cleared."""
-        SI, SF = self.SI, self.SF
+        si, sf = self.SI.tolist(), self.SF.tolist()  # one conversion each: Python ints and floats
         acc.samples = self.samples
-        acc.output_tokens = int(SI[cc.SI_OUT_TOK])
-        acc.prompt_tokens = int(SI[cc.SI_PROMPT_TOK])
-        acc.evictions = int(SI[cc.SI_EVICT])
-        acc.spec_proposed = int(SI[cc.SI_SPEC_PROP])
-        acc.spec_accepted = float(SF[cc.SF_SPEC_ACC])
-        acc.busy = float(SF[cc.SF_BUSY])
-        acc.iterations = int(SI[cc.SI_ITERS])
-        acc.rejected = int(SI[cc.SI_REJ])
-        self._clear_window()
-
-    def _clear_window(self) -> None:
-        """An empty set of window measurements (Engine's fresh WindowMeasurements)."""
-        for k in (cc.SI_NFIN, cc.SI_NFT, cc.SI_NITL, cc.SI_NSAMP, cc.SI_OUT_TOK, cc.SI_PROMPT_TOK, cc.SI_EVICT,
-                  cc.SI_SPEC_PROP, cc.SI_ITERS, cc.SI_REJ):
-            self.SI[k] = 0
-        self.SF[cc.SF_SPEC_ACC] = 0.0
+        acc.output_tokens = si[cc.SI_OUT_TOK]
+        acc.prompt_tokens = si[cc.SI_PROMPT_TOK]
+        acc.evictions = si[cc.SI_EVICT]
+        acc.spec_proposed = si[cc.SI_SPEC_PROP]
+        acc.spec_accepted = sf[cc.SF_SPEC_ACC]
+        acc.busy = sf[cc.SF_BUSY]
+        acc.iterations = si[cc.SI_ITERS]
+        acc.rejected = si[cc.SI_REJ]
+        cc.clear_window(self.SF, self.SI)  # an empty set of window measurements (Engine's fresh WindowMeasurements)
         self.samples = []
 
     def close_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float]:
@@ -540,6 +525,8 @@ def warm() -> None:
             eng.add_arrival(Arrival(100, 1.5, 100, 10, priority=0))
             eng.outstanding_tokens()
         eng.end_window()
+    F, Ix, _, SI, C, H = cc.empty_state(4)
+    cc.compact(F, Ix, SI, C, H, np.empty(4, dtype=np.int64))  # (an engine compacts only after 256 finished requests)
     from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
 
     one = np.ones(2)

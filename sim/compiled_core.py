@@ -11,7 +11,7 @@ length in `SI`. What a window measured goes to output arrays the wrapper turns i
 Scope: engines without prefix ids, slots or prompt breaks, with a kernel-fitted step-time model
 (sim/step_time.py `StepTimeModel`): the wrapper refuses the rest, which the Python engine serves.
 
-Every function here also runs uncompiled (numba absent: `njit` is the identity), slowly: the wrapper
+Every function here also runs uncompiled (numba absent: `njit_borrowing` is the identity), slowly: the wrapper
 only uses this module where numba imports, and the differential test runs where it does.
 """
 
@@ -20,17 +20,17 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from llmserve_env.shared.jit import HAVE_NUMBA, njit  # noqa: F401 - HAVE_NUMBA: the wrapper asks here
+from llmserve_env.shared.jit import HAVE_NUMBA, njit_borrowing  # noqa: F401 - HAVE_NUMBA: the wrapper asks here
 from llmserve_env.shared.records import OK as RB_OK
 from llmserve_env.shared.records import QUEUED as RB_QUEUED
 from llmserve_env.shared.records import REJECTED as RB_REJECTED
 from llmserve_env.shared.records import RUNNING as RB_RUNNING
+from llmserve_env.sim.engine import SAMPLES_PER_WINDOW
 from llmserve_env.sim.engine import steps_to_cover as engine_steps_to_cover
 
 INF = math.inf
 BLOCK = 16  # shared/admission.py KV_BLOCK_TOKENS
 INV_BLOCK = 1.0 / BLOCK
-SAMPLES_PER_WINDOW = 2
 
 # request states (sim/request.py)
 WAITING, PREFILL, TRANSFER, DECODE, DONE = 0, 1, 2, 3, 4
@@ -67,7 +67,7 @@ MAX_SAMPLES = 64
 # kinds: 0 waiting (key per priority routing), 1 transfers (ready, rid), the finish heap has its own
 
 
-@njit
+@njit_borrowing
 def _less(kind, a, b, F, Ix, pr):
     if kind == 0:
         if pr:
@@ -84,7 +84,7 @@ def _less(kind, a, b, F, Ix, pr):
     return Ix[a, I_RID] < Ix[b, I_RID]
 
 
-@njit
+@njit_borrowing
 def _siftdown(h, start, pos, kind, F, Ix, pr):
     item = h[pos]
     while pos > start:
@@ -97,7 +97,7 @@ def _siftdown(h, start, pos, kind, F, Ix, pr):
     h[pos] = item
 
 
-@njit
+@njit_borrowing
 def _siftup(h, pos, end, kind, F, Ix, pr):
     start = pos
     item = h[pos]
@@ -113,14 +113,14 @@ def _siftup(h, pos, end, kind, F, Ix, pr):
     _siftdown(h, start, pos, kind, F, Ix, pr)
 
 
-@njit
+@njit_borrowing
 def heap_push(h, n, item, kind, F, Ix, pr):
     h[n] = item
     _siftdown(h, 0, n, kind, F, Ix, pr)
     return n + 1
 
 
-@njit
+@njit_borrowing
 def heap_pop(h, n, kind, F, Ix, pr):
     """(popped, new length)."""
     n -= 1
@@ -133,7 +133,7 @@ def heap_pop(h, n, kind, F, Ix, pr):
     return last, n
 
 
-@njit
+@njit_borrowing
 def heapify(h, n, kind, F, Ix, pr):
     for i in range(n // 2 - 1, -1, -1):
         _siftup(h, i, n, kind, F, Ix, pr)
@@ -142,7 +142,7 @@ def heapify(h, n, kind, F, Ix, pr):
 # the finish heap: rows (finish iteration, rid, gen, request index), compared lexicographically on the first three
 
 
-@njit
+@njit_borrowing
 def _fless(H, a, b):
     if H[a, 0] != H[b, 0]:
         return H[a, 0] < H[b, 0]
@@ -151,7 +151,7 @@ def _fless(H, a, b):
     return H[a, 2] < H[b, 2]
 
 
-@njit
+@njit_borrowing
 def _fset(H, dst, src):
     H[dst, 0] = H[src, 0]
     H[dst, 1] = H[src, 1]
@@ -159,7 +159,7 @@ def _fset(H, dst, src):
     H[dst, 3] = H[src, 3]
 
 
-@njit
+@njit_borrowing
 def _fsiftdown(H, start, pos):
     # the item being placed is parked in the row past the end (H has one spare row)
     spare = H.shape[0] - 1
@@ -174,7 +174,7 @@ def _fsiftdown(H, start, pos):
     _fset(H, pos, spare)
 
 
-@njit
+@njit_borrowing
 def _fsiftup(H, pos, end):
     spare = H.shape[0] - 1
     start = pos
@@ -191,7 +191,7 @@ def _fsiftup(H, pos, end):
     _fsiftdown(H, start, pos)
 
 
-@njit
+@njit_borrowing
 def fheap_push(H, n, fin, rid, gen, idx):
     H[n, 0] = fin
     H[n, 1] = rid
@@ -201,7 +201,7 @@ def fheap_push(H, n, fin, rid, gen, idx):
     return n + 1
 
 
-@njit
+@njit_borrowing
 def fheap_pop(H, n):
     """Removes the top entry (read it before); returns the new length."""
     n -= 1
@@ -211,7 +211,7 @@ def fheap_pop(H, n):
     return n
 
 
-@njit
+@njit_borrowing
 def fheapify(H, n):
     for i in range(n // 2 - 1, -1, -1):
         _fsiftup(H, i, n)
@@ -220,7 +220,7 @@ def fheapify(H, n):
 # ----------------------------------------------------------------------------------- ordered lists
 
 
-@njit
+@njit_borrowing
 def list_remove(C, row, n, item):
     """Remove the first `item` from C[row, :n] keeping the order (list.remove); returns the new length."""
     k = 0
@@ -231,7 +231,7 @@ def list_remove(C, row, n, item):
     return n - 1
 
 
-@njit
+@njit_borrowing
 def list_has(C, row, n, item):
     for k in range(n):
         if C[row, k] == item:
@@ -242,7 +242,7 @@ def list_has(C, row, n, item):
 # ----------------------------------------------------------------------------------- physics
 
 
-@njit
+@njit_borrowing
 def tokens_per_step(accept, depth):
     """Expected tokens a verification step emits: (1 - a^(g+1)) / (1 - a) (sim/engine.py)."""
     if depth <= 0:
@@ -253,10 +253,10 @@ def tokens_per_step(accept, depth):
 
 
 # the Python engine's own closed form, compiled (one definition)
-steps_to_cover = njit(engine_steps_to_cover)
+steps_to_cover = njit_borrowing(engine_steps_to_cover)
 
 
-@njit
+@njit_borrowing
 def iteration_s(ms, dense, head, ddense, dhead, decode_seqs, ctx_sum, depth, C, nchunks, Ix, prefill_tokens,
                 sampled_prefills):
     """StepTimeModel.iteration_s, the chunks being C[C_CHUNK/C_CHUNK_C, :nchunks] (new tokens, prefilled)."""
@@ -290,7 +290,7 @@ def iteration_s(ms, dense, head, ddense, dhead, decode_seqs, ctx_sum, depth, C, 
     return t
 
 
-@njit
+@njit_borrowing
 def decode_slope(ms, depth):
     return ms[M_DEC_CTX] + (depth * ms[M_DDEC_CTX] if depth > 0 else 0.0)
 
@@ -298,7 +298,7 @@ def decode_slope(ms, depth):
 # ----------------------------------------------------------------------------------- KV accounting
 
 
-@njit
+@njit_borrowing
 def blocks_held(F, Ix, i, it):
     p = F[i, F_PROG] + (it - Ix[i, I_SYNC]) * F[i, F_E]
     if p > Ix[i, I_TARGET]:
@@ -306,7 +306,7 @@ def blocks_held(F, Ix, i, it):
     return -(-math.ceil(Ix[i, I_PROMPT] + p) // BLOCK)
 
 
-@njit
+@njit_borrowing
 def decode_blocks_exact(F, Ix, SI, C, k):
     it = SI[SI_ITER] + k
     if SI[SI_MEMO_IT] == it and SI[SI_MEMO_VER] == SI[SI_VER]:
@@ -324,7 +324,7 @@ def decode_blocks_exact(F, Ix, SI, C, k):
     return total
 
 
-@njit
+@njit_borrowing
 def decode_kv_limit(F, Ix, SF, SI, C, kcap):
     free = SI[SI_KVTOT] - SI[SI_KVUSED]
     n = SI[SI_NDEC]
@@ -346,7 +346,7 @@ def decode_kv_limit(F, Ix, SF, SI, C, kcap):
 # ----------------------------------------------------------------------------------- victims
 
 
-@njit
+@njit_borrowing
 def _vgreater(a, b, F, Ix, pr):
     """victim_key(a) > victim_key(b) (shared/admission.py)."""
     if pr:
@@ -360,7 +360,7 @@ def _vgreater(a, b, F, Ix, pr):
     return Ix[a, I_ADM] > Ix[b, I_ADM]
 
 
-@njit
+@njit_borrowing
 def _in_chunks(C, nchunks, r):
     for j in range(nchunks):
         if C[C_CHUNK, j] == r:
@@ -368,7 +368,7 @@ def _in_chunks(C, nchunks, r):
     return False
 
 
-@njit
+@njit_borrowing
 def victim(F, Ix, SI, C, unified, nchunks, use_chunks):
     """The largest victim_key among the pool: with use_chunks, the pass's unscheduled requests
     (`Engine._unscheduled`), else `Engine._victim_pool(unified)`. -1: none."""
@@ -391,7 +391,7 @@ def victim(F, Ix, SI, C, unified, nchunks, use_chunks):
     return best
 
 
-@njit
+@njit_borrowing
 def victim_order(F, Ix, SI, C):
     """`Scheduler.victim_order(_victim_pool(True))` into C[C_SCRATCH]: decoding then prefilling requests,
     sorted by victim_key, largest first (keys are unique). Returns the count."""
@@ -416,12 +416,12 @@ def victim_order(F, Ix, SI, C):
 # ----------------------------------------------------------------------------------- state changes
 
 
-@njit
+@njit_borrowing
 def push_waiting(F, Ix, SI, C, r):
     SI[SI_NW] = heap_push(C[C_WQ], SI[SI_NW], r, 0, F, Ix, SI[SI_PR])
 
 
-@njit
+@njit_borrowing
 def preempt(F, Ix, SF, SI, C, r, t):
     st = Ix[r, I_STATE]
     if st == DECODE:
@@ -451,7 +451,7 @@ def preempt(F, Ix, SF, SI, C, r, t):
     SI[SI_PREBLK] = 0
 
 
-@njit
+@njit_borrowing
 def reject(F, Ix, SI, fin_out, r, t):
     Ix[r, I_STATE] = DONE
     Ix[r, I_STATUS] = STATUS_REJECTED
@@ -464,7 +464,7 @@ def reject(F, Ix, SI, fin_out, r, t):
     SI[SI_REJ] += 1
 
 
-@njit
+@njit_borrowing
 def finish(F, Ix, SF, SI, C, fin_out, r, t):
     if Ix[r, I_STATE] == DECODE:
         SF[SF_CTX] -= Ix[r, I_PROMPT] + F[r, F_PROG] + (SI[SI_ITER] - Ix[r, I_SYNC]) * F[r, F_E]
@@ -483,7 +483,7 @@ def finish(F, Ix, SF, SI, C, fin_out, r, t):
     SI[SI_PREBLK] = 0
 
 
-@njit
+@njit_borrowing
 def finish_due(F, Ix, SF, SI, C, H, fin_out, t):
     it = SI[SI_ITER]
     while SI[SI_NFH] and H[0, 0] <= it:
@@ -493,7 +493,7 @@ def finish_due(F, Ix, SF, SI, C, H, fin_out, t):
             finish(F, Ix, SF, SI, C, fin_out, r, t)
 
 
-@njit
+@njit_borrowing
 def join_decode(F, Ix, SF, SI, C, H, r):
     Ix[r, I_STATE] = DECODE
     it = SI[SI_ITER]
@@ -510,7 +510,7 @@ def join_decode(F, Ix, SF, SI, C, H, r):
     SI[SI_NFH] = fheap_push(H, SI[SI_NFH], fin, Ix[r, I_RID], Ix[r, I_GEN], r)
 
 
-@njit
+@njit_borrowing
 def complete_prefill(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, r, t, ms, split):
     SI[SI_NPRE] = list_remove(C, C_PRE, SI[SI_NPRE], r)
     SI[SI_KVUSED] -= Ix[r, I_BLK]
@@ -540,7 +540,7 @@ def complete_prefill(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n,
         join_decode(F, Ix, SF, SI, C, H, r)
 
 
-@njit
+@njit_borrowing
 def process_joins(F, Ix, SF, SI, C, H, t):
     while SI[SI_NTR] and F[C[C_TR, 0], F_READY] <= t:
         r, ntr = heap_pop(C[C_TR], SI[SI_NTR], 1, F, Ix, SI[SI_PR])
@@ -552,7 +552,7 @@ def process_joins(F, Ix, SF, SI, C, H, t):
         SI[SI_NFRESH] += 1
 
 
-@njit
+@njit_borrowing
 def admit_arrivals(F, Ix, SI, C, t):
     i = SI[SI_ARR_IDX]
     n = SI[SI_NREQ]
@@ -565,7 +565,7 @@ def admit_arrivals(F, Ix, SI, C, t):
         SI[SI_PREBLK] = 0
 
 
-@njit
+@njit_borrowing
 def next_arrival(F, SI):
     return F[SI[SI_ARR_IDX], F_ARR] if SI[SI_ARR_IDX] < SI[SI_NREQ] else INF
 
@@ -573,7 +573,7 @@ def next_arrival(F, SI):
 # ----------------------------------------------------------------------------------- scheduling
 
 
-@njit
+@njit_borrowing
 def plan_prefill(F, Ix, SF, SI, C, fin_out, t, budget, unified, preempted):
     """`Engine._plan_prefill` without prefix caches, slots or prompt breaks: the chunks go to
     C[C_CHUNK] (request) and C[C_CHUNK_C] (tokens); returns their count."""
@@ -677,7 +677,7 @@ def plan_prefill(F, Ix, SF, SI, C, fin_out, t, budget, unified, preempted):
     return nch
 
 
-@njit
+@njit_borrowing
 def advance_decode(F, SF, SI, C, itl_v, itl_n, k, total, first, n, t_new):
     SI[SI_ITER] += k
     SF[SF_CTX] += k * SF[SF_PER]
@@ -709,7 +709,7 @@ def advance_decode(F, SF, SI, C, itl_v, itl_n, k, total, first, n, t_new):
     SI[SI_NITL] = m
 
 
-@njit
+@njit_borrowing
 def run_chunks(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, nch, t, ms, dense, head, ddense, dhead,
                n, split):
     g = SI[SI_DEPTH]
@@ -738,10 +738,10 @@ def run_chunks(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, nch, 
     return dt_it
 
 
-@njit
+@njit_borrowing
 def preempt_for_growth(F, Ix, SF, SI, C, t):
     n = victim_order(F, Ix, SI, C)
-    order = C[C_SCRATCH, :n].copy()
+    order = C[C_SCRATCH, :n]  # (preempt writes no C_SCRATCH)
     for j in range(n):
         preempt(F, Ix, SF, SI, C, order[j], t)
         if SI[SI_NDEC] == 0 or decode_kv_limit(F, Ix, SF, SI, C, 1) > 0:
@@ -749,7 +749,7 @@ def preempt_for_growth(F, Ix, SF, SI, C, t):
     return n > 0
 
 
-@njit
+@njit_borrowing
 def decode_run(F, Ix, SF, SI, C, H, fin_out, itl_v, itl_n, t, t_end, ms, dense, head, ddense, dhead, horizon,
                unified):
     """`Engine._decode_run`; NaN for None (preempted)."""
@@ -797,7 +797,7 @@ def decode_run(F, Ix, SF, SI, C, H, fin_out, itl_v, itl_n, t, t_end, ms, dense, 
     return t_new
 
 
-@njit
+@njit_borrowing
 def sample(F, Ix, SF, SI, C, samp_f, samp_i, t):
     used = SI[SI_KVUSED] + decode_blocks_exact(F, Ix, SI, C, 0)
     m = SI[SI_NSAMP]
@@ -809,7 +809,7 @@ def sample(F, Ix, SF, SI, C, samp_f, samp_i, t):
     SF[SF_NEXT_SAMPLE] = SF[SF_NEXT_SAMPLE] + SF[SF_DT] / SAMPLES_PER_WINDOW
 
 
-@njit
+@njit_borrowing
 def _room(SI, itl_cap, H):
     """Room for one more pass: its ITL entries (the joiners' and a few more), a sample, and the finish
     heap's pushes (every request that may join the decoding ones)."""
@@ -818,7 +818,7 @@ def _room(SI, itl_cap, H):
             and SI[SI_NFH] + joins + 2 < H.shape[0])
 
 
-@njit
+@njit_borrowing
 def run_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, ms, dense, head,
                 ddense, dhead):
     clock = SF[SF_CLOCK]
@@ -872,7 +872,7 @@ def run_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp
     return RUN_DONE
 
 
-@njit
+@njit_borrowing
 def run_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, mp, pdense, phead,
               pddense, pdhead, md, ddense_, dhead_, dddense, ddhead):
     share = SF[SF_SHARE]
@@ -930,7 +930,7 @@ def run_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f
 # ----------------------------------------------------------------------------------- policy changes
 
 
-@njit
+@njit_borrowing
 def resync_decoding(F, Ix, SF, SI, C, H):
     it, g = SI[SI_ITER], SI[SI_DEPTH]
     context = 0.0
@@ -962,7 +962,7 @@ def resync_decoding(F, Ix, SF, SI, C, H):
     SF[SF_PER] = per_iter
 
 
-@njit
+@njit_borrowing
 def reprioritise(F, Ix, SI, C, pr):
     """`Scheduler.configure`: the waiting heap re-keyed and heapified in place."""
     if pr != SI[SI_PR]:
@@ -970,13 +970,13 @@ def reprioritise(F, Ix, SI, C, pr):
         heapify(C[C_WQ], SI[SI_NW], 0, F, Ix, pr)
 
 
-@njit
+@njit_borrowing
 def shrink_to_pool(F, Ix, SF, SI, C, now):
     """`Engine.configure`'s preemptions for a smaller pool, in victim order."""
     decode_blocks = decode_blocks_exact(F, Ix, SI, C, 0)
     if SI[SI_KVUSED] + decode_blocks > SI[SI_KVTOT]:
         n = victim_order(F, Ix, SI, C)
-        order = C[C_SCRATCH, :n].copy()
+        order = C[C_SCRATCH, :n]  # (preempt writes no C_SCRATCH)
         for j in range(n):
             v = order[j]
             if SI[SI_KVUSED] + decode_blocks <= SI[SI_KVTOT]:
@@ -990,7 +990,7 @@ def shrink_to_pool(F, Ix, SF, SI, C, now):
 # ----------------------------------------------------------------------------------- reporting
 
 
-@njit
+@njit_borrowing
 def _settle(Ix, pend_idx, pend_cur, m, r, cur):
     """Request r pending at slot m with `cur` output tokens; returns the tokens produced since its last report."""
     new = cur - Ix[r, I_REP]
@@ -1000,7 +1000,7 @@ def _settle(Ix, pend_idx, pend_cur, m, r, cur):
     return new
 
 
-@njit
+@njit_borrowing
 def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur):
     """`Engine.close_window`'s arithmetic: the pending requests in report order (prefilling, in transfer,
     decoding, waiting) with their output tokens; the exact re-sums; the KV blocks used. Returns (pending count, blocks used)."""
@@ -1039,7 +1039,7 @@ def close_window(F, Ix, SF, SI, C, pend_idx, pend_cur):
     return m, SI[SI_KVUSED] + decode_blocks
 
 
-@njit
+@njit_borrowing
 def gather_finished(F, Ix, rows, ints, floats):
     """The finished requests `rows` as a report's columns (shared/records.py: ints in `_INT_COLUMNS` order,
     floats in `_FLOAT_COLUMNS`, one row per column): status ok or rejected, the finish time and output
@@ -1053,7 +1053,7 @@ def gather_finished(F, Ix, rows, ints, floats):
     return rejected
 
 
-@njit
+@njit_borrowing
 def gather_pending(F, Ix, rows, cur, ints, floats):
     """The pending requests `rows` (close_window's order) as a report's columns, as `gather_finished`:
     queued while waiting, else running; no finish time; `cur` output tokens so far."""
@@ -1063,7 +1063,7 @@ def gather_pending(F, Ix, rows, cur, ints, floats):
         _gather(F, Ix, r, j, ints, floats, status, math.nan, cur[j])
 
 
-@njit
+@njit_borrowing
 def _gather(F, Ix, r, j, ints, floats, status, finish, out):
     ints[0, j] = Ix[r, I_RID]
     ints[1, j] = Ix[r, I_PRIO]
@@ -1080,22 +1080,20 @@ def _gather(F, Ix, r, j, ints, floats, status, finish, out):
     floats[4, j] = 0.0  # the simulator charges per window, not per request
 
 
-@njit
+@njit_borrowing
 def end_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, dt, pend_idx,
-                pend_cur, ms, dense, head, ddense, dhead):
+                pend_cur, pint, pflt, fint, fflt, ft_rid, ms, dense, head, ddense, dhead):
     """A unified engine's window end in one call (ArrayEngine.end_window's steps, in its order): `run_unified`
     to t_end; the arrivals due admitted; the busy time less what runs past t_end (returned: the carry); the
-    pending requests closed (`close_window`); the pending and finished requests gathered as report columns
-    (`gather_pending`, `gather_finished`); the first tokens' request ids and values, the ITL samples copied.
-    Returns (status, carry, pending count, KV blocks used, rejected, pending ints, pending floats, finished
-    ints, finished floats, first-token ids, first-token values, ITL gaps, ITL counts); on RUN_ROOM only the
-    status means anything (grow the buffers and call again)."""
+    pending requests closed (`close_window`); the pending and finished requests gathered as report columns into
+    pint/pflt and fint/fflt (`gather_pending`, `gather_finished`; room for every row), the first tokens' request
+    ids into ft_rid. Returns (status, carry, pending count, KV blocks used, rejected); on RUN_ROOM only the status
+    means anything (grow the buffers and call again). The counts of finished requests, first tokens and ITL
+    samples are SI's."""
     status = run_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, ms,
                          dense, head, ddense, dhead)
     if status != RUN_DONE:
-        ei, ef = np.empty((8, 0), dtype=np.int64), np.empty((5, 0))
-        e1 = np.empty(0, dtype=np.int64)
-        return status, 0.0, 0, 0, 0, ei, ef, ei, ef, e1, np.empty(0), np.empty(0), e1
+        return status, 0.0, 0, 0, 0
     admit_arrivals(F, Ix, SI, C, INF)
     ou = SF[SF_CLOCK] - t_end  # as ArrayEngine.run: max(0, clock - t_end), min(max(busy, 0), dt)
     if not ou > 0.0:
@@ -1106,22 +1104,127 @@ def end_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp
     if dt < busy:
         busy = dt
     SF[SF_BUSY] = busy
+    m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
+                                      ft_rid)
+    return status, ou, m, used, rejected
+
+
+@njit_borrowing
+def end_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, dt, pend_idx,
+              pend_cur, pint, pflt, fint, fflt, ft_rid, mp, pdense, phead, pddense, pdhead, md, ddense_, dhead_, dddense,
+              ddhead):
+    """`end_unified` of a split engine: `run_split` to t_end, the busy time less what each lane runs past t_end
+    (weighted by the prefill lane's compute share; returned: the two carries), as ArrayEngine.run. Returns
+    (status, prefill carry, decode carry, pending count, KV blocks used, rejected)."""
+    status = run_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, mp, pdense,
+                       phead, pddense, pdhead, md, ddense_, dhead_, dddense, ddhead)
+    if status != RUN_DONE:
+        return status, 0.0, 0.0, 0, 0, 0
+    admit_arrivals(F, Ix, SI, C, INF)
+    share = SF[SF_SHARE]
+    op = SF[SF_PCLOCK] - t_end  # max(0, clock - t_end) per lane
+    if not op > 0.0:
+        op = 0.0
+    od = SF[SF_DCLOCK] - t_end
+    if not od > 0.0:
+        od = 0.0
+    busy = SF[SF_BUSY] - (op * share + od * (1.0 - share))
+    if 0.0 > busy:
+        busy = 0.0
+    if dt < busy:
+        busy = dt
+    SF[SF_BUSY] = busy
+    m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
+                                      ft_rid)
+    return status, op, od, m, used, rejected
+
+
+@njit_borrowing
+def _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt, ft_rid):
+    """A window's close (`close_window`) and its report columns gathered (room for every row): the pending
+    requests into pint/pflt, the finished into fint/fflt, the first tokens' request ids into ft_rid. Returns
+    (pending count, KV blocks used, rejected)."""
     m, used = close_window(F, Ix, SF, SI, C, pend_idx, pend_cur)
-    pint, pflt = np.empty((8, m), dtype=np.int64), np.empty((5, m))
     gather_pending(F, Ix, pend_idx[:m], pend_cur[:m], pint, pflt)
-    nfin = SI[SI_NFIN]
-    fint, fflt = np.empty((8, nfin), dtype=np.int64), np.empty((5, nfin))
-    rejected = gather_finished(F, Ix, fin_out[:nfin], fint, fflt)
-    nft = SI[SI_NFT]
-    ft_rid = np.empty(nft, dtype=np.int64)
-    for j in range(nft):
+    rejected = gather_finished(F, Ix, fin_out[:SI[SI_NFIN]], fint, fflt)
+    for j in range(SI[SI_NFT]):
         ft_rid[j] = Ix[ft_idx[j], I_RID]
-    nitl = SI[SI_NITL]
-    return (status, ou, m, used, rejected, pint, pflt, fint, fflt, ft_rid, ft_val[:nft].copy(), itl_v[:nitl].copy(),
-            itl_n[:nitl].copy())
+    return m, used, rejected
 
 
-@njit
+# the counters a window's measurements read, cleared as each window opens and once they are taken
+WINDOW_COUNTERS = (SI_NFIN, SI_NFT, SI_NITL, SI_NSAMP, SI_OUT_TOK, SI_PROMPT_TOK, SI_EVICT, SI_SPEC_PROP, SI_ITERS,
+                   SI_REJ)
+
+
+@njit_borrowing
+def clear_window(SF, SI):
+    """An empty set of window measurements: the window counters and the accepted draft tokens at zero."""
+    for k in WINDOW_COUNTERS:
+        SI[k] = 0
+    SF[SF_SPEC_ACC] = 0.0
+
+
+@njit_borrowing
+def open_window(SF, SI, t0, dt, busy):
+    """`ArrayEngine.start_window`'s scalars in one call: the counters cleared, the window's start, length, first
+    sample time and the busy time carried into it set. Returns how many rows hold finished requests."""
+    clear_window(SF, SI)
+    SF[SF_T0] = t0
+    SF[SF_DT] = dt
+    SF[SF_NEXT_SAMPLE] = t0 + dt / SAMPLES_PER_WINDOW
+    SF[SF_BUSY] = busy
+    return SI[SI_NREQ] - (SI[SI_NDEC] + SI[SI_NPRE] + SI[SI_NTR] + SI[SI_NW])
+
+
+@njit_borrowing
+def compact(F, Ix, SI, C, H, new):
+    """Drop the finished requests' rows in place, the others keeping their order (`ArrayEngine._compact`):
+    `new[:n]` gets each old row's new index (-1: dropped); the freed rows are reset to a fresh state's, the
+    ordered rows of C renumbered, the finish heap keeps the live requests' entries (renumbered) and is
+    re-heapified. Returns the rows kept."""
+    n = SI[SI_NREQ]
+    m = 0
+    for i in range(n):
+        if Ix[i, I_STATE] == DONE:
+            new[i] = -1
+            continue
+        new[i] = m
+        if m != i:
+            for c in range(NF):
+                F[m, c] = F[i, c]
+            for c in range(NI):
+                Ix[m, c] = Ix[i, c]
+        m += 1
+    for i in range(m, n):
+        for c in range(NF):
+            F[i, c] = 0.0
+        F[i, F_FT] = math.nan
+        F[i, F_DISP] = math.nan
+        F[i, F_FIN] = math.nan
+        for c in range(NI):
+            Ix[i, c] = 0
+    for row, cnt in ((C_DEC, SI[SI_NDEC]), (C_PRE, SI[SI_NPRE]), (C_TR, SI[SI_NTR]), (C_FRESH, SI[SI_NFRESH]),
+                     (C_WQ, SI[SI_NW])):
+        for j in range(cnt):
+            C[row, j] = new[C[row, j]]
+    k = 0
+    for j in range(SI[SI_NFH]):
+        r = new[H[j, 3]]
+        if r >= 0:
+            H[k, 0] = H[j, 0]
+            H[k, 1] = H[j, 1]
+            H[k, 2] = H[j, 2]
+            H[k, 3] = r
+            k += 1
+    fheapify(H, k)
+    SI[SI_NFH] = k
+    SI[SI_NREQ] = m
+    SI[SI_ARR_IDX] = m
+    return m
+
+
+@njit_borrowing
 def outstanding_tokens(F, Ix, SI, C):
     """`Engine.outstanding_tokens` (shared/routing.py `outstanding_work` per request)."""
     it = SI[SI_ITER]
@@ -1134,7 +1237,7 @@ def outstanding_tokens(F, Ix, SI, C):
     return total
 
 
-@njit
+@njit_borrowing
 def _work(F, Ix, r, it):
     if Ix[r, I_STATE] == DECODE:
         p = F[r, F_PROG] + (it - Ix[r, I_SYNC]) * F[r, F_E]
