@@ -46,6 +46,24 @@ def _position(ids, rid):
 
 
 @njit
+def _slots(ids, rows):
+    """Where `_position` would look up `rows` ids in the sorted unique `ids`, a table by id instead, when the
+    ids span few enough values (at most 4 per row looked up): slots[rid - ids[0]] is rid's index, -1 where
+    absent; empty otherwise. A window's pending rows can be thousands (a long queue), each looked up."""
+    m = ids.shape[0]
+    if m == 0:
+        return np.empty(0, dtype=np.int64)
+    span = ids[m - 1] - ids[0] + 1
+    if span > 4 * rows + 64:
+        return np.empty(0, dtype=np.int64)
+    slots = np.full(span, -1, dtype=np.int64)
+    base = ids[0]
+    for a in range(m):
+        slots[ids[a] - base] = a
+    return slots
+
+
+@njit
 def _dispatch_ttfts(out, n, ft, disp, t0, t_end):
     """TTFT from dispatch of the rows whose first token came in [t0, t_end), appended to out[n:]."""
     for j in range(ft.shape[0]):
@@ -96,6 +114,9 @@ def settle_window(open_ids, open_tenant, open_deadline, open_tpot, a_ids, a_tena
             raise ValueError("arrivals out of order: merge them in first (OpenRequests.add)")
     m = open_ids.shape[0]
     still_open = np.ones(m, dtype=np.bool_)
+    slots = _slots(open_ids, f_id.shape[0] + p_id.shape[0])
+    ns = slots.shape[0]
+    base = open_ids[0] if m else 0
     met_n = np.zeros(n_tenants, dtype=np.int64)
     missed_n = np.zeros(n_tenants, dtype=np.int64)
     nf, npend = f_id.shape[0], p_id.shape[0]
@@ -118,7 +139,8 @@ def settle_window(open_ids, open_tenant, open_deadline, open_tpot, a_ids, a_tena
             tpot = (fs - ft) / (out - 1)
             tpots[nt] = tpot
             nt += 1
-        a = _position(open_ids, f_id[j])
+        k = f_id[j] - base  # (the lookup written out: a call costs its arrays' reference counting)
+        a = (slots[k] if 0 <= k < ns else -1) if ns else _position(open_ids, f_id[j])
         if a < 0 or not still_open[a]:
             unknown[nu] = f_id[j]
             nu += 1
@@ -138,7 +160,8 @@ def settle_window(open_ids, open_tenant, open_deadline, open_tpot, a_ids, a_tena
             queued += 1
     if settled < m:
         for j in range(npend):
-            a = _position(open_ids, p_id[j])
+            k = p_id[j] - base
+            a = (slots[k] if 0 <= k < ns else -1) if ns else _position(open_ids, p_id[j])
             if a < 0 or not still_open[a]:
                 continue
             deadline_a, ft, target = open_deadline[a], p_ft[j], p_target[j]

@@ -391,44 +391,50 @@ def test_an_arrival_from_a_tenant_the_task_lacks_is_refused_whole():
                                                ("b", 0.2 + b_slo[0], b_slo[1])]
 
 
-def test_settlement_compiled_and_plain_python_agree():
-    """core/settlement.py's one definition runs compiled (numba) or as plain Python where numba is missing:
-    both give the same verdicts, row for row, on random windows (open and unknown requests, finished twice,
-    missing times, every status), and change nothing they are given."""
+def _random_settlement(rng: np.random.Generator, trial: int) -> tuple:
+    """settle_window's arguments for a random window: open and unknown requests, finished twice, missing times,
+    every status."""
     from llmserve_env.core import settlement
     from llmserve_env.shared import records as rb
+
+    m = int(rng.integers(0, 60))
+    open_ids = np.unique(rng.integers(0, 120, m)).astype(np.int64)
+    m = len(open_ids)
+    tenant = rng.integers(0, 3, m).astype(np.int64)
+    deadline = rng.uniform(0.0, 2.0, m)
+    tpot_slo = rng.uniform(0.01, 0.1, m)
+
+    def rows(n: int) -> tuple[np.ndarray, ...]:
+        ids = rng.integers(0, 130, n).astype(np.int64)  # some not open, some twice
+        ft = np.where(rng.random(n) < 0.2, np.nan, rng.uniform(0.0, 3.0, n))
+        disp = np.where(rng.random(n) < 0.2, np.nan, ft - rng.uniform(0.0, 0.5, n))
+        return (ids, rng.integers(0, len(rb.STATUSES), n).astype(np.int64), rng.uniform(0.0, 1.0, n), ft,
+                np.where(rng.random(n) < 0.1, np.nan, ft + rng.uniform(0.0, 2.0, n)),
+                rng.integers(0, 40, n).astype(np.int64), disp)
+
+    f_id, f_status, f_arr, f_ft, f_fin, f_out, f_disp = rows(int(rng.integers(0, 40)))
+    p_id, p_status, _, p_ft, _, p_target, p_disp = rows(int(rng.integers(0, 40)))
+    na = int(rng.integers(0, 20))
+    a_ids = np.arange(130, 130 + na, dtype=np.int64)  # after every open id: appended
+    a_tenant = rng.integers(0, 3, na).astype(np.int64)
+    assert settlement.appends(open_ids, a_ids)
+    assert not settlement.appends(open_ids, a_ids[::-1]) or na < 2
+    return (open_ids, tenant, deadline, tpot_slo, a_ids, a_tenant, rng.uniform(1.0, 2.0, na),
+            rng.integers(1, 900, na).astype(np.int64), bool(trial % 3), np.array([0.5, 1.0, 2.0]),
+            np.array([0.02, 0.05, 0.1]), f_id, f_status, f_arr, f_ft, f_fin, f_out, f_disp, p_id, p_status,
+            p_ft, p_target, p_disp, 1.0, 2.0, 3, rb.OK, rb.QUEUED, bool(trial % 2))
+
+
+def test_settlement_compiled_and_plain_python_agree():
+    """core/settlement.py's one definition runs compiled (numba) or as plain Python where numba is missing:
+    both give the same verdicts, row for row, on random windows, and change nothing they are given."""
+    from llmserve_env.core import settlement
 
     if not settlement.HAVE_NUMBA:
         pytest.skip("numba is not installed: the plain-Python path is the only one")
     rng = np.random.default_rng(11)
     for trial in range(200):
-        m = int(rng.integers(0, 60))
-        open_ids = np.unique(rng.integers(0, 120, m)).astype(np.int64)
-        m = len(open_ids)
-        tenant = rng.integers(0, 3, m).astype(np.int64)
-        deadline = rng.uniform(0.0, 2.0, m)
-        tpot_slo = rng.uniform(0.01, 0.1, m)
-
-        def rows(n: int) -> tuple[np.ndarray, ...]:
-            ids = rng.integers(0, 130, n).astype(np.int64)  # some not open, some twice
-            ft = np.where(rng.random(n) < 0.2, np.nan, rng.uniform(0.0, 3.0, n))
-            disp = np.where(rng.random(n) < 0.2, np.nan, ft - rng.uniform(0.0, 0.5, n))
-            return (ids, rng.integers(0, len(rb.STATUSES), n).astype(np.int64), rng.uniform(0.0, 1.0, n), ft,
-                    np.where(rng.random(n) < 0.1, np.nan, ft + rng.uniform(0.0, 2.0, n)),
-                    rng.integers(0, 40, n).astype(np.int64), disp)
-
-        f_id, f_status, f_arr, f_ft, f_fin, f_out, f_disp = rows(int(rng.integers(0, 40)))
-        p_id, p_status, _, p_ft, _, p_target, p_disp = rows(int(rng.integers(0, 40)))
-        na = int(rng.integers(0, 20))
-        a_ids = np.arange(130, 130 + na, dtype=np.int64)  # after every open id: appended
-        a_tenant = rng.integers(0, 3, na).astype(np.int64)
-        append = bool(trial % 3)
-        assert settlement.appends(open_ids, a_ids)
-        assert not settlement.appends(open_ids, a_ids[::-1]) or na < 2
-        args = (open_ids, tenant, deadline, tpot_slo, a_ids, a_tenant, rng.uniform(1.0, 2.0, na),
-                rng.integers(1, 900, na).astype(np.int64), append, np.array([0.5, 1.0, 2.0]),
-                np.array([0.02, 0.05, 0.1]), f_id, f_status, f_arr, f_ft, f_fin, f_out, f_disp, p_id, p_status,
-                p_ft, p_target, p_disp, 1.0, 2.0, 3, rb.OK, rb.QUEUED, bool(trial % 2))
+        args = _random_settlement(rng, trial)
         before = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
         compiled = settlement.settle_window(*args)
         plain = settlement.settle_window.py_func(*args)
@@ -436,3 +442,24 @@ def test_settlement_compiled_and_plain_python_agree():
             np.testing.assert_array_equal(got, want)
         for a, b in zip(args, before, strict=True):
             np.testing.assert_array_equal(a, b)
+
+
+def test_settlement_looks_requests_up_by_table_as_by_search(monkeypatch):
+    """The open requests are looked up through a table by id where their ids span few values (`_slots`), by
+    binary search otherwise: the same verdicts either way (the plain-Python run with the table withheld
+    against the compiled run with it, on random windows whose ids span less than the rows looked up)."""
+    from llmserve_env.core import settlement
+
+    impl = getattr(settlement.settle_window, "py_func", settlement.settle_window)
+    rng = np.random.default_rng(12)
+    tables = 0
+    for trial in range(200):
+        args = _random_settlement(rng, trial)
+        tables += len(settlement._slots(args[0], len(args[11]) + len(args[18]))) > 0
+        with_table = settlement.settle_window(*args)
+        with monkeypatch.context() as mp:
+            mp.setattr(settlement, "_slots", lambda ids, rows: np.empty(0, dtype=np.int64))
+            searched = impl(*args)
+        for got, want in zip(with_table, searched, strict=True):
+            np.testing.assert_array_equal(got, want)
+    assert tables > 150  # the table path was the one taken
