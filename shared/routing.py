@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from llmserve_env.shared.jit import njit_borrowing
 
 
 def outstanding_work(prompt_tokens: int, target_output_tokens: int, produced_tokens: int, started: bool) -> float:
@@ -24,10 +25,20 @@ def outstanding_work(prompt_tokens: int, target_output_tokens: int, produced_tok
 
 def total_outstanding_work(prompt_tokens: np.ndarray, target_output_tokens: np.ndarray, produced_tokens: np.ndarray,
                            started: np.ndarray) -> int:
-    """`outstanding_work` summed over many requests given as integer columns (the same rule, as array
-    operations: the simulator's pending requests come as columns, shared/records.py)."""
-    left = np.maximum(0, target_output_tokens - produced_tokens)
-    return int((left + np.where(started, 0, prompt_tokens)).sum())
+    """`outstanding_work` summed over many requests given as integer columns, `started` a boolean column (the
+    simulator's pending requests come as columns, shared/records.py: its cluster asks every replica's each
+    window, thousands of rows under a long queue)."""
+    return int(_total_work(prompt_tokens, target_output_tokens, produced_tokens, started))
+
+
+@njit_borrowing
+def _total_work(prompt: np.ndarray, target: np.ndarray, produced: np.ndarray, started: np.ndarray) -> int:
+    """`outstanding_work`'s rule over the rows, in one loop (compiled where numba imports)."""
+    total = 0
+    for j in range(prompt.shape[0]):
+        left = target[j] - produced[j]
+        total += (left if left > 0 else 0) + (0 if started[j] else prompt[j])
+    return total
 
 
 def least_outstanding(work: Sequence[float]) -> int:

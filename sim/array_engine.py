@@ -527,8 +527,11 @@ def warm() -> None:
         eng.end_window()
     F, Ix, _, SI, C, H = cc.empty_state(4)
     cc.compact(F, Ix, SI, C, H, np.empty(4, dtype=np.int64))  # (an engine compacts only after 256 finished requests)
+    from llmserve_env.shared.routing import total_outstanding_work
     from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
 
     one = np.ones(2)
     route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
+    ints = np.ones(2, dtype=np.int64)
+    total_outstanding_work(ints, ints, ints, ints > 0)  # the cluster's estimate of each replica's work
     _WARM = True
