@@ -1095,17 +1095,11 @@ def end_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp
     if status != RUN_DONE:
         return status, 0.0, 0, 0, 0
     admit_arrivals(F, Ix, SI, C, INF)
-    ou = SF[SF_CLOCK] - t_end  # as ArrayEngine.run: max(0, clock - t_end), min(max(busy, 0), dt)
+    ou = SF[SF_CLOCK] - t_end  # as ArrayEngine.run: max(0, clock - t_end)
     if not ou > 0.0:
         ou = 0.0
-    busy = SF[SF_BUSY] - ou
-    if 0.0 > busy:
-        busy = 0.0
-    if dt < busy:
-        busy = dt
-    SF[SF_BUSY] = busy
     m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
-                                      ft_rid)
+                                      ft_rid, SF[SF_BUSY] - ou, dt)
     return status, ou, m, used, rejected
 
 
@@ -1128,22 +1122,22 @@ def end_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f
     od = SF[SF_DCLOCK] - t_end
     if not od > 0.0:
         od = 0.0
-    busy = SF[SF_BUSY] - (op * share + od * (1.0 - share))
+    m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
+                                      ft_rid, SF[SF_BUSY] - (op * share + od * (1.0 - share)), dt)
+    return status, op, od, m, used, rejected
+
+
+@njit_borrowing
+def _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt, ft_rid, busy, dt):
+    """A window's end after its loop: the busy time set (`busy`, the loop's less what runs past the window,
+    clamped to [0, dt] as ArrayEngine.run does), the window closed (`close_window`) and its report columns
+    gathered (room for every row): the pending requests into pint/pflt, the finished into fint/fflt, the first
+    tokens' request ids into ft_rid. Returns (pending count, KV blocks used, rejected)."""
     if 0.0 > busy:
         busy = 0.0
     if dt < busy:
         busy = dt
     SF[SF_BUSY] = busy
-    m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
-                                      ft_rid)
-    return status, op, od, m, used, rejected
-
-
-@njit_borrowing
-def _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt, ft_rid):
-    """A window's close (`close_window`) and its report columns gathered (room for every row): the pending
-    requests into pint/pflt, the finished into fint/fflt, the first tokens' request ids into ft_rid. Returns
-    (pending count, KV blocks used, rejected)."""
     m, used = close_window(F, Ix, SF, SI, C, pend_idx, pend_cur)
     gather_pending(F, Ix, pend_idx[:m], pend_cur[:m], pint, pflt)
     rejected = gather_finished(F, Ix, fin_out[:SI[SI_NFIN]], fint, fflt)
