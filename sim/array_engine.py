@@ -293,7 +293,8 @@ class ArrayEngine:
         n = len(cols)
         self._grow(n0 + n)
         if accepts is None:
-            accepts = tenant_acceptance_rates(self.profile, self.rng, cols.tenant)
+            known = cols.known_index
+            accepts = tenant_acceptance_rates(self.profile, self.rng, cols.tenant, None if known is None else known[0])
         F, Ix = self.F, self.Ix
         rows = slice(n0, n0 + n)
         F[rows, cc.F_ARR] = cols.arrival_s

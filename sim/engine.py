@@ -84,9 +84,12 @@ def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: Seque
     return tenant_acceptance_rates(profile, rng, [a.tenant for a in arrivals])
 
 
-def tenant_acceptance_rates(profile: Profile, rng: np.random.Generator, tenants: list[str] | np.ndarray) -> np.ndarray:
-    """`acceptance_rates` of arrivals from these tenants (names, or an object array of them), in order."""
-    names = set(tenants)
+def tenant_acceptance_rates(profile: Profile, rng: np.random.Generator, tenants: list[str] | np.ndarray,
+                            among: tuple[str, ...] | None = None) -> np.ndarray:
+    """`acceptance_rates` of arrivals from these tenants (names, or an object array of them), in order. `among`:
+    the names the tenants are drawn from, where the caller knows them (shared/arrival_list.py `known_index`):
+    a task with one tenant needs no set of the rows' names."""
+    names = set(among) if among is not None and len(among) == 1 else set(tenants)
     kappa = profile.spec_concentration
     if len(names) == 1:
         # one tenant (most windows of most tasks): scalar parameters and a size draw the same numbers from the

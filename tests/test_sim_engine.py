@@ -180,11 +180,13 @@ def test_a_windows_acceptance_rates_are_the_one_by_one_draws(tenants):
     arrivals would get drawn one at a time from the same stream (add_arrival), and leave the stream where
     those draws would."""
     p = load_profile(TASKS["adversarial_multitenant"].profile)
+    among = tuple(dict.fromkeys(tenants)) or ("default",)  # the names the generator drew from (known_index)
     for seed in range(3):
-        at_once, one_by_one = np.random.default_rng(seed), np.random.default_rng(seed)
-        rates = tenant_acceptance_rates(p, at_once, tenants)
-        assert rates.tolist() == [acceptance_rate(p, one_by_one, t) for t in tenants]
-        assert at_once.random() == one_by_one.random()
+        for known in (None, among):
+            at_once, one_by_one = np.random.default_rng(seed), np.random.default_rng(seed)
+            rates = tenant_acceptance_rates(p, at_once, tenants, known)
+            assert rates.tolist() == [acceptance_rate(p, one_by_one, t) for t in tenants]
+            assert at_once.random() == one_by_one.random()
 
 
 def test_policy_can_change_every_window_including_layout():
