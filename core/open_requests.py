@@ -2,7 +2,7 @@
 
 Each open request keeps its tenant (an index into the task's tenants), the latest first-token time that
 meets its TTFT SLO and its TPOT SLO (seconds). The metrics look a window's finished and pending requests up
-by id with a binary search (core/settlement.py) instead of a dict lookup per request (the lookups were
+by id (core/settlement.py: a table by id, or a binary search) instead of a dict lookup per request (the lookups were
 a third of `MetricsTracker.observe`). Ids are unique within an episode and arrive in
 increasing order (shared/backend.py `Arrival`), so a window's arrivals keep the ids sorted by appending
 (the settlement's call appends them: core/settlement.py `appends`); ids out of order (a planner's sampled

@@ -184,7 +184,7 @@ class ArrayEngine:
         n = int(SI[cc.SI_NREQ])
         if int(SI[cc.SI_ARR_IDX]) != n:
             return
-        new = self.pend_idx if self.pend_idx.shape[0] >= n else np.empty(n, dtype=np.int64)  # scratch
+        new = np.empty(n, dtype=np.int64)
         m = cc.compact(self.F, self.Ix, SI, self.C, self.H, new)
         self.tenants[:m] = self.tenants[:n][new[:n] >= 0]
 
@@ -350,17 +350,12 @@ class ArrayEngine:
             self.SI[cc.SI_NSAMP] = 0
 
     def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
+        """`run`, `close_window` and `take_measurements` (sim/engine.py's end_window) in the same kernel call as
+        the window's loop (compiled_core.end_unified / end_split): the same state after, the same report."""
         if self._py is not None:
             return self._py.end_window()
-        if self._log is None:
-            return self._end_fused()
-        self.run(self.t0 + self.dt)
-        pending, used, mem = self.close_window()
-        return pending, used, mem, self.take_measurements()
-
-    def _end_fused(self) -> tuple[RequestBatch, int, float, WindowMeasurements]:
-        """`end_window` (`run`, `close_window`, `take_measurements`) with the window's bookkeeping in the same
-        kernel call as its loop (compiled_core.end_unified / end_split): the same state after, the same report."""
+        if self._log is not None:  # no request yet: the call a Python engine replays (see __init__)
+            self._log.append(("end_window", ()))
         t_end = self.t0 + self.dt
         while True:
             args = (self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx, self.ft_val,
@@ -402,27 +397,6 @@ class ArrayEngine:
         self.begin_window(action, t0, dt, arrivals)
         return self.end_window()
 
-    def run(self, t_end: float) -> None:
-        if self._py is not None:
-            return self._py.run(t_end)
-        self.advance(t_end)
-        if self._log is not None:  # advance logged itself: the log replays run as its advance and the rest
-            self._log[-1] = ("run", (t_end,))
-        SF, SI = self.SF, self.SI
-        cc.admit_arrivals(self.F, self.Ix, SI, self.C, INF)
-        share = self.profile.split_prefill_compute_share
-        busy = float(SF[cc.SF_BUSY])
-        if self.split:
-            op, od = max(0.0, float(SF[cc.SF_PCLOCK]) - t_end), max(0.0, float(SF[cc.SF_DCLOCK]) - t_end)
-            busy -= op * share + od * (1.0 - share)
-            self.carry = (0.0, op, od)
-        else:
-            ou = max(0.0, float(SF[cc.SF_CLOCK]) - t_end)
-            busy -= ou
-            self.carry = (ou, 0.0, 0.0)
-        SF[cc.SF_BUSY] = min(max(busy, 0.0), self.dt)
-        return None
-
     # ----------------------------------------------------------------------------------- reporting
 
     def cached_units(self, keys: tuple[int, ...], cap: int) -> int:
@@ -432,37 +406,11 @@ class ArrayEngine:
     def cached_blocks(self) -> int:
         return self._py.cached_blocks if self._py is not None else 0
 
-    def _batch(self, rows: np.ndarray, cur: np.ndarray | None = None) -> RequestBatch:
-        """Requests `rows` as a report's columns (shared/records.py), gathered at once, no record built: the
-        finished ones (`cur` None; rejected ones with sim/engine.py's reason), or the pending ones with their
-        output tokens so far (`cur`). Each column is a row of one int and one float array."""
-        n = len(rows)
-        ints, floats = np.empty((8, n), dtype=np.int64), np.empty((5, n))
-        rejected = cc.gather_finished(self.F, self.Ix, rows, ints, floats) if cur is None else \
-            cc.gather_pending(self.F, self.Ix, rows, cur, ints, floats)
-        return self._columns(ints, floats, self.tenants[rows], rejected)
-
     @staticmethod
     def _columns(ints: np.ndarray, floats: np.ndarray, tenants: np.ndarray, rejected: int) -> RequestBatch:
         """A gather's int and float rows as a batch (`rejected`: how many were rejected: their reason added)."""
         error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
         return RequestBatch.from_blocks(ints, floats, tenants, error, {})
-
-    def take_measurements(self) -> WindowMeasurements:
-        if self._py is not None:
-            return self._py.take_measurements()
-        if self._log is not None:
-            self._log.append(("take_measurements", ()))
-        SI = self.SI
-        acc = WindowMeasurements()
-        acc.finished = self._batch(self.fin_out[:SI[cc.SI_NFIN]])
-        n = int(SI[cc.SI_NFT])
-        rows = self.ft_idx[:n]
-        acc.first_tokens = FirstTokens(self.Ix[rows, cc.I_RID], self.tenants[rows], self.ft_val[:n].copy())
-        m = int(SI[cc.SI_NITL])
-        acc.itl = ItlSamples(self.itl_v[:m].copy(), self.itl_n[:m].astype(np.int64))
-        self._measured(acc)
-        return acc
 
     def _measured(self, acc: WindowMeasurements) -> None:
         """The window's counters into `acc`, then cleared."""
@@ -478,19 +426,6 @@ class ArrayEngine:
         acc.rejected = si[cc.SI_REJ]
         cc.clear_window(self.SF, self.SI)  # an empty set of window measurements (Engine's fresh WindowMeasurements)
         self.samples = []
-
-    def close_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float]:
-        if self._py is not None:
-            return self._py.close_window()
-        if self._log is not None:
-            self._log.append(("close_window", ()))
-        self._flush_samples()
-        m, used = cc.close_window(self.F, self.Ix, self.SF, self.SI, self.C, self.pend_idx, self.pend_cur)
-        # the pending requests' snapshots, as columns
-        rows = self.pend_idx[:m]
-        pending = self._batch(rows, self.pend_cur[:m])
-        used = int(used)
-        return pending, used, self._close_sample(used)
 
     def _close_sample(self, used: int) -> float:
         """The resources at the window's end (after the close) appended to its samples; returns the GPU memory

@@ -1095,7 +1095,7 @@ def end_unified(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp
     if status != RUN_DONE:
         return status, 0.0, 0, 0, 0
     admit_arrivals(F, Ix, SI, C, INF)
-    ou = SF[SF_CLOCK] - t_end  # as ArrayEngine.run: max(0, clock - t_end)
+    ou = SF[SF_CLOCK] - t_end  # as Engine.run (sim/engine.py): max(0, clock - t_end)
     if not ou > 0.0:
         ou = 0.0
     m, used, rejected = _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt,
@@ -1108,7 +1108,7 @@ def end_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f
               pend_cur, pint, pflt, fint, fflt, ft_rid, mp, pdense, phead, pddense, pdhead, md, ddense_, dhead_, dddense,
               ddhead):
     """`end_unified` of a split engine: `run_split` to t_end, the busy time less what each lane runs past t_end
-    (weighted by the prefill lane's compute share; returned: the two carries), as ArrayEngine.run. Returns
+    (weighted by the prefill lane's compute share; returned: the two carries), as Engine.run. Returns
     (status, prefill carry, decode carry, pending count, KV blocks used, rejected)."""
     status = run_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f, samp_i, t_end, mp, pdense,
                        phead, pddense, pdhead, md, ddense_, dhead_, dddense, ddhead)
@@ -1130,7 +1130,7 @@ def end_split(F, Ix, SF, SI, C, H, fin_out, ft_idx, ft_val, itl_v, itl_n, samp_f
 @njit_borrowing
 def _close_gather(F, Ix, SF, SI, C, fin_out, ft_idx, pend_idx, pend_cur, pint, pflt, fint, fflt, ft_rid, busy, dt):
     """A window's end after its loop: the busy time set (`busy`, the loop's less what runs past the window,
-    clamped to [0, dt] as ArrayEngine.run does), the window closed (`close_window`) and its report columns
+    clamped to [0, dt] as Engine.run does), the window closed (`close_window`) and its report columns
     gathered (room for every row): the pending requests into pint/pflt, the finished into fint/fflt, the first
     tokens' request ids into ft_rid. Returns (pending count, KV blocks used, rejected)."""
     if 0.0 > busy:
