@@ -10,7 +10,9 @@ Measures, on the same task:
    neighbours), the fastest of `--repeats`: the most a learner on one core could consume;
 2. train.py's whole loop (rollouts in `num_workers` processes, PPO updates, validation), as
    environment steps per wall-clock second, worker start-up included (needs torch, the `train`
-   extra; `--single-only` skips it).
+   extra; `--single-only` skips it); and the same over the rollouts and updates alone
+   (`loop_env_steps_per_s`: the start-up, i.e. the workers' start, behaviour cloning, the rivals' and the
+   first validation runs, left out; a fixed ~6 s on diurnal_autoscale, most of a short run's time).
 
 The last line is one JSON object; `env_steps_per_s` is (2), the figure the issue targets (>= 2,000),
 `single_env_steps_per_s` is (1). `--against REV` measures (1) (and (2) unless `--single-only`) on git
@@ -107,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [
         ("single env, in process (steps per CPU s)", f"{single:,.0f}"),
         (f"training loop, {args.num_envs} envs / {args.num_workers} workers (steps/s)", f"{rate:,.0f}"),
+        ("  of it the PPO loop alone, start-up left out (steps/s)", f"{summary['loop_env_steps_per_s']:,.0f}"),
         ("share of loop time waiting on env steps", f"{summary['env_step_share']:.0%}"),
         ("training-loop steps / wall s", f"{summary['global_steps']:,} / {summary['wall_s']:.1f}"),
         ("target (steps/s)", f"{TARGET:,.0f}"),
@@ -118,6 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "env_steps_per_s": rate,
         "single_env_steps_per_s": round(single, 1),
+        "loop_env_steps_per_s": summary["loop_env_steps_per_s"],
         "env_step_share": summary["env_step_share"],
         "task": args.task,
         "steps": summary["global_steps"],

@@ -132,6 +132,8 @@ class RequestBatch:
     @classmethod
     def concat(cls, batches: Iterable[RequestBatch]) -> RequestBatch:
         parts = list(batches)
+        if len(parts) > 1:  # an empty part adds no row (a cluster's idle replicas: most of them, most windows)
+            parts = [b for b in parts if len(b)] or parts[:1]
         if len(parts) == 1:
             return parts[0]
         if not parts:
@@ -140,8 +142,10 @@ class RequestBatch:
         chunks: dict[int, list[float]] = {}
         off = 0
         for b in parts:
-            error.update({off + j: e for j, e in b.error.items()})
-            chunks.update({off + j: c for j, c in b.chunk_times.items()})
+            if b.error:
+                error.update({off + j: e for j, e in b.error.items()})
+            if b.chunk_times:
+                chunks.update({off + j: c for j, c in b.chunk_times.items()})
             off += len(b)
         tenants = np.concatenate([b.tenant for b in parts])
         if all(b.blocks is not None for b in parts):
@@ -200,8 +204,10 @@ class _Rows:
             return [row for p in lists for row in p]
         if len(got) == 1:
             return got[0]
-        cols = [cls.of(p) for p in got]
-        return cls(*(np.concatenate([getattr(c, n) for c in cols]) for n in cls._names()))
+        full = [cls.of(p) for p in got if len(p)]  # an empty part adds no row
+        if len(full) <= 1:
+            return full[0] if full else cls.of(got[0])
+        return cls(*(np.concatenate([getattr(c, n) for c in full]) for n in cls._names()))
 
     def rows(self) -> list[tuple]:
         return list(zip(*(getattr(self, n).tolist() for n in self._names()), strict=True))

@@ -264,8 +264,9 @@ class ArrayEngine:
     # ----------------------------------------------------------------------------------- window
 
     def start_window(self, arrivals: Sequence[Arrival], t0: float, dt: float) -> None:
-        cols = arrival_columns(arrivals) if self._py is None else None
-        if cols is None or self._hand_over(cols.prefixed):
+        # no arrivals (a cluster's idle replica, most windows): no columns to gather (~9 us), nothing to hand over
+        cols = arrival_columns(arrivals) if self._py is None and len(arrivals) else None
+        if self._py is not None or (cols is not None and self._hand_over(cols.prefixed)):
             assert self._py is not None
             self._py.start_window(arrivals, t0, dt)
             return None
@@ -283,7 +284,7 @@ class ArrayEngine:
         self.t0, self.dt = t0, dt
         if done >= COMPACT_MIN_DONE and 2 * done >= self.SI[cc.SI_NREQ]:
             self._compact()
-        if len(cols):
+        if cols is not None:
             self._add(cols)
         return None
 
@@ -374,17 +375,17 @@ class ArrayEngine:
             self._more_room()
         self.carry = carry
         self._flush_samples()
+        si = self.SI.tolist()  # one conversion: Python ints
         tenants = self.tenants
         pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
-        mem = self._close_sample(used)
-        si = self.SI.tolist()
+        mem = self._close_sample(used, si)
         nfin, nft, nitl = si[cc.SI_NFIN], si[cc.SI_NFT], si[cc.SI_NITL]
         acc = WindowMeasurements()
         acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
                                      tenants[self.fin_out[:nfin]], rejected)
         acc.first_tokens = FirstTokens(self.out_ft[:nft].copy(), tenants[self.ft_idx[:nft]], self.ft_val[:nft].copy())
         acc.itl = ItlSamples(self.itl_v[:nitl].copy(), self.itl_n[:nitl].copy())
-        self._measured(acc)
+        self._measured(acc, si)
         return pending, used, mem, acc
 
     def outstanding_tokens(self) -> float:
@@ -412,9 +413,9 @@ class ArrayEngine:
         error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
         return RequestBatch.from_blocks(ints, floats, tenants, error, {})
 
-    def _measured(self, acc: WindowMeasurements) -> None:
-        """The window's counters into `acc`, then cleared."""
-        si, sf = self.SI.tolist(), self.SF.tolist()  # one conversion each: Python ints and floats
+    def _measured(self, acc: WindowMeasurements, si: list[int]) -> None:
+        """The window's counters (`si`: SI as a list) into `acc`, then cleared."""
+        sf = self.SF.tolist()  # one conversion: Python floats
         acc.samples = self.samples
         acc.output_tokens = si[cc.SI_OUT_TOK]
         acc.prompt_tokens = si[cc.SI_PROMPT_TOK]
@@ -427,13 +428,12 @@ class ArrayEngine:
         cc.clear_window(self.SF, self.SI)  # an empty set of window measurements (Engine's fresh WindowMeasurements)
         self.samples = []
 
-    def _close_sample(self, used: int) -> float:
-        """The resources at the window's end (after the close) appended to its samples; returns the GPU memory
-        `used` KV blocks take."""
+    def _close_sample(self, used: int, si: list[int]) -> float:
+        """The resources at the window's end (after the close; `si`: SI as a list) appended to its samples;
+        returns the GPU memory `used` KV blocks take."""
         mem = self.kv.memory_gib(used)
-        SI = self.SI
-        self.samples.append(ResourceSample(self.t0 + self.dt, int(SI[cc.SI_NDEC] + SI[cc.SI_NPRE] + SI[cc.SI_NTR]),
-                                           int(SI[cc.SI_NW]), used, self.kv.total, mem))
+        self.samples.append(ResourceSample(self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR],
+                                           si[cc.SI_NW], used, self.kv.total, mem))
         return mem
 
 

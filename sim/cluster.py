@@ -118,6 +118,8 @@ class Replica:
 
 
 def _outstanding_tokens(pending: RequestBatch) -> float:
+    if not len(pending):  # an idle replica: no kernel call
+        return 0
     return total_outstanding_work(pending.prompt_tokens, pending.target_output_tokens, pending.output_tokens,
                                   pending.first_token_s == pending.first_token_s)  # NaN: no first token yet
 
@@ -259,14 +261,14 @@ class ClusterBackend:
             choice[nowhere] = len(ready)  # sorted after every replica's rows, and left there
         counts = np.bincount(choice, minlength=len(ready)).tolist()
         order = np.argsort(choice, kind="stable")  # replica by replica, each one's in arrival order
+        grouped = cols.take(order)  # one gather for all; each replica's rows are then a slice (views)
         routed: dict[int, Sequence[Arrival]] = {r.index: [] for r in ready}
         lo = 0
         for i, k in enumerate(counts[:len(ready)]):
             if k:  # a replica that took arrivals (as columns: no object built; with prefix ids, the objects)
-                rows = order[lo:lo + k]
-                taken = cols.take(rows)
-                routed[ready[i].index] = ArrivalList(map(at, rows.tolist()), taken) if taken.prefixed else \
-                    ArrivalList(columns=taken)
+                taken = grouped.slice(lo, lo + k)
+                routed[ready[i].index] = ArrivalList(map(at, order[lo:lo + k].tolist()), taken) if taken.prefixed \
+                    else ArrivalList(columns=taken)
                 ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
                 lo += k
         return routed

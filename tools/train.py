@@ -590,6 +590,7 @@ def train(args: Args) -> dict:
         envs.send_step(w, action.numpy())
 
     bar = cli.progress(range(1, args.num_updates + 1), desc=f"PPO {args.task}", unit="upd", quiet=args.quiet)
+    loop_started = time.perf_counter()  # after the start-up (workers, behaviour cloning, rivals, first validation)
     for update in bar:
         if args.anneal_lr:
             optimizer.param_groups[0]["lr"] = args.learning_rate * (1.0 - (update - 1.0) / args.num_updates)
@@ -703,6 +704,7 @@ def train(args: Args) -> dict:
             log.info("stopping after update %d: --max-wall-s %.0f s passed", update, args.max_wall_s)
             break
 
+    loop_wall = time.perf_counter() - loop_started
     envs.close()
     wall = time.perf_counter() - started
     summary = {
@@ -713,6 +715,8 @@ def train(args: Args) -> dict:
         "stopped_by_max_wall_s": bool(global_step < args.num_updates * args.batch_size),
         "env_steps_per_s": round(global_step / wall, 1),
         "env_step_share": round(env_time / wall, 3),
+        # the rollouts and updates alone (their validation runs included): what a long run tends to
+        "loop_env_steps_per_s": round(global_step / loop_wall, 1),
         "final_train_score": float(np.mean(recent_scores[-2 * N:])) if recent_scores else None,
         "best": best,
         "validation_seeds": validation_seeds(args.val_episodes),
