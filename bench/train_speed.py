@@ -106,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
                            command="bench/train_speed.py", quiet=args.quiet)
         summary = train.train(targs)
     rate = summary["env_steps_per_s"]
+    loop = summary.get("loop_env_steps_per_s")  # absent before 373aca0 (an --against run's before side)
     rows = [
         ("single env, in process (steps per CPU s)", f"{single:,.0f}"),
         (f"training loop, {args.num_envs} envs / {args.num_workers} workers (steps/s)", f"{rate:,.0f}"),
-        ("  of it the PPO loop alone, start-up left out (steps/s)", f"{summary['loop_env_steps_per_s']:,.0f}"),
+        *([("  of it the PPO loop alone, start-up left out (steps/s)", f"{loop:,.0f}")] if loop is not None else []),
         ("share of loop time waiting on env steps", f"{summary['env_step_share']:.0%}"),
         ("training-loop steps / wall s", f"{summary['global_steps']:,} / {summary['wall_s']:.1f}"),
         ("target (steps/s)", f"{TARGET:,.0f}"),
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({
         "env_steps_per_s": rate,
         "single_env_steps_per_s": round(single, 1),
-        "loop_env_steps_per_s": summary["loop_env_steps_per_s"],
+        **({"loop_env_steps_per_s": loop} if loop is not None else {}),
         "env_step_share": summary["env_step_share"],
         "task": args.task,
         "steps": summary["global_steps"],
