@@ -12,7 +12,7 @@ Measures, on the same task:
    environment steps per wall-clock second, worker start-up included (needs torch, the `train`
    extra; `--single-only` skips it); and the same over the rollouts and updates alone
    (`loop_env_steps_per_s`: the start-up, i.e. the workers' start, behaviour cloning, the rivals' and the
-   first validation runs, left out; a fixed ~6 s on diurnal_autoscale, most of a short run's time).
+   first validation runs, left out; a fixed ~5-6 s on diurnal_autoscale, most of a short run's time).
 
 The last line is one JSON object; `env_steps_per_s` is (2), the figure the issue targets (>= 2,000),
 `single_env_steps_per_s` is (1). `--against REV` measures (1) (and (2) unless `--single-only`) on git
