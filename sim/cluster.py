@@ -118,8 +118,6 @@ class Replica:
 
 
 def _outstanding_tokens(pending: RequestBatch) -> float:
-    if not len(pending):  # an idle replica: no kernel call
-        return 0
     return total_outstanding_work(pending.prompt_tokens, pending.target_output_tokens, pending.output_tokens,
                                   pending.first_token_s == pending.first_token_s)  # NaN: no first token yet
 

@@ -37,6 +37,10 @@ WAITING, PREFILL, TRANSFER, DECODE, DONE = 0, 1, 2, 3, 4
 # request float columns
 F_ARR, F_ACC, F_E, F_PROG, F_EMIT, F_FT, F_DISP, F_FIN, F_READY = range(9)
 NF = 9
+# a request row's float columns before it is used (times not yet reached are NaN): a fresh state's rows and
+# the rows compaction frees (int columns start at 0)
+FRESH_F = np.zeros(NF)
+FRESH_F[[F_FT, F_DISP, F_FIN]] = math.nan
 # request int columns
 (I_RID, I_PRIO, I_PROMPT, I_TARGET, I_STATE, I_PTGT, I_PFD, I_BLK, I_SYNC, I_FINIT, I_GEN, I_REP, I_ADM,
  I_PRE, I_ATT, I_STATUS, I_OUT, I_RHIT) = range(18)
@@ -1192,10 +1196,7 @@ def compact(F, Ix, SI, C, H, new):
         m += 1
     for i in range(m, n):
         for c in range(NF):
-            F[i, c] = 0.0
-        F[i, F_FT] = math.nan
-        F[i, F_DISP] = math.nan
-        F[i, F_FIN] = math.nan
+            F[i, c] = FRESH_F[c]
         for c in range(NI):
             Ix[i, c] = 0
     for row, cnt in ((C_DEC, SI[SI_NDEC]), (C_PRE, SI[SI_NPRE]), (C_TR, SI[SI_NTR]), (C_FRESH, SI[SI_NFRESH]),
@@ -1245,7 +1246,7 @@ def _work(F, Ix, r, it):
 
 def empty_state(capacity: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(F, Ix, SF, SI, C, H) of an engine with room for `capacity` requests."""
-    F = np.zeros((capacity, NF))
-    F[:, F_FT] = F[:, F_DISP] = F[:, F_FIN] = math.nan
+    F = np.empty((capacity, NF))
+    F[:] = FRESH_F
     return (F, np.zeros((capacity, NI), dtype=np.int64), np.zeros(NSF), np.zeros(NSI, dtype=np.int64),
             np.zeros((NC, capacity), dtype=np.int64), np.zeros((2 * capacity + 1, 4), dtype=np.int64))
