@@ -84,29 +84,44 @@ def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: Seque
     return tenant_acceptance_rates(profile, rng, [a.tenant for a in arrivals])
 
 
+def beta_parameters(profile: Profile, tenant: str) -> tuple[float, float]:
+    """A tenant's acceptance-rate distribution, Beta(a, b) around its mean: a = mean x concentration,
+    b = (1 - mean) x concentration (the profile's figures)."""
+    kappa = profile.spec_concentration
+    mean = profile.acceptance_mean(tenant)
+    return mean * kappa, (1.0 - mean) * kappa
+
+
+def beta_table(profile: Profile, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """`beta_parameters` of each tenant of `names`, in order, as the arrays (a, b)."""
+    ab = np.array([beta_parameters(profile, n) for n in names], dtype=np.float64).reshape(-1, 2)
+    return ab[:, 0].copy(), ab[:, 1].copy()
+
+
 def tenant_acceptance_rates(profile: Profile, rng: np.random.Generator, tenants: list[str] | np.ndarray,
                             among: tuple[str, ...] | None = None) -> np.ndarray:
     """`acceptance_rates` of arrivals from these tenants (names, or an object array of them), in order. `among`:
     the names the tenants are drawn from, where the caller knows them (shared/arrival_list.py `known_index`):
-    a task with one tenant needs no set of the rows' names."""
+    a task with one tenant needs no set of the rows' names. (The compiled engine draws the same numbers in
+    one kernel call: sim/array_engine.py `_acceptances`.)"""
     names = set(among) if among is not None and len(among) == 1 else set(tenants)
-    kappa = profile.spec_concentration
     if len(names) == 1:
         # one tenant (most windows of most tasks): scalar parameters and a size draw the same numbers from the
         # same stream as equal arrays of them (numpy draws element by element either way) in a fifth of the time
-        mean = profile.acceptance_mean(names.pop())
-        return rng.beta(mean * kappa, (1.0 - mean) * kappa, size=len(tenants))
-    mean_of = {t: profile.acceptance_mean(t) for t in names}
-    means = np.array([mean_of[t] for t in tenants])
-    return rng.beta(means * kappa, (1.0 - means) * kappa)
+        pa, pb = beta_parameters(profile, names.pop())
+        return rng.beta(pa, pb, size=len(tenants))
+    order = list(names)
+    a, b = beta_table(profile, order)
+    code = {name: k for k, name in enumerate(order)}
+    index = np.array([code[t] for t in tenants], dtype=np.int64)
+    return rng.beta(a[index], b[index])
 
 
 def acceptance_rate(profile: Profile, rng: np.random.Generator, tenant: str) -> float:
     """One arrival's rate (add_arrival): numpy draws a vector element by element, so the same arrivals in the
     same order get the rates `acceptance_rates` gives them."""
-    kappa = profile.spec_concentration
-    mean = profile.acceptance_mean(tenant)
-    return float(rng.beta(mean * kappa, (1.0 - mean) * kappa))
+    a, b = beta_parameters(profile, tenant)
+    return float(rng.beta(a, b))
 
 
 def steps_to_cover(a: float, b: float, span: float) -> int:

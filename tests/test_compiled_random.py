@@ -1,0 +1,65 @@
+"""The compiled acceptance-rate draws (sim/compiled_random.py) against NumPy's: the same numbers, the same stream
+after, on a copied Generator its own stream; the compiled engine's window draws equal the Python engine's."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+from llmserve_env.shared.arrival_list import ArrivalColumns
+from llmserve_env.shared.tasks import TASKS
+from llmserve_env.shared.workloads import generate_arrivals
+from llmserve_env.sim.array_engine import ArrayEngine
+from llmserve_env.sim.backend import _models_for
+from llmserve_env.sim.compiled_random import HAVE_COMPILED_DRAWS, beta_draws
+from llmserve_env.sim.engine import beta_table, tenant_acceptance_rates
+from llmserve_env.sim.profiles import load_profile
+
+pytestmark = pytest.mark.skipif(not HAVE_COMPILED_DRAWS, reason="numba is not installed")
+
+# both of NumPy's Beta samplers: two gammas (a or b above 1: every profile's tenants) and Johnk's (both <= 1)
+A = np.array([13.0, 15.0, 16.0, 0.5, 0.9, 2.0, 1.0])
+B = np.array([7.0, 5.0, 4.0, 0.7, 0.3, 0.5, 1.0])
+
+
+@pytest.mark.parametrize("kinds", [1, 3, len(A)])
+def test_the_draws_are_numpys_row_by_row_and_leave_the_same_stream(kinds):
+    picks = np.random.default_rng(kinds)
+    compiled, numpy_ = np.random.default_rng([kinds, 0x5EED51]), np.random.default_rng([kinds, 0x5EED51])
+    for n in (0, 1, 26, 500):
+        code = picks.integers(0, kinds, n)
+        assert beta_draws(compiled, A, B, code).tolist() == numpy_.beta(A[code], B[code]).tolist()
+        assert compiled.bit_generator.state == numpy_.bit_generator.state
+    assert compiled.random() == numpy_.random()  # and NumPy's own draws go on from where the kernel left
+
+
+def test_a_copied_generator_draws_from_its_own_state():
+    """An engine's fork copies its Generator: the kernel reads the copy's state address at each call, so the copy
+    draws what the original would and the original's stream is untouched."""
+    code = np.zeros(40, dtype=np.int64)
+    original = np.random.default_rng(7)
+    beta_draws(original, A, B, code)
+    clone = copy.deepcopy(original)
+    from_clone = beta_draws(clone, A, B, code)
+    assert beta_draws(original, A, B, code).tolist() == from_clone.tolist()
+    assert clone.bit_generator.state == original.bit_generator.state
+
+
+def test_the_compiled_engine_draws_a_windows_rates_as_the_python_function_does():
+    task = TASKS["adversarial_multitenant"]  # three tenants: NumPy's draw with a parameter per row
+    profile = load_profile(task.profile)
+    cols = ArrivalColumns.of(list(generate_arrivals(task, 3))[:300])
+    names = tuple(t.name for t in task.tenants)
+    known = ArrivalColumns(cols.request_id, cols.arrival_s, cols.prompt_tokens, cols.output_tokens, cols.tenant,
+                           cols.priority, known_index=(names, cols.tenant_index(names)))
+    assert len(set(cols.tenant.tolist())) == 3
+    engine = ArrayEngine(profile, 11, _models_for(profile))
+    reference = np.random.default_rng([11, 0x5EED51])  # the engine's stream, drawn by NumPy
+    for lo, hi in ((0, 26), (26, 27), (27, 27), (27, 300)):
+        drawn = engine._acceptances(known.slice(lo, hi))
+        assert drawn.tolist() == tenant_acceptance_rates(profile, reference, cols.tenant[lo:hi]).tolist()
+    assert engine.rng.bit_generator.state == reference.bit_generator.state
+    a, b = beta_table(profile, names)
+    assert a.tolist() == [profile.acceptance_mean(n) * profile.spec_concentration for n in names]
+    assert b.tolist() == [(1.0 - profile.acceptance_mean(n)) * profile.spec_concentration for n in names]
