@@ -486,6 +486,6 @@ def warm() -> None:
     route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
     ints = np.ones(2, dtype=np.int64)
     total_outstanding_work(ints, ints, ints, ints > 0)  # the cluster's estimate of each replica's work
-    if HAVE_COMPILED_DRAWS:  # the arrivals' acceptance rates (warmed above only for arrivals without known_index)
+    if HAVE_COMPILED_DRAWS:  # several tenants' acceptance rates (the windows above draw NumPy's way: no known_index)
         beta_draws(np.random.default_rng(0), one, one, np.zeros(2, dtype=np.int64))
     _WARM = True
