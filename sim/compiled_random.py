@@ -27,10 +27,16 @@ try:
     from llmserve_env.shared.jit import HAVE_NUMBA, njit_borrowing
     from numba import types
     from numba.core import cgutils
+    from numba.core.registry import cpu_target
     from numba.extending import intrinsic
     from numba.np.random.distributions import random_beta
 
     _BITGEN = types.NumPyRandomBitGeneratorType("bit_generator")
+    # the struct's members written below (numba's own unboxing writes them too): a numba that renamed them is
+    # treated as one without these internals (NumPy's call), rather than failing at the first draw
+    _MEMBERS = ("state_address", "state", "fnptr_next_uint64", "fnptr_next_uint32", "fnptr_next_double")
+    if not set(_MEMBERS) <= set(getattr(cpu_target.target_context.data_model_manager.lookup(_BITGEN), "_fields", ())):
+        raise ImportError("numba's bit-generator struct does not have the members this module writes")
 
     @intrinsic
     def _bit_generator(typingctx, state_address, state, next_uint64, next_uint32, next_double):

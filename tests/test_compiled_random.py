@@ -63,3 +63,20 @@ def test_the_compiled_engine_draws_a_windows_rates_as_the_python_function_does()
     a, b = beta_table(profile, names)
     assert a.tolist() == [profile.acceptance_mean(n) * profile.spec_concentration for n in names]
     assert b.tolist() == [(1.0 - profile.acceptance_mean(n)) * profile.spec_concentration for n in names]
+
+
+def test_without_the_kernel_the_engine_draws_the_same_numbers_with_numpy(monkeypatch):
+    """Where numba's internals do not import (HAVE_COMPILED_DRAWS False), the engine keeps NumPy's call: the
+    same rates, so an episode does not depend on which path drew them."""
+    from llmserve_env.sim import array_engine
+
+    task = TASKS["bursty_workload"]
+    profile = load_profile(task.profile)
+    window = ArrivalColumns.of(list(generate_arrivals(task, 1))[:200])
+    assert len(set(window.tenant.tolist())) == 2  # the kernel's case: a parameter per row
+    names = tuple(t.name for t in task.tenants)
+    cols = ArrivalColumns(window.request_id, window.arrival_s, window.prompt_tokens, window.output_tokens,
+                          window.tenant, window.priority, known_index=(names, window.tenant_index(names)))
+    compiled = ArrayEngine(profile, 4, _models_for(profile))._acceptances(cols)
+    monkeypatch.setattr(array_engine, "HAVE_COMPILED_DRAWS", False)
+    assert ArrayEngine(profile, 4, _models_for(profile))._acceptances(cols).tolist() == compiled.tolist()
