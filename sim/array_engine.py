@@ -31,7 +31,6 @@ from llmserve_env.sim.engine import (
     Engine,
     WindowMeasurements,
     acceptance_rate,
-    beta_table,
     tenant_acceptance_rates,
 )
 from llmserve_env.sim.kv_cache import KVCache
@@ -114,7 +113,6 @@ class ArrayEngine:
         self.models = models
         self.seed = seed
         self.rng = np.random.default_rng([int(seed), 0x5EED51])  # the engine stream, as Engine's
-        self._beta: dict[tuple[str, ...], tuple[np.ndarray, np.ndarray]] = {}  # tenants' Beta parameters (_acceptances)
         # Prefix caching is outside this engine's scope, and whether arrivals carry prefix ids is known only when
         # they come: until the first request, every call is logged, so that an engine whose first arrivals carry
         # prefix ids hands over to a Python `Engine` that replays the log (the same calls: the same state), and
@@ -297,7 +295,8 @@ class ArrayEngine:
         n = len(cols)
         self._grow(n0 + n)
         if accepts is None:
-            accepts = self._acceptances(cols)
+            known = cols.known_index
+            accepts = tenant_acceptance_rates(self.profile, self.rng, cols.tenant, *(known or ()))
         F, Ix = self.F, self.Ix
         rows = slice(n0, n0 + n)
         F[rows, cc.F_ARR] = cols.arrival_s
@@ -309,20 +308,6 @@ class ArrayEngine:
         Ix[rows, cc.I_TARGET] = cols.output_tokens
         self.tenants[rows] = cols.tenant
         self.SI[cc.SI_NREQ] = n0 + n
-
-    def _acceptances(self, cols: ArrivalColumns) -> np.ndarray:
-        """The arrivals' acceptance rates (sim/engine.py `tenant_acceptance_rates`): where the rows' tenants come
-        as indices (`known_index`) among several, the same numbers drawn in one kernel call (sim/compiled_random.py:
-        NumPy's draw with a parameter per row costs ~12-15 µs a call before its first number; with one tenant,
-        scalar parameters, NumPy's call is as fast as the kernel's)."""
-        known = cols.known_index
-        if known is None or len(known[0]) == 1 or not HAVE_COMPILED_DRAWS:
-            return tenant_acceptance_rates(self.profile, self.rng, cols.tenant, None if known is None else known[0])
-        names, index = known
-        table = self._beta.get(names)
-        if table is None:
-            table = self._beta[names] = beta_table(self.profile, names)
-        return beta_draws(self.rng, *table, index)
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: Sequence[Arrival] | None = None) -> None:
         self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
@@ -486,6 +471,6 @@ def warm() -> None:
     route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
     ints = np.ones(2, dtype=np.int64)
     total_outstanding_work(ints, ints, ints, ints > 0)  # the cluster's estimate of each replica's work
-    if HAVE_COMPILED_DRAWS:  # several tenants' acceptance rates (the windows above draw NumPy's way: no known_index)
+    if HAVE_COMPILED_DRAWS:  # several tenants' acceptance rates (the windows above have one tenant: NumPy's call)
         beta_draws(np.random.default_rng(0), one, one, np.zeros(2, dtype=np.int64))
     _WARM = True

@@ -1,5 +1,5 @@
-"""The compiled engine's acceptance-rate draws (sim/array_engine.py `_acceptances`) compiled: one call draws a
-window's Beta variates, row by row, from the engine's own numpy Generator.
+"""The engines' acceptance-rate draws for arrivals of several tenants (sim/engine.py `tenant_acceptance_rates`)
+compiled: one call draws a window's Beta variates, row by row, from the engine's own numpy Generator.
 
 NumPy's `Generator.beta` with a parameter per row (a window's arrivals from several tenants) spends ~12-15 µs a
 call before its first draw, checking the parameter arrays with Python-level ufunc calls: ~19 µs for a bursty
@@ -12,8 +12,8 @@ numba's bit-generator struct from them: ~1.5 µs a call plus ~0.08 µs a draw. T
 from the Generator at every call (~0.1 µs: a fork's copy has its own), the functions' once per bit-generator
 class (every instance's are the same).
 
-Where numba, or the numba internals used here, do not import, `HAVE_COMPILED_DRAWS` is False and the engine
-keeps NumPy's call (the same numbers).
+Where numba, or the numba internals used here, do not import, `HAVE_COMPILED_DRAWS` is False and the engines
+keep NumPy's call (the same numbers).
 """
 
 from __future__ import annotations

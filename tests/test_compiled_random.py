@@ -10,6 +10,7 @@ import pytest
 from llmserve_env.shared.arrival_list import ArrivalColumns
 from llmserve_env.shared.tasks import TASKS
 from llmserve_env.shared.workloads import generate_arrivals
+from llmserve_env.sim import compiled_core
 from llmserve_env.sim.array_engine import ArrayEngine
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.compiled_random import HAVE_COMPILED_DRAWS, beta_draws
@@ -46,7 +47,7 @@ def test_a_copied_generator_draws_from_its_own_state():
     assert clone.bit_generator.state == original.bit_generator.state
 
 
-def test_the_compiled_engine_draws_a_windows_rates_as_the_python_function_does():
+def test_the_compiled_engine_draws_a_windows_rates_as_numpy_does():
     task = TASKS["adversarial_multitenant"]  # three tenants: NumPy's draw with a parameter per row
     profile = load_profile(task.profile)
     cols = ArrivalColumns.of(list(generate_arrivals(task, 3))[:300])
@@ -56,27 +57,31 @@ def test_the_compiled_engine_draws_a_windows_rates_as_the_python_function_does()
     assert len(set(cols.tenant.tolist())) == 3
     engine = ArrayEngine(profile, 11, _models_for(profile))
     reference = np.random.default_rng([11, 0x5EED51])  # the engine's stream, drawn by NumPy
-    for lo, hi in ((0, 26), (26, 27), (27, 27), (27, 300)):
-        drawn = engine._acceptances(known.slice(lo, hi))
-        assert drawn.tolist() == tenant_acceptance_rates(profile, reference, cols.tenant[lo:hi]).tolist()
-    assert engine.rng.bit_generator.state == reference.bit_generator.state
     a, b = beta_table(profile, names)
+    expected = []
+    for lo, hi in ((0, 26), (26, 27), (27, 27), (27, 300)):
+        engine._add(known.slice(lo, hi))  # a window's arrivals: their rows, with the rates drawn at once
+        index = cols.tenant_index(names)[lo:hi]
+        expected += reference.beta(a[index], b[index]).tolist() if hi > lo else []
+    assert engine.F[:300, compiled_core.F_ACC].tolist() == expected
+    assert engine.rng.bit_generator.state == reference.bit_generator.state
     assert a.tolist() == [profile.acceptance_mean(n) * profile.spec_concentration for n in names]
     assert b.tolist() == [(1.0 - profile.acceptance_mean(n)) * profile.spec_concentration for n in names]
 
 
-def test_without_the_kernel_the_engine_draws_the_same_numbers_with_numpy(monkeypatch):
-    """Where numba's internals do not import (HAVE_COMPILED_DRAWS False), the engine keeps NumPy's call: the
+def test_without_the_kernel_the_engines_draw_the_same_numbers_with_numpy(monkeypatch):
+    """Where numba's internals do not import (HAVE_COMPILED_DRAWS False), the engines keep NumPy's call: the
     same rates, so an episode does not depend on which path drew them."""
-    from llmserve_env.sim import array_engine
+    from llmserve_env.sim import engine
 
     task = TASKS["bursty_workload"]
     profile = load_profile(task.profile)
     window = ArrivalColumns.of(list(generate_arrivals(task, 1))[:200])
     assert len(set(window.tenant.tolist())) == 2  # the kernel's case: a parameter per row
     names = tuple(t.name for t in task.tenants)
-    cols = ArrivalColumns(window.request_id, window.arrival_s, window.prompt_tokens, window.output_tokens,
-                          window.tenant, window.priority, known_index=(names, window.tenant_index(names)))
-    compiled = ArrayEngine(profile, 4, _models_for(profile))._acceptances(cols)
-    monkeypatch.setattr(array_engine, "HAVE_COMPILED_DRAWS", False)
-    assert ArrayEngine(profile, 4, _models_for(profile))._acceptances(cols).tolist() == compiled.tolist()
+    index = window.tenant_index(names)
+    compiled = tenant_acceptance_rates(profile, np.random.default_rng(4), window.tenant, names, index)
+    monkeypatch.setattr(engine, "HAVE_COMPILED_DRAWS", False)
+    assert tenant_acceptance_rates(profile, np.random.default_rng(4), window.tenant, names, index).tolist() == \
+        compiled.tolist()
+    assert tenant_acceptance_rates(profile, np.random.default_rng(4), window.tenant).tolist() == compiled.tolist()
