@@ -102,6 +102,14 @@ class ResourceSample:
     gpu_memory_used_gb: float
 
 
+class SampleSource(Protocol):
+    """Resource samples not yet built as records (the compiled simulator's columns, sim/resource_samples.py)."""
+
+    def __len__(self) -> int: ...
+
+    def records(self) -> list[ResourceSample]: ...
+
+
 class WindowReport:
     """Everything a backend measured over [t0, t0 + dt).
 
@@ -130,12 +138,13 @@ class WindowReport:
 
     `finished` and `pending` may be given as lists of records or as `RequestBatch`es (the compiled
     simulator's columns), `first_tokens` and `itl_samples` as lists or as `FirstTokens` / `ItlSamples`
-    columns: to a reader they are always lists, built from the columns the first time they are read
+    columns, `samples` as a list or as columns not yet built (the compiled simulator's, `SampleSource`): to a
+    reader they are always lists, built from the columns the first time they are read
     (and the list is the truth from then on); `finished_batch()`, `pending_batch()`, `ttfts()` and
     `itl_as_given()` give them without building a Python object per entry, what the metrics read.
     """
 
-    __slots__ = ("t0", "dt", "_finished", "_pending", "_first_tokens", "_itl_samples", "samples", "output_tokens",
+    __slots__ = ("t0", "dt", "_finished", "_pending", "_first_tokens", "_itl_samples", "_samples", "output_tokens",
                  "prompt_tokens", "evictions", "spec_proposed", "spec_accepted", "busy_s", "gpu_memory_used_gb",
                  "kv_occupancy", "cost_usd", "quality", "applied", "notes", "prefix_query_tokens",
                  "prefix_hit_tokens", "prefix_cached_blocks")
@@ -143,7 +152,8 @@ class WindowReport:
     def __init__(self, t0: float, dt: float, finished: list[RequestRecord] | RequestBatch | None = None,
                  pending: list[RequestRecord] | RequestBatch | None = None,
                  first_tokens: list[tuple[int, str, float]] | FirstTokens | None = None,
-                 itl_samples: list[tuple[float, int]] | ItlSamples | None = None, samples: list[ResourceSample] | None = None,
+                 itl_samples: list[tuple[float, int]] | ItlSamples | None = None,
+                 samples: list[ResourceSample] | SampleSource | None = None,
                  output_tokens: int = 0, prompt_tokens: int = 0, evictions: int = 0, spec_proposed: int = 0,
                  spec_accepted: int = 0, busy_s: float = 0.0, gpu_memory_used_gb: float = 0.0,
                  kv_occupancy: float = 0.0, cost_usd: float = 0.0, quality: float = 1.0,
@@ -155,7 +165,7 @@ class WindowReport:
         self._pending: list[RequestRecord] | RequestBatch = [] if pending is None else pending
         self._first_tokens: list[tuple[int, str, float]] | FirstTokens = [] if first_tokens is None else first_tokens
         self._itl_samples: list[tuple[float, int]] | ItlSamples = [] if itl_samples is None else itl_samples
-        self.samples = [] if samples is None else samples
+        self._samples: list[ResourceSample] | SampleSource = [] if samples is None else samples
         self.output_tokens = output_tokens
         self.prompt_tokens = prompt_tokens
         self.evictions = evictions
@@ -209,6 +219,16 @@ class WindowReport:
     @itl_samples.setter
     def itl_samples(self, value: list[tuple[float, int]] | ItlSamples) -> None:
         self._itl_samples = value
+
+    @property
+    def samples(self) -> list[ResourceSample]:
+        if not isinstance(self._samples, list):
+            self._samples = self._samples.records()
+        return self._samples
+
+    @samples.setter
+    def samples(self, value: list[ResourceSample] | SampleSource) -> None:
+        self._samples = value
 
     def ttfts(self) -> list[float] | np.ndarray:
         """The first tokens' ttft_s, in order (an array where they were given as columns)."""

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from llmserve_env.shared import records as rb
 from llmserve_env.shared.arrival_list import ArrivalColumns, arrival_columns
-from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample
+from llmserve_env.shared.backend import Arrival, RequestRecord
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.sim import compiled_core as cc
 from llmserve_env.sim.compiled_random import HAVE_COMPILED_DRAWS, beta_draws
@@ -37,6 +37,7 @@ from llmserve_env.sim.kv_cache import KVCache
 from llmserve_env.sim.lanes import lane_shares
 from llmserve_env.sim.profiles import Profile
 from llmserve_env.sim.prompt_breaks import PromptBreaks
+from llmserve_env.sim.resource_samples import Block, SampleColumns
 from llmserve_env.sim.slot_cache import SlotCacheSpec
 from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 
@@ -143,7 +144,7 @@ class ArrayEngine:
         self.out_pi, self.out_pf = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
         self.out_fi, self.out_ff = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
         self.out_ft = np.zeros(64, dtype=np.int64)
-        self.samples: list[ResourceSample] = []
+        self.samples: list[Block] = []  # the window's resource samples so far (sim/resource_samples.py)
         self.action_key: tuple | None = None
         self.tier = "FP16"
         self.split = False
@@ -344,11 +345,12 @@ class ArrayEngine:
             self._more_room()
 
     def _flush_samples(self) -> None:
+        """The loop stopped for want of room: its samples so far kept (copies), the buffer emptied."""
         n = int(self.SI[cc.SI_NSAMP])
         if n:
-            total, mem = self.kv.total, self.kv.memory_gib
-            for t, (running, waiting, used) in zip(self.samp_f[:n].tolist(), self.samp_i[:n].tolist(), strict=True):
-                self.samples.append(ResourceSample(t, running, waiting, used, total, mem(used)))
+            kv = self.kv
+            self.samples.append((self.samp_f[:n].copy(), self.samp_i[:n].copy(), None, kv.total, kv.weights_gib,
+                                 kv.block_bytes, kv.gpus))
             self.SI[cc.SI_NSAMP] = 0
 
     def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
@@ -375,11 +377,10 @@ class ArrayEngine:
             self._flush_samples()
             self._more_room()
         self.carry = carry
-        self._flush_samples()
         si = self.SI.tolist()  # one conversion: Python ints
         tenants = self.tenants
         pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
-        mem = self._close_sample(used, si)
+        mem = self._close_samples(used, si)
         nfin, nft, nitl = si[cc.SI_NFIN], si[cc.SI_NFT], si[cc.SI_NITL]
         acc = WindowMeasurements()
         acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
@@ -417,7 +418,7 @@ class ArrayEngine:
     def _measured(self, acc: WindowMeasurements, si: list[int]) -> None:
         """The window's counters (`si`: SI as a list) into `acc`, then cleared."""
         sf = self.SF.tolist()  # one conversion: Python floats
-        acc.samples = self.samples
+        acc.samples = SampleColumns(self.samples)
         acc.output_tokens = si[cc.SI_OUT_TOK]
         acc.prompt_tokens = si[cc.SI_PROMPT_TOK]
         acc.evictions = si[cc.SI_EVICT]
@@ -429,13 +430,16 @@ class ArrayEngine:
         cc.clear_window(self.SF, self.SI)  # an empty set of window measurements (Engine's fresh WindowMeasurements)
         self.samples = []
 
-    def _close_sample(self, used: int, si: list[int]) -> float:
-        """The resources at the window's end (after the close; `si`: SI as a list) appended to its samples;
-        returns the GPU memory `used` KV blocks take."""
-        mem = self.kv.memory_gib(used)
-        self.samples.append(ResourceSample(self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR],
-                                           si[cc.SI_NW], used, self.kv.total, mem))
-        return mem
+    def _close_samples(self, used: int, si: list[int]) -> float:
+        """The window's last samples taken (the buffer's rows, then the resources at the window's end, after the
+        close; `si`: SI as a list; the buffer is emptied with the window's counters); returns the GPU memory
+        `used` KV blocks take."""
+        kv = self.kv
+        n = si[cc.SI_NSAMP]
+        close = (self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR], si[cc.SI_NW], used)
+        self.samples.append((self.samp_f[:n].copy(), self.samp_i[:n].copy(), close, kv.total, kv.weights_gib,
+                             kv.block_bytes, kv.gpus))
+        return kv.memory_gib(used)
 
 
 _WARM = False

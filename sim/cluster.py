@@ -73,7 +73,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList, arrival_columns
-from llmserve_env.shared.backend import Arrival, RequestRecord, WindowReport
+from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample, WindowReport
 from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
@@ -86,6 +86,7 @@ from llmserve_env.sim.compiled_routing import route_least_work
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
+from llmserve_env.sim.resource_samples import SampleColumns
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
 ROUTERS = ("estimated", "tracked")  # the module docstring's two routers
@@ -361,6 +362,7 @@ class ClusterBackend:
         pendings: list[RequestBatch] = []
         first_tokens: list[list[tuple[int, str, float]] | FirstTokens] = []
         itl: list[list[tuple[float, int]] | ItlSamples] = []
+        samples: list[list[ResourceSample] | SampleColumns] = []
         if lost or self._unrouted:
             finished.append(RequestBatch.from_records(lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
                                                   a.output_tokens, status="rejected", finish_s=a.arrival_s,
@@ -382,7 +384,7 @@ class ClusterBackend:
             pendings.append(pending)
             first_tokens.append(acc.first_tokens)
             itl.append(acc.itl)
-            rep.samples += acc.samples
+            samples.append(acc.samples)
             rep.output_tokens += acc.output_tokens
             rep.prompt_tokens += acc.prompt_tokens
             rep.evictions += acc.evictions
@@ -407,6 +409,7 @@ class ClusterBackend:
                 r.state, r.gone_s, r.engine = GONE, t1, None
         rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
         rep.first_tokens, rep.itl_samples = FirstTokens.concat(first_tokens), ItlSamples.concat(itl)
+        rep.samples = SampleColumns.concat(samples)
         rep.spec_accepted = int(round(spec_accepted))
         rep.kv_occupancy = used_total / blocks_total if blocks_total else 0.0
         billed = sum(r.billed_s(t0, t1) for r in self.replicas)

@@ -66,6 +66,7 @@ from llmserve_env.sim.step_time import IterationModel, StepTimeModel
 if TYPE_CHECKING:
     from llmserve_env.shared.models import ServeAction
     from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
+    from llmserve_env.sim.resource_samples import SampleColumns
 
 INF = math.inf
 SAMPLES_PER_WINDOW = 2
@@ -165,7 +166,7 @@ class WindowMeasurements:
         self.finished: list[RequestRecord] | RequestBatch = []  # ArrayEngine: columns
         self.first_tokens: list[tuple[int, str, float]] | FirstTokens = []  # ArrayEngine: columns
         self.itl: list[tuple[float, int]] | ItlSamples = []  # ArrayEngine: columns
-        self.samples: list[ResourceSample] = []
+        self.samples: list[ResourceSample] | SampleColumns = []  # ArrayEngine: columns
         self.output_tokens = 0
         self.prompt_tokens = 0
         self.evictions = 0

@@ -42,4 +42,10 @@ class KVCache:
 
     def memory_gib(self, blocks_used: int) -> float:
         """Weights plus KV blocks in use, summed over the GPUs of the group."""
-        return (self.weights_gib + blocks_used * self.block_bytes / GIB) * self.gpus
+        return kv_memory_gib(self.weights_gib, self.block_bytes, self.gpus, blocks_used)
+
+
+def kv_memory_gib(weights_gib: float, block_bytes: float, gpus: int, blocks_used: int) -> float:
+    """GPU memory (GiB) of a pool's figures with `blocks_used` blocks in use: `KVCache.memory_gib`, also what
+    a window's resource samples are built with when read (sim/resource_samples.py)."""
+    return (weights_gib + blocks_used * block_bytes / GIB) * gpus

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
+import numpy as np
 import pytest
 from golden import episode_digest
+from llmserve_env.agents.static import VLLM_DEFAULT as VLLM
 from llmserve_env.shared.backend import Arrival, WindowReport
 from llmserve_env.shared.models import QUANTIZATION_TIERS, ServeAction
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
@@ -25,6 +27,7 @@ from llmserve_env.sim.backend import SimBackend, _models_for
 from llmserve_env.sim.cluster import ClusterBackend
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.profiles import load_profile
+from llmserve_env.sim.resource_samples import SampleColumns
 
 pytestmark = pytest.mark.skipif(not compiled_core.HAVE_NUMBA, reason="numba is not installed")
 
@@ -44,6 +47,8 @@ def plain(x):
         return plain(x.rows())
     if isinstance(x, ItlSamples):
         return plain(x.rows())
+    if isinstance(x, SampleColumns):
+        return plain(x.records())
     if isinstance(x, WindowReport):
         return plain(x.to_dict())
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
@@ -98,6 +103,27 @@ def test_a_small_gpu_preempts_and_rejects_alike():
         evictions += want[3].evictions
         rejected += want[3].rejected
     assert evictions > 20 and rejected > 0
+
+
+def test_resource_samples_read_as_the_python_engines_and_join_in_order():
+    """The compiled engine hands its resource samples over unbuilt (sim/resource_samples.py): read, they are
+    the Python engine's records, a loop stopped for want of room (its samples kept as a block) included;
+    joined, lists stay a list, and columns keep the parts' order."""
+    task = TASKS["static_workload"]
+    py, ar = both(task.profile, 0)
+    w0, w1 = windows(generate_arrivals(task, 0), task)[:2]
+    assert plain(ar.serve_window(VLLM, w0, 0.0, task.window_s)) == plain(py.serve_window(VLLM, w0, 0.0, task.window_s))
+    ar.itl_v, ar.itl_n = np.zeros(2), np.zeros(2, dtype=np.int64)  # the loop stops for room, here after a sample
+    dt = task.window_s
+    want = py.serve_window(VLLM, w1, dt, dt)[3].samples
+    got = ar.serve_window(VLLM, w1, dt, dt)[3].samples
+    assert isinstance(got, SampleColumns) and len(got.parts) == 2 and len(got) == len(want) == 2
+    assert got.records() == want
+    assert SampleColumns.concat([want[:1], want[1:]]) == want
+    joined = SampleColumns.concat([got, [], want[:1], got])
+    assert isinstance(joined, SampleColumns) and joined.records() == want + want[:1] + want
+    report = WindowReport(0.0, task.window_s, samples=got)
+    assert report.samples == want and report.to_dict()["samples"] == [dataclasses.asdict(x) for x in want]
 
 
 @pytest.mark.parametrize("profile_id", ["a100-llama3-8b", "h100-llama3.1-70b-tp4"])
