@@ -29,6 +29,10 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
         if arr[-1] != arr[-1]:  # a NaN (sorted last): numpy's own rules for it
             return [float(x) for x in np.percentile(arr, qs)]
         return [_numpy_linear(arr, q) for q in qs]
+    if HAVE_NUMBA and isinstance(values, np.ndarray) and values.dtype == np.float64 and values.ndim == 1:
+        out = np.empty(len(qs))
+        if _few(values, _qs_array(qs), out):  # the same values as below, in one compiled call
+            return out.tolist()
     s: list[float] | np.ndarray
     if isinstance(values, np.ndarray):
         s = np.sort(values, kind="stable")
@@ -208,11 +212,32 @@ def _weighted_ranks(values: np.ndarray, counts: np.ndarray, qs: np.ndarray, out:
     return True
 
 
+@njit
+def _few(values: np.ndarray, qs: np.ndarray, out: np.ndarray) -> bool:
+    """`percentiles` of a non-empty float array of fewer than `_NUMPY_MIN` values into `out`: a sorted copy and
+    the list path's interpolation, the same float operations in the same order (the same values, bit for bit:
+    tests/test_metrics.py); False (nothing written) where a value is NaN, whose place the list path decides.
+    Which value is at a rank does not depend on the sort's stability, NaN aside. (From `_NUMPY_MIN` values on,
+    numpy's sort is faster than numba's.)"""
+    n = values.shape[0]
+    for j in range(n):
+        if values[j] != values[j]:
+            return False
+    s = np.sort(values)
+    for i in range(qs.shape[0]):
+        pos = (n - 1) * qs[i] / 100.0
+        lo = int(pos)
+        hi = min(lo + 1, n - 1)
+        out[i] = s[lo] + (s[hi] - s[lo]) * (pos - lo)
+    return True
+
+
 def warm() -> None:
     """Compile (or load from numba's cache) the selections before the first window needs them."""
     if HAVE_NUMBA:
         out = np.empty(1)
         _weighted_ranks(np.ones(2), np.ones(2, dtype=np.int64), np.array([50.0]), out)
+        _few(np.ones(2), np.array([50.0]), out)
 
 
 def _weighted_numpy(values: np.ndarray, counts: np.ndarray, total: int, qs: tuple[float, ...]) -> list[float]:

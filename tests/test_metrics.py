@@ -122,6 +122,34 @@ def test_compiled_weighted_percentiles_are_numpys_bit_for_bit(monkeypatch):
     assert pct.weighted_percentiles(ItlSamples(np.ones(20), np.zeros(20, dtype=np.int64)), 50.0) == [0.0]
 
 
+def test_compiled_percentiles_are_the_sorting_paths_bit_for_bit(monkeypatch):
+    """A float array of fewer than _NUMPY_MIN values has its percentiles in one compiled call (shared/percentiles.py
+    `_few`): the Python list path's values exactly (ties, huge and negative values, the bounds); a NaN is left
+    to that path."""
+    from llmserve_env.shared import percentiles as pct
+
+    if not pct.HAVE_NUMBA:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(11)
+    qs = (0.0, 0.5, 1.0, 25.0, 33.3, 50.0, 66.7, 90.0, 99.0, 99.9, 100.0)
+    for n in (1, 2, 3, 10, 50, pct._NUMPY_MIN - 1):
+        for values in (rng.exponential(0.05, n), rng.normal(0.0, 1e6, n), rng.integers(0, 4, n).astype(float),
+                       np.full(n, 0.125), rng.lognormal(-3.0, 2.0, n)):
+            with monkeypatch.context() as m:
+                m.setattr(pct, "HAVE_NUMBA", False)
+                want = pct.percentiles(values, *qs)
+            assert want == pct.percentiles(values.tolist(), *qs)
+            out = np.empty(len(qs))
+            assert pct._few(values, np.array(qs), out) and out.tolist() == want
+            assert pct.percentiles(values, *qs) == want
+    nan = np.append(rng.random(30), np.nan)
+    assert not pct._few(nan, np.array([50.0]), np.empty(1))
+    with monkeypatch.context() as m:
+        m.setattr(pct, "HAVE_NUMBA", False)
+        want = pct.percentiles(nan, 50.0, 99.0)
+    assert repr(pct.percentiles(nan, 50.0, 99.0)) == repr(want)  # (NaN != NaN)
+
+
 def test_latencies_as_vllm_defines_them():
     tr = MetricsTracker(TASK)
     a = arrival(0, 0.1, out=11)
