@@ -472,8 +472,9 @@ def warm() -> None:
     from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
 
     one = np.ones(2)
-    route_least_work(one, one, one, np.zeros(2), np.zeros(2), np.zeros(2), np.zeros(2), np.empty(2, dtype=np.int64))
     ints = np.ones(2, dtype=np.int64)
+    route_least_work(one, ints, ints, np.zeros((4, 2)), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.int64),
+                     np.empty(3, dtype=np.int64))
     total_outstanding_work(ints, ints, ints, ints > 0)  # the cluster's estimate of each replica's work
     if HAVE_COMPILED_DRAWS:  # several tenants' acceptance rates (the windows above have one tenant: NumPy's call)
         beta_draws(np.random.default_rng(0), one, one, np.zeros(2, dtype=np.int64))

@@ -244,32 +244,28 @@ class ClusterBackend:
                         ready: list[Replica]) -> dict[int, Sequence[Arrival]]:
         """`_route`'s loop without cache affinity, compiled (sim/compiled_routing.py): the same routes and
         estimates, each replica eligible from its ready time on. `cols`: the arrivals' columns."""
-        n = len(arrivals)
-        t, prompt, output = cols.arrival_s, cols.prompt_tokens.astype(np.float64), cols.output_tokens.astype(np.float64)
-        est_work = np.array([r.est_work for r in ready], dtype=np.float64)
-        est_t = np.array([r.est_t for r in ready], dtype=np.float64)
-        rate = np.array([r.rate_tps for r in ready], dtype=np.float64)
-        ready_s = np.array([r.ready_s for r in ready], dtype=np.float64)
-        choice = np.empty(n, dtype=np.int64)
-        route_least_work(t, prompt, output, est_work, est_t, rate, ready_s, choice)
+        n, k = len(arrivals), len(ready)
+        est = np.array([[r.est_work for r in ready], [r.est_t for r in ready], [r.rate_tps for r in ready],
+                        [r.ready_s for r in ready]], dtype=np.float64)
+        choice, order, group = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(k + 1, dtype=np.int64)
         at = arrivals.__getitem__
-        nowhere = np.flatnonzero(choice < 0)
-        if len(nowhere):  # no replica ready by these arrivals' times (only after a spot preemption)
-            for j in nowhere.tolist():
+        if route_least_work(cols.arrival_s, cols.prompt_tokens, cols.output_tokens, est, choice, order, group):
+            # no replica ready by these arrivals' times (only after a spot preemption): grouped after every
+            # replica's rows, and left there
+            for j in np.flatnonzero(choice < 0).tolist():
                 self._eligible(ready, at(j))  # raises without disruptions, else keeps it to be rejected
-            choice[nowhere] = len(ready)  # sorted after every replica's rows, and left there
-        counts = np.bincount(choice, minlength=len(ready)).tolist()
-        order = np.argsort(choice, kind="stable")  # replica by replica, each one's in arrival order
+        counts = group.tolist()
+        est_work, est_t = est[0].tolist(), est[1].tolist()
         grouped = cols.take(order)  # one gather for all; each replica's rows are then a slice (views)
         routed: dict[int, Sequence[Arrival]] = {r.index: [] for r in ready}
         lo = 0
-        for i, k in enumerate(counts[:len(ready)]):
-            if k:  # a replica that took arrivals (as columns: no object built; with prefix ids, the objects)
-                taken = grouped.slice(lo, lo + k)
-                routed[ready[i].index] = ArrivalList(map(at, order[lo:lo + k].tolist()), taken) if taken.prefixed \
+        for i, m in enumerate(counts[:k]):
+            if m:  # a replica that took arrivals (as columns: no object built; with prefix ids, the objects)
+                taken = grouped.slice(lo, lo + m)
+                routed[ready[i].index] = ArrivalList(map(at, order[lo:lo + m].tolist()), taken) if taken.prefixed \
                     else ArrivalList(columns=taken)
-                ready[i].est_work, ready[i].est_t = float(est_work[i]), float(est_t[i])
-                lo += k
+                ready[i].est_work, ready[i].est_t = est_work[i], est_t[i]
+                lo += m
         return routed
 
     def _eligible(self, ready: list[Replica], a: Arrival) -> list[Replica]:

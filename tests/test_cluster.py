@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 from conftest import STEADY_ACTION
 from llmserve_env.agents.static import VLLM_DEFAULT
@@ -183,6 +184,24 @@ def test_trace_replay_can_be_a_cluster_task(tmp_path):
     from llmserve_env.core.grader import grade_episode
 
     assert 0.0 <= grade_episode(ep.episode_log()).score <= 1.0
+
+
+def test_the_router_kernel_groups_arrivals_by_replica_stably_the_unrouted_last():
+    """sim/compiled_routing.py hands back the arrivals grouped by replica (what the cluster slices each replica's
+    from): a stable sort of the choices, those no replica was ready for (choice -1) after every replica's."""
+    from llmserve_env.sim.compiled_routing import route_least_work
+
+    n, k = 60, 3  # (without numba the same function runs as Python)
+    t = np.linspace(0.0, 3.0, n)
+    prompt, output = np.arange(n, dtype=np.int64) * 37 % 900 + 50, np.arange(n, dtype=np.int64) % 7 + 20
+    est = np.array([[0.0, 400.0, 0.0], [0.0, 0.0, 0.0], [300.0, 500.0, 200.0], [0.4, 0.3, 1.5]])
+    choice, order, counts = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(k + 1, dtype=np.int64)
+    unrouted = route_least_work(t, prompt, output, est, choice, order, counts)
+    bucket = np.where(choice < 0, k, choice)
+    assert unrouted == int((choice < 0).sum()) == int((t < 0.3).sum()) > 0
+    assert order.tolist() == np.argsort(bucket, kind="stable").tolist()
+    assert counts.tolist() == np.bincount(bucket, minlength=k + 1).tolist()
+    assert set(choice[t >= 1.5].tolist()) == {0, 1, 2} and est[1].max() == t[choice >= 0].max()
 
 
 def test_the_compiled_router_routes_as_the_python_loop(monkeypatch):
