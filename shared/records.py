@@ -142,8 +142,10 @@ class RequestBatch:
         chunks: dict[int, list[float]] = {}
         off = 0
         for b in parts:
-            error.update({off + j: e for j, e in b.error.items()})
-            chunks.update({off + j: c for j, c in b.chunk_times.items()})
+            if b.error:  # (most batches have neither)
+                error.update({off + j: e for j, e in b.error.items()})
+            if b.chunk_times:
+                chunks.update({off + j: c for j, c in b.chunk_times.items()})
             off += len(b)
         tenants = np.concatenate([b.tenant for b in parts])
         if all(b.blocks is not None for b in parts):
