@@ -30,9 +30,9 @@ def percentiles(values: list[float] | np.ndarray, *qs: float) -> list[float]:
             return [float(x) for x in np.percentile(arr, qs)]
         return [_numpy_linear(arr, q) for q in qs]
     if HAVE_NUMBA and isinstance(values, np.ndarray) and values.dtype == np.float64 and values.ndim == 1:
-        out = np.empty(len(qs))
-        if _few(values, _qs_array(qs), out):  # the same values as below, in one compiled call
-            return out.tolist()
+        got = np.empty(len(qs))
+        if _few(values, _qs_array(qs), got):  # the same values as below, in one compiled call
+            return got.tolist()
     s: list[float] | np.ndarray
     if isinstance(values, np.ndarray):
         s = np.sort(values, kind="stable")

@@ -187,6 +187,7 @@ class ListMeasurements(WindowMeasurements):
     finished: list[RequestRecord]
     first_tokens: list[tuple[int, str, float]]
     itl: list[tuple[float, int]]
+    samples: list[ResourceSample]
 
 
 class Engine:

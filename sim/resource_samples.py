@@ -9,7 +9,7 @@ and the records are the same ones, field for field, when they are read.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 from llmserve_env.shared.backend import ResourceSample
@@ -25,8 +25,8 @@ class SampleColumns:
 
     __slots__ = ("parts",)
 
-    def __init__(self, parts: list[Block | list[ResourceSample]] | None = None):
-        self.parts: list[Block | list[ResourceSample]] = [] if parts is None else parts
+    def __init__(self, parts: Iterable[Block | list[ResourceSample]] = ()):
+        self.parts: list[Block | list[ResourceSample]] = list(parts)
 
     def __len__(self) -> int:
         n = 0
