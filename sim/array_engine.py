@@ -53,6 +53,10 @@ SIM_CORE_HELP = ("which engine the simulator runs: `auto` the compiled one (numb
 # Finished requests' rows are dropped (`ArrayEngine._compact`) at a window's start once there are this many and
 # at least as many as live ones: forks copy every row, and a long episode would otherwise keep them all
 COMPACT_MIN_DONE = 256
+# Rows an engine starts with: it holds up to about 2 x COMPACT_MIN_DONE before a compaction, so a busy engine
+# reached 512 anyway through three doublings (each a copy of every per-request array: ~1 % of a cluster
+# episode, where every new replica's engine grew so); the size changes no result (tests/test_array_engine.py).
+INITIAL_ROWS = 2 * COMPACT_MIN_DONE
 REJECTED_WHY = "request needs more KV blocks than the whole budget"  # sim/engine.py's words
 
 # A model's packed arrays, keyed by the model object's id (the model kept alive beside them): shared by every
@@ -121,7 +125,7 @@ class ArrayEngine:
         self._log: list[tuple[str, tuple]] | None = []
         self._py: Engine | None = None
         self.kv = KVCache()
-        self.F, self.Ix, self.SF, self.SI, self.C, self.H = cc.empty_state(64)
+        self.F, self.Ix, self.SF, self.SI, self.C, self.H = cc.empty_state(INITIAL_ROWS)
         self.SF[cc.SF_NEXT_SAMPLE] = INF
         self.SF[cc.SF_DT] = 1.0
         self.SF[cc.SF_SHARE] = profile.split_prefill_compute_share
@@ -129,21 +133,21 @@ class ArrayEngine:
         self.SI[cc.SI_CAP] = 1
         self.SI[cc.SI_KVTOT] = 1
         self.SI[cc.SI_BUDGET] = profile.token_budget
-        self.tenants = np.empty(64, dtype=object)  # each request's tenant name
-        self.fin_out = np.zeros(64, dtype=np.int64)
-        self.ft_idx = np.zeros(64, dtype=np.int64)
-        self.ft_val = np.zeros(64)
+        self.tenants = np.empty(INITIAL_ROWS, dtype=object)  # each request's tenant name
+        self.fin_out = np.zeros(INITIAL_ROWS, dtype=np.int64)
+        self.ft_idx = np.zeros(INITIAL_ROWS, dtype=np.int64)
+        self.ft_val = np.zeros(INITIAL_ROWS)
         self.itl_v = np.zeros(1024)
         self.itl_n = np.zeros(1024, dtype=np.int64)
         self.samp_f = np.zeros(cc.MAX_SAMPLES)
         self.samp_i = np.zeros((cc.MAX_SAMPLES, 3), dtype=np.int64)
-        self.pend_idx = np.zeros(64, dtype=np.int64)
-        self.pend_cur = np.zeros(64, dtype=np.int64)
+        self.pend_idx = np.zeros(INITIAL_ROWS, dtype=np.int64)
+        self.pend_cur = np.zeros(INITIAL_ROWS, dtype=np.int64)
         # end_unified's report columns (pending ints/floats, finished ints/floats, first tokens' ids), a row per
         # request: the kernels allocate nothing (shared/jit.py `njit_borrowing`), the report gets copies
-        self.out_pi, self.out_pf = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
-        self.out_fi, self.out_ff = np.zeros((8, 64), dtype=np.int64), np.zeros((5, 64))
-        self.out_ft = np.zeros(64, dtype=np.int64)
+        self.out_pi, self.out_pf = np.zeros((8, INITIAL_ROWS), dtype=np.int64), np.zeros((5, INITIAL_ROWS))
+        self.out_fi, self.out_ff = np.zeros((8, INITIAL_ROWS), dtype=np.int64), np.zeros((5, INITIAL_ROWS))
+        self.out_ft = np.zeros(INITIAL_ROWS, dtype=np.int64)
         self.samples: list[Block] = []  # the window's resource samples so far (sim/resource_samples.py)
         self.action_key: tuple | None = None
         self.tier = "FP16"

@@ -126,6 +126,23 @@ def test_resource_samples_read_as_the_python_engines_and_join_in_order():
     assert report.samples == want and report.to_dict()["samples"] == [dataclasses.asdict(x) for x in want]
 
 
+def test_the_rows_an_engine_starts_with_change_no_result(monkeypatch):
+    """An engine that starts with 4 rows grows (`_grow`, and the loop's stops for room) through the same windows to
+    the same reports as one that starts with INITIAL_ROWS."""
+    task = TASKS["bursty_workload"]
+    wins = windows(generate_arrivals(task, 6), task)[:30]
+
+    def play() -> list:
+        eng = ArrayEngine(load_profile(task.profile), 6, {})
+        rng = random.Random(6)
+        return [plain(eng.serve_window(random_action(rng), w, k * task.window_s, task.window_s))
+                for k, w in enumerate(wins)]
+
+    want = play()
+    monkeypatch.setattr(array_engine, "INITIAL_ROWS", 4)
+    assert play() == want
+
+
 @pytest.mark.parametrize("profile_id", ["a100-llama3-8b", "h100-llama3.1-70b-tp4"])
 def test_other_profiles_too(profile_id):
     task = TASKS["bursty_workload"]
