@@ -352,10 +352,15 @@ class ArrayEngine:
         """The loop stopped for want of room: its samples so far kept (copies), the buffer emptied."""
         n = int(self.SI[cc.SI_NSAMP])
         if n:
-            kv = self.kv
-            self.samples.append((self.samp_f[:n].copy(), self.samp_i[:n].copy(), None, kv.total, kv.weights_gib,
-                                 kv.block_bytes, kv.gpus))
+            self._sample_block(n, None)
             self.SI[cc.SI_NSAMP] = 0
+
+    def _sample_block(self, n: int, close: tuple[float, int, int, int] | None) -> None:
+        """The sample buffer's first n rows (copies), then `close` (the window-end sample, or None), kept with the
+        KV pool's figures (sim/resource_samples.py `Block`)."""
+        kv = self.kv
+        self.samples.append((self.samp_f[:n].copy(), self.samp_i[:n].copy(), close, kv.total, kv.weights_gib,
+                             kv.block_bytes, kv.gpus))
 
     def end_window(self) -> tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]:
         """`run`, `close_window` and `take_measurements` (sim/engine.py's end_window) in the same kernel call as
@@ -438,12 +443,9 @@ class ArrayEngine:
         """The window's last samples taken (the buffer's rows, then the resources at the window's end, after the
         close; `si`: SI as a list; the buffer is emptied with the window's counters); returns the GPU memory
         `used` KV blocks take."""
-        kv = self.kv
-        n = si[cc.SI_NSAMP]
-        close = (self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR], si[cc.SI_NW], used)
-        self.samples.append((self.samp_f[:n].copy(), self.samp_i[:n].copy(), close, kv.total, kv.weights_gib,
-                             kv.block_bytes, kv.gpus))
-        return kv.memory_gib(used)
+        self._sample_block(si[cc.SI_NSAMP], (self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR],
+                                             si[cc.SI_NW], used))
+        return self.kv.memory_gib(used)
 
 
 _WARM = False

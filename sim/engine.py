@@ -90,21 +90,24 @@ def acceptance_rates(profile: Profile, rng: np.random.Generator, arrivals: Seque
 def beta_parameters(profile: Profile, tenant: str) -> tuple[float, float]:
     """A tenant's acceptance-rate distribution, Beta(a, b) around its mean: a = mean x concentration,
     b = (1 - mean) x concentration (the profile's figures)."""
-    kappa = profile.spec_concentration
-    mean = profile.acceptance_mean(tenant)
+    return _beta_around(profile.acceptance_mean(tenant), profile.spec_concentration)
+
+
+def _beta_around(mean: float, kappa: float) -> tuple[float, float]:
     return mean * kappa, (1.0 - mean) * kappa
 
 
 def beta_table(profile: Profile, names: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-    """`beta_parameters` of each tenant of `names`, in order, as the arrays (a, b): made once per set of figures
-    (~2.8 µs to build, a window asks for the same few); shared, never written."""
+    """`beta_parameters` of each tenant of `names`, in order, as the arrays (a, b): made once per set of
+    figures (a window asks for the same few; the key is the means, cheaper to make than the pairs); shared,
+    never written."""
     return _beta_table(profile.spec_concentration, tuple(profile.acceptance_mean(n) for n in names))
 
 
 @functools.lru_cache(maxsize=64)
 def _beta_table(kappa: float, means: tuple[float, ...]) -> tuple[np.ndarray, np.ndarray]:
-    ab = np.array([(m * kappa, (1.0 - m) * kappa) for m in means], dtype=np.float64).reshape(-1, 2).T.copy()
-    return ab[0], ab[1]
+    pairs = [_beta_around(m, kappa) for m in means]
+    return np.array([a for a, _ in pairs]), np.array([b for _, b in pairs])
 
 
 def tenant_acceptance_rates(profile: Profile, rng: np.random.Generator, tenants: list[str] | np.ndarray,
