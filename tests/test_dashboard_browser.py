@@ -296,11 +296,15 @@ def test_dashboard_runs_an_episode_and_plots_each_series_apart(dashboard):
 
     horizon = dashboard.run_to_end(TASK)
     plots = page.locator(".llmserve-plot:visible")
-    # Vega renders after the data arrives: wait until every plot has its points.
+    # Vega renders after the data arrives: wait until every plot has its points and the attainment plots
+    # are this task's (the status can say "finished" while the last task's plots are still drawn: their
+    # points alone would pass the count)
+    visible = "[...document.querySelectorAll('.llmserve-plot')].filter(el => el.offsetParent !== null)"
+    attainment = json.dumps([f"SLO attainment: {t}" for t in TENANTS], separators=(",", ":"))  # as JSON.stringify
     try:
         page.wait_for_function(
-            f"() => ({COUNT_POINTS})([...document.querySelectorAll('.llmserve-plot')]"
-            f".filter(el => el.offsetParent !== null)).every(n => n >= {horizon // 2})",
+            f"() => {{ const els = {visible}; return ({COUNT_POINTS})(els).every(n => n >= {horizon // 2}) && "
+            f"JSON.stringify(({TITLES})(els).slice(-{len(TENANTS)})) === {json.dumps(attainment)}; }}",
             timeout=60_000,
         )
     except Exception as exc:
