@@ -156,6 +156,17 @@ class RequestBatch:
                                 for name in (*_INT_COLUMNS, *_FLOAT_COLUMNS)}
         return cls(tenant=tenants, error=error, chunk_times=chunks, **cols)
 
+    def slice(self, lo: int, hi: int) -> RequestBatch:
+        """Rows lo..hi-1 (views; their messages and chunk times re-keyed): the batch itself where that is every row."""
+        if lo == 0 and hi == len(self):
+            return self
+        error = {j - lo: e for j, e in self.error.items() if lo <= j < hi}
+        chunks = {j - lo: c for j, c in self.chunk_times.items() if lo <= j < hi}
+        if self.blocks is not None:
+            return self.from_blocks(self.blocks[0][:, lo:hi], self.blocks[1][:, lo:hi], self.tenant[lo:hi], error, chunks)
+        cols: dict[str, Any] = {name: getattr(self, name)[lo:hi] for name in (*_INT_COLUMNS, *_FLOAT_COLUMNS)}
+        return RequestBatch(tenant=self.tenant[lo:hi], error=error, chunk_times=chunks, **cols)
+
     def records(self) -> list[RequestRecord]:
         """The rows as records (None where a time is NaN), as the backend would have listed them."""
         n = len(self)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -107,6 +108,23 @@ def make_engine(profile: Profile, seed: int, models: dict) -> Engine | ArrayEngi
         why = "numba is not installed" if not cc.HAVE_NUMBA else f"profile {profile.id} is outside its scope"
         raise RuntimeError(f"LLMSERVE_SIM_CORE=compiled: {why}")
     return ArrayEngine(profile, seed, models) if ok else Engine(profile, seed, models)
+
+
+@dataclass(slots=True)
+class WindowEnd:
+    """A compiled engine's window after its loop (`ArrayEngine.end_in_place`): how many pending and finished
+    requests, first tokens and ITL samples its buffers hold, how many of the finished were rejected, the KV
+    blocks used and their GPU memory, and the window's counters (`acc`, its requests not yet set)."""
+
+    engine: ArrayEngine
+    pending: int
+    finished: int
+    first_tokens: int
+    itl: int
+    rejected: int
+    used: int
+    mem: float
+    acc: WindowMeasurements
 
 
 class ArrayEngine:
@@ -402,6 +420,26 @@ class ArrayEngine:
         the window's loop (compiled_core.end_unified / end_split): the same state after, the same report."""
         if self._py is not None:
             return self._py.end_window()
+        return self.report(self.end_in_place())
+
+    def report(self, end: WindowEnd) -> tuple[RequestBatch, int, float, WindowMeasurements]:
+        """`end_window`'s return, its requests, first tokens and ITL samples copied out of the buffers `end_in_place`
+        left them in (`end`: this engine's last, no window begun since)."""
+        m, nfin, nft, nitl = end.pending, end.finished, end.first_tokens, end.itl
+        tenants = self.tenants
+        pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
+        acc = end.acc
+        acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
+                                     tenants[self.fin_out[:nfin]], end.rejected)
+        acc.first_tokens = FirstTokens(self.out_ft[:nft].copy(), tenants[self.ft_idx[:nft]], self.ft_val[:nft].copy())
+        acc.itl = ItlSamples(self.itl_v[:nitl].copy(), self.itl_n[:nitl].copy())
+        return pending, end.used, end.mem, acc
+
+    def end_in_place(self) -> WindowEnd:
+        """`end_window` with the window's requests, first tokens and ITL samples left in this engine's buffers (valid
+        until its next window): `end_window` copies them into its report, a cluster into its window's joined
+        columns (sim/window_join.py). Only for the compiled engine's own windows (not after a hand-over)."""
+        assert self._py is None, "end_in_place: this engine handed its requests to the Python engine"
         if self._log is not None:  # no request yet: the call a Python engine replays (see __init__)
             self._log.append(("end_window", ()))
         t_end = self.t0 + self.dt
@@ -422,17 +460,11 @@ class ArrayEngine:
             self._more_room()
         self.carry = carry
         si = self.SI.tolist()  # one conversion: Python ints
-        tenants = self.tenants
-        pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
         mem = self._close_samples(used, si)
-        nfin, nft, nitl = si[cc.SI_NFIN], si[cc.SI_NFT], si[cc.SI_NITL]
         acc = WindowMeasurements()
-        acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
-                                     tenants[self.fin_out[:nfin]], rejected)
-        acc.first_tokens = FirstTokens(self.out_ft[:nft].copy(), tenants[self.ft_idx[:nft]], self.ft_val[:nft].copy())
-        acc.itl = ItlSamples(self.itl_v[:nitl].copy(), self.itl_n[:nitl].copy())
+        end = WindowEnd(self, m, si[cc.SI_NFIN], si[cc.SI_NFT], si[cc.SI_NITL], rejected, used, mem, acc)
         self._measured(acc, si)
-        return pending, used, mem, acc
+        return end
 
     def outstanding_tokens(self) -> float:
         if self._py is not None:

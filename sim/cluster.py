@@ -80,13 +80,14 @@ from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, l
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.shared.routing import least_outstanding, total_outstanding_work
 from llmserve_env.shared.scenarios import ReplicaDisruptions
-from llmserve_env.sim.array_engine import ArrayEngine, make_engine
+from llmserve_env.sim.array_engine import ArrayEngine, WindowEnd, make_engine
 from llmserve_env.sim.backend import _models_for
 from llmserve_env.sim.compiled_routing import route_least_work
-from llmserve_env.sim.engine import Engine
+from llmserve_env.sim.engine import Engine, WindowMeasurements
 from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.resource_samples import SampleColumns
+from llmserve_env.sim.window_join import join_ends
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
 ROUTERS = ("estimated", "tracked")  # the module docstring's two routers
@@ -118,9 +119,11 @@ class Replica:
         return max(0.0, end - max(t0, self.requested_s))
 
 
-def _outstanding_tokens(pending: RequestBatch) -> float:
-    return total_outstanding_work(pending.prompt_tokens, pending.target_output_tokens, pending.output_tokens,
-                                  pending.first_token_s == pending.first_token_s)  # NaN: no first token yet
+def _outstanding_tokens(pending: RequestBatch, lo: int, hi: int) -> float:
+    """The outstanding work of `pending`'s rows lo..hi-1 (one replica's)."""
+    first = pending.first_token_s[lo:hi]
+    return total_outstanding_work(pending.prompt_tokens[lo:hi], pending.target_output_tokens[lo:hi],
+                                  pending.output_tokens[lo:hi], first == first)  # NaN: no first token yet
 
 
 class ClusterBackend:
@@ -352,34 +355,46 @@ class ClusterBackend:
                            applied=dict.fromkeys((*KNOBS, "replicas"), True))
         if action.cache_affinity is not None:
             rep.applied["cache_affinity"] = True
-        # the replicas' requests as columns (the compiled engine's own shape; the Python engine's records
-        # converted once), joined in replica order
-        finished: list[RequestBatch] = []
-        pendings: list[RequestBatch] = []
-        first_tokens: list[list[tuple[int, str, float]] | FirstTokens] = []
-        itl: list[list[tuple[float, int]] | ItlSamples] = []
-        samples: list[list[ResourceSample] | SampleColumns] = []
-        if lost or self._unrouted:
-            finished.append(RequestBatch.from_records(lost + [RequestRecord(a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens,
-                                                  a.output_tokens, status="rejected", finish_s=a.arrival_s,
-                                                  error="no ready replica (spot preemption)") for a in self._unrouted]))
-            self._unrouted = []
-        used_total = blocks_total = iterations = rejected = 0
-        spec_accepted = 0.0
+        # each serving replica's window: a compiled engine's ended in place (its outputs still in its buffers), a
+        # Python engine's (or a compiled one's after a hand-over) as its report
+        ended: list[tuple[Replica, WindowEnd | tuple[list[RequestRecord] | RequestBatch, int, float, WindowMeasurements]]] = []
         for r in self.replicas:
             if r.state not in (READY, DRAINING):
                 continue
             eng = r.engine
             assert eng is not None  # a ready or draining replica has its engine
-            if tracked:
-                got, used, mem, acc = eng.end_window()  # runs to t1
-            else:
-                got, used, mem, acc = eng.serve_window(action, routed.get(r.index, []), t0, dt)  # runs to t1
-            pending = RequestBatch.of(got)
-            finished.append(RequestBatch.of(acc.finished))
-            pendings.append(pending)
-            first_tokens.append(acc.first_tokens)
-            itl.append(acc.itl)
+            if not tracked:  # (the tracked router began the engines' windows and ran them through the arrivals)
+                eng.begin_window(action, t0, dt, routed.get(r.index, []))
+            compiled = isinstance(eng, ArrayEngine) and eng._py is None
+            ended.append((r, eng.end_in_place() if compiled else eng.end_window()))  # runs to t1
+        if lost or self._unrouted or not ended or not all(isinstance(e, WindowEnd) for _, e in ended):
+            # the replicas' requests as columns (the compiled engine's own shape; the Python engine's records
+            # converted once), joined in replica order, with the requests lost to a preemption first
+            reports = [e.engine.report(e) if isinstance(e, WindowEnd) else e for _, e in ended]
+            finished = [RequestBatch.of(acc.finished) for _, _, _, acc in reports]
+            if lost or self._unrouted:
+                finished.insert(0, RequestBatch.from_records(lost + [RequestRecord(
+                    a.request_id, a.tenant, a.priority, a.arrival_s, a.prompt_tokens, a.output_tokens, status="rejected",
+                    finish_s=a.arrival_s, error="no ready replica (spot preemption)") for a in self._unrouted]))
+                self._unrouted = []
+            pendings = [RequestBatch.of(got) for got, _, _, _ in reports]
+            rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
+            rep.first_tokens = FirstTokens.concat([acc.first_tokens for _, _, _, acc in reports])
+            rep.itl_samples = ItlSamples.concat([acc.itl for _, _, _, acc in reports])
+            served = [(used, mem, acc, pending, 0, len(pending))
+                      for (_, used, mem, acc), pending in zip(reports, pendings, strict=True)]
+        else:  # every replica's rows copied once, into the joined columns (sim/window_join.py)
+            joined = join_ends([e for _, e in ended])  # type: ignore[misc]
+            rep.finished, rep.pending, rep.first_tokens, rep.itl_samples = \
+                joined.finished, joined.pending, joined.first_tokens, joined.itl
+            served = [(e.used, e.mem, e.acc, joined.pending, lo, hi)  # type: ignore[union-attr]
+                      for (_, e), (lo, hi) in zip(ended, joined.pending_rows, strict=True)]
+        samples: list[list[ResourceSample] | SampleColumns] = []
+        used_total = blocks_total = iterations = rejected = 0
+        spec_accepted = 0.0
+        for (r, _), (used, mem, acc, pending, lo, hi) in zip(ended, served, strict=True):
+            eng = r.engine
+            assert eng is not None
             samples.append(acc.samples)
             rep.output_tokens += acc.output_tokens
             rep.prompt_tokens += acc.prompt_tokens
@@ -398,13 +413,11 @@ class ClusterBackend:
             processed = acc.prompt_tokens + acc.output_tokens
             if processed > 0 and acc.busy > 0:
                 r.rate_tps = processed / acc.busy
-            r.est_work, r.est_t = _outstanding_tokens(pending), t1
+            r.est_work, r.est_t = _outstanding_tokens(pending, lo, hi), t1
             if self.disruptions is not None:
-                r.pending = pending
-            if r.state == DRAINING and not pending:
+                r.pending = pending.slice(lo, hi)
+            if r.state == DRAINING and hi == lo:
                 r.state, r.gone_s, r.engine = GONE, t1, None
-        rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
-        rep.first_tokens, rep.itl_samples = FirstTokens.concat(first_tokens), ItlSamples.concat(itl)
         rep.samples = SampleColumns.concat(samples)
         rep.spec_accepted = int(round(spec_accepted))
         rep.kv_occupancy = used_total / blocks_total if blocks_total else 0.0

@@ -28,6 +28,7 @@ from llmserve_env.sim.cluster import ClusterBackend
 from llmserve_env.sim.engine import Engine
 from llmserve_env.sim.profiles import load_profile
 from llmserve_env.sim.resource_samples import SampleColumns
+from llmserve_env.sim.window_join import join_ends
 
 pytestmark = pytest.mark.skipif(not compiled_core.HAVE_NUMBA, reason="numba is not installed")
 
@@ -154,6 +155,36 @@ def test_resource_samples_read_as_the_python_engines_and_join_in_order():
     assert isinstance(joined, SampleColumns) and joined.records() == want + want[:1] + want
     report = WindowReport(0.0, task.window_s, samples=got)
     assert report.samples == want and report.to_dict()["samples"] == [dataclasses.asdict(x) for x in want]
+
+
+def test_a_clusters_joined_columns_are_its_replicas_reports_joined():
+    """sim/window_join.py: engines ended in place, their outputs joined straight from their buffers, give the
+    columns their own reports (`report`) joined by concat give: rejections' messages re-keyed, an idle
+    replica's empty rows, every window of a small GPU's episode split over three engines."""
+    base = load_profile("h100-llama3.1-8b")
+    memory = (base.weights_gib("FP16", True) + base.activation_reserve_gib + 2.0) / base.gpu_memory_utilization
+    small = dataclasses.replace(base, memory_gib=memory)
+    task = TASKS["adversarial_multitenant"]
+    engines = [ArrayEngine(small, s, {}) for s in range(3)]
+    rng = random.Random(6)
+    rejected = 0
+    for k, w in enumerate(windows(generate_arrivals(task, 6), task)[:40]):
+        a = random_action(rng)
+        cut = len(w) // 2
+        for eng, part in zip(engines, (w[:cut], w[cut:], []), strict=True):  # the third replica idle
+            eng.begin_window(a, k * task.window_s, task.window_s, part)
+        ends = [eng.end_in_place() for eng in engines]
+        joined = join_ends(ends)
+        reports = [e.engine.report(e) for e in ends]
+        assert plain(joined.finished) == plain(RequestBatch.concat([acc.finished for _, _, _, acc in reports]))
+        assert plain(joined.pending) == plain(RequestBatch.concat([p for p, _, _, _ in reports]))
+        assert plain(joined.first_tokens) == plain(FirstTokens.concat([acc.first_tokens for _, _, _, acc in reports]))
+        assert plain(joined.itl) == plain(ItlSamples.concat([acc.itl for _, _, _, acc in reports]))
+        lens = [len(p) for p, _, _, _ in reports]
+        assert joined.pending_rows == [(sum(lens[:i]), sum(lens[:i + 1])) for i in range(3)]
+        assert joined.finished.error == RequestBatch.concat([acc.finished for _, _, _, acc in reports]).error
+        rejected += sum(e.rejected for e in ends)
+    assert rejected > 0
 
 
 def test_the_rows_an_engine_starts_with_change_no_result(monkeypatch):

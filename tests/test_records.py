@@ -48,6 +48,18 @@ def test_joined_batches_keep_each_rows_message_and_chunks():
     assert mixed.blocks is None and mixed.records() == recs
 
 
+def test_a_slice_is_its_rows_with_their_messages_and_chunks():
+    recs = records()
+    joined = RequestBatch.from_records(recs)
+    loose = RequestBatch(**{f.name: getattr(joined, f.name) for f in dataclasses.fields(RequestBatch) if f.name != "blocks"})
+    for batch in (joined, loose):
+        for lo, hi in ((0, 2), (1, 4), (2, len(recs)), (3, 3)):
+            part = batch.slice(lo, hi)
+            assert part.records() == recs[lo:hi]
+            assert (part.blocks is None) == (batch.blocks is None)
+        assert batch.slice(0, len(recs)) is batch
+
+
 def test_every_status_has_a_code():
     assert TERMINAL_STATUSES | {"queued", "running", "preempted"} == set(STATUSES)
     with pytest.raises(KeyError):
