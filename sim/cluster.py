@@ -365,8 +365,8 @@ class ClusterBackend:
             assert eng is not None  # a ready or draining replica has its engine
             if not tracked:  # (the tracked router began the engines' windows and ran them through the arrivals)
                 eng.begin_window(action, t0, dt, routed.get(r.index, []))
-            compiled = isinstance(eng, ArrayEngine) and eng._py is None
-            ended.append((r, eng.end_in_place() if compiled else eng.end_window()))  # runs to t1
+            ended.append((r, eng.end_in_place() if isinstance(eng, ArrayEngine) and eng._py is None
+                          else eng.end_window()))  # runs to t1
         if lost or self._unrouted or not ended or not all(isinstance(e, WindowEnd) for _, e in ended):
             # the replicas' requests as columns (the compiled engine's own shape; the Python engine's records
             # converted once), joined in replica order, with the requests lost to a preemption first
