@@ -41,6 +41,23 @@ def _total_work(prompt: np.ndarray, target: np.ndarray, produced: np.ndarray, st
     return total
 
 
+def outstanding_work_by_segment(prompt_tokens: np.ndarray, target_output_tokens: np.ndarray,
+                                produced_tokens: np.ndarray, started: np.ndarray, bounds: Sequence[int]) -> list[int]:
+    """`total_outstanding_work` of each run of rows bounds[s]..bounds[s+1]-1, in one call (a cluster's replicas'
+    pending requests, joined in replica order)."""
+    out = np.empty(len(bounds) - 1, dtype=np.int64)
+    _segment_work(prompt_tokens, target_output_tokens, produced_tokens, started, np.asarray(bounds, dtype=np.int64), out)
+    return out.tolist()
+
+
+@njit_borrowing
+def _segment_work(prompt: np.ndarray, target: np.ndarray, produced: np.ndarray, started: np.ndarray,
+                  bounds: np.ndarray, out: np.ndarray) -> None:
+    for s in range(out.shape[0]):
+        lo, hi = bounds[s], bounds[s + 1]
+        out[s] = _total_work(prompt[lo:hi], target[lo:hi], produced[lo:hi], started[lo:hi])
+
+
 def least_outstanding(work: Sequence[float]) -> int:
     """The index of the replica with the least outstanding work; ties to the lowest index."""
     if not work:

@@ -541,14 +541,14 @@ def warm() -> None:
         eng.end_window()
     F, Ix, _, SI, C, H = cc.empty_state(4)
     cc.compact(F, Ix, SI, C, H, np.empty(4, dtype=np.int64))  # (an engine compacts only after 256 finished requests)
-    from llmserve_env.shared.routing import total_outstanding_work
+    from llmserve_env.shared.routing import outstanding_work_by_segment
     from llmserve_env.sim.compiled_routing import route_least_work  # the cluster's router
 
     one = np.ones(2)
     ints = np.ones(2, dtype=np.int64)
     route_least_work(one, ints, ints, np.zeros((4, 2)), np.empty(2, dtype=np.int64), np.empty(2, dtype=np.int64),
                      np.empty(3, dtype=np.int64))
-    total_outstanding_work(ints, ints, ints, ints > 0)  # the cluster's estimate of each replica's work
+    outstanding_work_by_segment(ints, ints, ints, ints > 0, (0, 1, 2))  # the cluster's estimate of each replica's work
     if HAVE_COMPILED_DRAWS:  # several tenants' acceptance rates (the windows above have one tenant: NumPy's call)
         beta_draws(np.random.default_rng(0), one, one, np.zeros(2, dtype=np.int64))
     _WARM = True

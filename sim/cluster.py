@@ -78,7 +78,7 @@ from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
 from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
-from llmserve_env.shared.routing import least_outstanding, total_outstanding_work
+from llmserve_env.shared.routing import least_outstanding, outstanding_work_by_segment
 from llmserve_env.shared.scenarios import ReplicaDisruptions
 from llmserve_env.sim.array_engine import ArrayEngine, WindowEnd, make_engine
 from llmserve_env.sim.backend import _models_for
@@ -119,11 +119,11 @@ class Replica:
         return max(0.0, end - max(t0, self.requested_s))
 
 
-def _outstanding_tokens(pending: RequestBatch, lo: int, hi: int) -> float:
-    """The outstanding work of `pending`'s rows lo..hi-1 (one replica's)."""
-    first = pending.first_token_s[lo:hi]
-    return total_outstanding_work(pending.prompt_tokens[lo:hi], pending.target_output_tokens[lo:hi],
-                                  pending.output_tokens[lo:hi], first == first)  # NaN: no first token yet
+def _outstanding_tokens(pending: RequestBatch, bounds: Sequence[int]) -> list[int]:
+    """The outstanding work of each replica's rows of `pending` (bounds[i]..bounds[i+1]-1: replica i's)."""
+    first = pending.first_token_s
+    return outstanding_work_by_segment(pending.prompt_tokens, pending.target_output_tokens, pending.output_tokens,
+                                       first == first, bounds)  # NaN: no first token yet
 
 
 class ClusterBackend:
@@ -381,18 +381,19 @@ class ClusterBackend:
             rep.finished, rep.pending = RequestBatch.concat(finished), RequestBatch.concat(pendings)
             rep.first_tokens = FirstTokens.concat([acc.first_tokens for _, _, _, acc in reports])
             rep.itl_samples = ItlSamples.concat([acc.itl for _, _, _, acc in reports])
-            served = [(used, mem, acc, pending, 0, len(pending))
+            served = [(used, mem, acc, pending, 0, len(pending), _outstanding_tokens(pending, (0, len(pending)))[0])
                       for (_, used, mem, acc), pending in zip(reports, pendings, strict=True)]
         else:  # every replica's rows copied once, into the joined columns (sim/window_join.py)
             joined = join_ends([e for _, e in ended])  # type: ignore[misc]
             rep.finished, rep.pending, rep.first_tokens, rep.itl_samples = \
                 joined.finished, joined.pending, joined.first_tokens, joined.itl
-            served = [(e.used, e.mem, e.acc, joined.pending, lo, hi)  # type: ignore[union-attr]
-                      for (_, e), (lo, hi) in zip(ended, joined.pending_rows, strict=True)]
+            work = _outstanding_tokens(joined.pending, [0, *(hi for _, hi in joined.pending_rows)])
+            served = [(e.used, e.mem, e.acc, joined.pending, lo, hi, w)  # type: ignore[union-attr]
+                      for (_, e), (lo, hi), w in zip(ended, joined.pending_rows, work, strict=True)]
         samples: list[list[ResourceSample] | SampleColumns] = []
         used_total = blocks_total = iterations = rejected = 0
         spec_accepted = 0.0
-        for (r, _), (used, mem, acc, pending, lo, hi) in zip(ended, served, strict=True):
+        for (r, _), (used, mem, acc, pending, lo, hi, outstanding) in zip(ended, served, strict=True):
             eng = r.engine
             assert eng is not None
             samples.append(acc.samples)
@@ -413,7 +414,7 @@ class ClusterBackend:
             processed = acc.prompt_tokens + acc.output_tokens
             if processed > 0 and acc.busy > 0:
                 r.rate_tps = processed / acc.busy
-            r.est_work, r.est_t = _outstanding_tokens(pending, lo, hi), t1
+            r.est_work, r.est_t = outstanding, t1
             if self.disruptions is not None:
                 r.pending = pending.slice(lo, hi)
             if r.state == DRAINING and hi == lo:

@@ -14,7 +14,12 @@ from llmserve_env.gateway.pricing import TierPrice, TierTable
 from llmserve_env.gateway.recorder import read_records
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import ServeAction
-from llmserve_env.shared.routing import least_outstanding, outstanding_work, total_outstanding_work
+from llmserve_env.shared.routing import (
+    least_outstanding,
+    outstanding_work,
+    outstanding_work_by_segment,
+    total_outstanding_work,
+)
 from llmserve_env.sim.standin.app import StandinConfig
 from llmserve_env.tools.standin_harness import BackgroundStandin
 
@@ -90,6 +95,11 @@ def test_the_columns_total_is_the_per_request_rule_summed():
     got = total_outstanding_work(prompt, target, produced, started)
     assert got == want and type(got) is int
     assert total_outstanding_work(*(np.zeros(0, dtype=np.int64),) * 3, np.zeros(0, dtype=bool)) == 0
+    bounds = [0, 0, 120, 121, 400, 500]  # runs of rows (a cluster's replicas' pending requests), an empty one first
+    by_run = outstanding_work_by_segment(prompt, target, produced, started, bounds)
+    assert by_run == [total_outstanding_work(prompt[lo:hi], target[lo:hi], produced[lo:hi], started[lo:hi])
+                      for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    assert sum(by_run) == want and all(type(w) is int for w in by_run)
 
 
 def test_endpoints_variable_is_checked_at_start_up(pool):
