@@ -31,7 +31,6 @@ from llmserve_env.sim.compiled_random import HAVE_COMPILED_DRAWS, beta_draws
 from llmserve_env.sim.engine import (
     Engine,
     WindowMeasurements,
-    acceptance_rate,
     tenant_acceptance_rates,
 )
 from llmserve_env.sim.kv_cache import KVCache
@@ -167,6 +166,15 @@ class ArrayEngine:
         self.out_fi, self.out_ff = np.zeros((8, INITIAL_ROWS), dtype=np.int64), np.zeros((5, INITIAL_ROWS))
         self.out_ft = np.zeros(INITIAL_ROWS, dtype=np.int64)
         self.samples: list[Block] = []  # the window's resource samples so far (sim/resource_samples.py)
+        # Acceptance rates owed (`_add`): while the engine proposes no draft tokens nothing reads a request's rate,
+        # so the draws wait, in arrival order, until it speculates (`_settle_rates`). Every owed draw's tenant, in
+        # order; the rows still held of those owed before the last compaction (and their places among the draws:
+        # a dropped row's draw is still made, in turn); those owed since fill consecutive rows from `_owed_block`'s
+        # row on (its first draw's place beside it)
+        self._owed_tenants: list[np.ndarray] = []
+        self._owed_count = 0
+        self._owed_rows = self._owed_draws = np.empty(0, dtype=np.int64)
+        self._owed_block = (0, 0)
         self.action_key: tuple | None = None
         self.tier = "FP16"
         self.split = False
@@ -211,6 +219,12 @@ class ArrayEngine:
         new = np.empty(n, dtype=np.int64)
         m = cc.compact(self.F, self.Ix, SI, self.C, self.H, new)
         self.tenants[:m] = self.tenants[:n][new[:n] >= 0]
+        if self._owed_count:  # the owed rows still held, renumbered
+            rows, draws = self._owed_places()
+            kept = new[rows]
+            held = kept >= 0
+            self._owed_rows, self._owed_draws = kept[held], draws[held]
+            self._owed_block = (m, self._owed_count)
 
     def _more_room(self) -> None:
         """The loop stopped for want of output room: double the ITL buffer and the finish heap."""
@@ -248,6 +262,8 @@ class ArrayEngine:
         self.kv.configure(self.profile, tier, depth > 0, kv_fraction)
         SI[cc.SI_CAP] = batch_cap
         SI[cc.SI_KVTOT] = self.kv.total
+        if depth and self._owed_count:  # the rates are read from now on (resync_decoding, join_decode)
+            self._settle_rates()
         if int(priority_routing) != SI[cc.SI_PR]:  # (the kernel checks too: this saves the call)
             cc.reprioritise(self.F, self.Ix, SI, self.C, int(priority_routing))
         if split != self.split:
@@ -312,25 +328,44 @@ class ArrayEngine:
             self._add(cols)
         return None
 
-    def _add(self, cols: ArrivalColumns, accepts: np.ndarray | None = None) -> None:
-        """Rows for these arrivals, with their acceptance rates (drawn here for a window's arrivals at once)."""
-        n0 = int(self.SI[cc.SI_NREQ])
+    def _add(self, cols: ArrivalColumns) -> None:
+        """Rows for these arrivals, with their acceptance rates: drawn here for a window's arrivals at once where
+        the engine speculates, else owed (`_settle_rates`: drawn in turn once it does)."""
+        SI = self.SI
+        n0 = int(SI[cc.SI_NREQ])
         n = len(cols)
         self._grow(n0 + n)
-        if accepts is None:
-            known = cols.known_index
-            accepts = tenant_acceptance_rates(self.profile, self.rng, cols.tenant, *(known or ()))
-        F, Ix = self.F, self.Ix
+        F = self.F
         rows = slice(n0, n0 + n)
-        F[rows, cc.F_ARR] = cols.arrival_s
-        F[rows, cc.F_ACC] = accepts
-        Ix[rows, cc.I_RID] = cols.request_id
-        Ix[rows, cc.I_PRIO] = cols.priority
-        Ix[rows, cc.I_PROMPT] = cols.prompt_tokens
-        Ix[rows, cc.I_PTGT] = cols.prompt_tokens
-        Ix[rows, cc.I_TARGET] = cols.output_tokens
+        if SI[cc.SI_DEPTH]:
+            if self._owed_count:
+                self._settle_rates()
+            known = cols.known_index
+            F[rows, cc.F_ACC] = tenant_acceptance_rates(self.profile, self.rng, cols.tenant, *(known or ()))
+        else:
+            if not self._owed_count:
+                self._owed_block = (n0, 0)
+            self._owed_tenants.append(cols.tenant)
+            self._owed_count += n
         self.tenants[rows] = cols.tenant
-        self.SI[cc.SI_NREQ] = n0 + n
+        cc.add_rows(F, self.Ix, SI, cols.arrival_s, cols.request_id, cols.priority, cols.prompt_tokens,
+                    cols.output_tokens)
+
+    def _owed_places(self) -> tuple[np.ndarray, np.ndarray]:
+        """(rows, places among the owed draws) of the owed rates whose rows are held."""
+        row, draw = self._owed_block
+        since = self._owed_count - draw
+        return (np.concatenate((self._owed_rows, np.arange(row, row + since))),
+                np.concatenate((self._owed_draws, np.arange(draw, draw + since))))
+
+    def _settle_rates(self) -> None:
+        """The owed acceptance rates drawn, in arrival order, as `_add` would have drawn them (the same numbers:
+        NumPy and the compiled draws go row by row, one tenant or several), into the rows still held."""
+        rates = tenant_acceptance_rates(self.profile, self.rng, np.concatenate(self._owed_tenants))
+        rows, draws = self._owed_places()
+        self.F[rows, cc.F_ACC] = rates[draws]
+        self._owed_tenants, self._owed_count = [], 0
+        self._owed_rows = self._owed_draws = np.empty(0, dtype=np.int64)
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: Sequence[Arrival] | None = None) -> None:
         self.configure(action.batch_cap, action.kv_budget_fraction, action.speculation_depth,
@@ -343,7 +378,7 @@ class ArrayEngine:
             self._py.add_arrival(a, routed_hit)
             return None
         self._log = None
-        self._add(ArrivalColumns.of([a]), np.array([acceptance_rate(self.profile, self.rng, a.tenant)]))
+        self._add(ArrivalColumns.of([a]))
         self.Ix[int(self.SI[cc.SI_NREQ]) - 1, cc.I_RHIT] = routed_hit
         return None
 

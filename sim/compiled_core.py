@@ -1176,6 +1176,22 @@ def open_window(SF, SI, t0, dt, busy):
 
 
 @njit_borrowing
+def add_rows(F, Ix, SI, arrival_s, request_id, priority, prompt, output):
+    """Rows for a window's arrivals after the last (`ArrayEngine._add`: one call for the seven column writes);
+    their acceptance rates are written apart (drawn, or owed)."""
+    n0 = SI[SI_NREQ]
+    for j in range(arrival_s.shape[0]):
+        r = n0 + j
+        F[r, F_ARR] = arrival_s[j]
+        Ix[r, I_RID] = request_id[j]
+        Ix[r, I_PRIO] = priority[j]
+        Ix[r, I_PROMPT] = prompt[j]
+        Ix[r, I_PTGT] = prompt[j]
+        Ix[r, I_TARGET] = output[j]
+    SI[SI_NREQ] = n0 + arrival_s.shape[0]
+
+
+@njit_borrowing
 def compact(F, Ix, SI, C, H, new):
     """Drop the finished requests' rows in place, the others keeping their order (`ArrayEngine._compact`):
     `new[:n]` gets each old row's new index (-1: dropped); the freed rows are reset to a fresh state's, the

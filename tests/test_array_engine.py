@@ -87,6 +87,36 @@ def test_random_actions_give_the_python_engines_reports(task_id):
     assert evictions > 0  # the random pools were small enough to preempt
 
 
+@pytest.mark.parametrize("task_id", ["static_workload", "adversarial_multitenant"])
+def test_rates_owed_at_depth_0_are_drawn_in_turn_once_it_speculates(task_id):
+    """Windows at depth 0 owe their arrivals' acceptance rates (through compactions, which drop rows whose rates
+    are still owed), drawn in arrival order once the engine speculates: the Python engine's reports, which draws
+    every window's at once (one tenant, and three: NumPy's and the compiled draws)."""
+    task = TASKS[task_id]
+    py, ar = both(task.profile, 3)
+    rng = random.Random(3)
+    compacted = 0
+    wins = windows(generate_arrivals(task, 3), task)
+    switch = 30  # the window it first speculates in
+    for k, w in enumerate(wins[:switch + 8]):
+        a = random_action(rng)
+        if k < switch:  # a pool and batch that keep up (finished rows to drop), the split and routing drawn
+            a = a.model_copy(update={"speculation_depth": 0, "batch_cap": 256, "kv_budget_fraction": 1.0,
+                                     "quantization_tier": "FP16"})
+        elif k == switch:
+            a = a.model_copy(update={"speculation_depth": 5})
+        rows = int(ar.SI[compiled_core.SI_NREQ])
+        want = py.serve_window(a, w, k * task.window_s, task.window_s)
+        got = ar.serve_window(a, w, k * task.window_s, task.window_s)
+        assert plain(got) == plain(want), f"window {k}, {a}"
+        if k < switch:
+            compacted += int(ar.SI[compiled_core.SI_NREQ]) < rows + len(w)
+            assert ar._owed_count == sum(len(x) for x in wins[:k + 1])
+        elif k == switch:
+            assert not ar._owed_count and not ar._owed_tenants
+    assert compacted  # rows were dropped while their rates were owed
+
+
 def test_a_small_gpu_preempts_and_rejects_alike():
     """A GPU left with ~2 GiB for the KV cache at full budget: requests larger than a 0.1 pool are rejected,
     and most windows preempt."""

@@ -47,7 +47,10 @@ def test_a_copied_generator_draws_from_its_own_state():
     assert clone.bit_generator.state == original.bit_generator.state
 
 
-def test_the_compiled_engine_draws_a_windows_rates_as_numpy_does():
+@pytest.mark.parametrize("speculating", [True, False])
+def test_the_compiled_engine_draws_a_windows_rates_as_numpy_does(speculating):
+    """Speculating, each window's rates are drawn as it comes; at depth 0 they are owed, and drawn in turn (one
+    call, the same numbers) once the engine speculates."""
     task = TASKS["adversarial_multitenant"]  # three tenants: NumPy's draw with a parameter per row
     profile = load_profile(task.profile)
     cols = ArrivalColumns.of(list(generate_arrivals(task, 3))[:300])
@@ -56,6 +59,9 @@ def test_the_compiled_engine_draws_a_windows_rates_as_numpy_does():
                            cols.priority, known_index=(names, cols.tenant_index(names)))
     assert len(set(cols.tenant.tolist())) == 3
     engine = ArrayEngine(profile, 11, _models_for(profile))
+    speculate = (8, 0.9, 2, "FP16", False, False)  # batch cap, KV fraction, depth, tier, split, priority routing
+    if speculating:
+        engine.configure(*speculate)
     reference = np.random.default_rng([11, 0x5EED51])  # the engine's stream, drawn by NumPy
     a, b = beta_table(profile, names)
     expected = []
@@ -63,6 +69,9 @@ def test_the_compiled_engine_draws_a_windows_rates_as_numpy_does():
         engine._add(known.slice(lo, hi))  # a window's arrivals: their rows, with the rates drawn at once
         index = cols.tenant_index(names)[lo:hi]
         expected += reference.beta(a[index], b[index]).tolist() if hi > lo else []
+    if not speculating:
+        assert engine.rng.bit_generator.state != reference.bit_generator.state  # nothing drawn yet
+        engine.configure(*speculate)
     assert engine.F[:300, compiled_core.F_ACC].tolist() == expected
     assert engine.rng.bit_generator.state == reference.bit_generator.state
     assert a.tolist() == [profile.acceptance_mean(n) * profile.spec_concentration for n in names]

@@ -60,21 +60,26 @@ def test_same_seed_and_actions_give_bit_identical_reports(task_id):
 
 
 def test_engine_randomness_comes_from_the_seed_and_not_the_actions():
+    """Every arrival's acceptance rate is drawn in arrival order from the engine's stream, whatever the actions
+    (the compiled engine draws them once it speculates: sim/array_engine.py `_settle_rates`)."""
     task = short(TASKS["static_workload"], 4)
     wins = windows(generate_arrivals(task, 0), task)
     draws = []
+    speculate = act(speculation_depth=2)
     for first in (act(speculation_depth=0), act(speculation_depth=8, quantization_tier="INT4")):
         b = SimBackend(task.profile)
         b.reset(11)
         b.run_window(first, wins[0], 0.0, 1.0)
-        b.run_window(act(), wins[1], 1.0, 1.0)
-        # the stream's position after both windows: the same draws, whatever the actions
+        b.run_window(act(speculation_depth=0), wins[1], 1.0, 1.0)
+        b.run_window(speculate, wins[2], 2.0, 1.0)
+        # the stream's position after three windows, speculating in the last: the same draws, whatever the actions
         draws.append(b._engine.rng.bit_generator.state)
     assert draws[0] == draws[1]
     b = SimBackend(task.profile)
     b.reset(12)
-    b.run_window(act(), wins[0], 0.0, 1.0)
-    b.run_window(act(), wins[1], 1.0, 1.0)
+    for k in range(2):
+        b.run_window(act(), wins[k], float(k), 1.0)
+    b.run_window(speculate, wins[2], 2.0, 1.0)
     assert b._engine.rng.bit_generator.state != draws[0]
 
 
