@@ -6,7 +6,8 @@
 
 Deterministic: the same seed, arrivals and actions give bit-identical reports. The engine's own
 randomness (per-request speculative acceptance rates) comes from `reset(seed)` on a stream separate
-from the workload's, and is drawn for every arrival whatever the action.
+from the workload's: every arrival's rate is drawn from it in arrival order whatever the action (the
+compiled engine draws them once it speculates, sim/array_engine.py: the same numbers).
 
 `fork()` returns an independent copy in the same state (sim/fork.py): what model-based planning
 and `Episode.fork` build on.

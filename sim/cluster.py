@@ -367,7 +367,8 @@ class ClusterBackend:
                 eng.begin_window(action, t0, dt, routed.get(r.index, []))
             ended.append((r, eng.end_in_place() if isinstance(eng, ArrayEngine) and eng._py is None
                           else eng.end_window()))  # runs to t1
-        if lost or self._unrouted or not ended or not all(isinstance(e, WindowEnd) for _, e in ended):
+        ends = [e for _, e in ended if isinstance(e, WindowEnd)]
+        if lost or self._unrouted or not ended or len(ends) < len(ended):
             # the replicas' requests as columns (the compiled engine's own shape; the Python engine's records
             # converted once), joined in replica order, with the requests lost to a preemption first
             reports = [e.engine.report(e) if isinstance(e, WindowEnd) else e for _, e in ended]
@@ -384,12 +385,12 @@ class ClusterBackend:
             served = [(used, mem, acc, pending, 0, len(pending), _outstanding_tokens(pending, (0, len(pending)))[0])
                       for (_, used, mem, acc), pending in zip(reports, pendings, strict=True)]
         else:  # every replica's rows copied once, into the joined columns (sim/window_join.py)
-            joined = join_ends([e for _, e in ended])  # type: ignore[misc]
+            joined = join_ends(ends)
             rep.finished, rep.pending, rep.first_tokens, rep.itl_samples = \
                 joined.finished, joined.pending, joined.first_tokens, joined.itl
             work = _outstanding_tokens(joined.pending, [0, *(hi for _, hi in joined.pending_rows)])
-            served = [(e.used, e.mem, e.acc, joined.pending, lo, hi, w)  # type: ignore[union-attr]
-                      for (_, e), (lo, hi), w in zip(ended, joined.pending_rows, work, strict=True)]
+            served = [(e.used, e.mem, e.acc, joined.pending, lo, hi, w)
+                      for e, (lo, hi), w in zip(ends, joined.pending_rows, work, strict=True)]
         samples: list[list[ResourceSample] | SampleColumns] = []
         used_total = blocks_total = iterations = rejected = 0
         spec_accepted = 0.0
