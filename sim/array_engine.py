@@ -172,6 +172,7 @@ class ArrayEngine:
         # a dropped row's draw is still made, in turn); those owed since fill consecutive rows from `_owed_block`'s
         # row on (its first draw's place beside it)
         self._owed_tenants: list[np.ndarray] = []
+        self._owed_known: list[tuple[tuple[str, ...], np.ndarray] | None] = []  # each batch's `known_index`
         self._owed_count = 0
         self._owed_rows = self._owed_draws = np.empty(0, dtype=np.int64)
         self._owed_block = (0, 0)
@@ -346,13 +347,14 @@ class ArrayEngine:
             if not self._owed_count:
                 self._owed_block = (n0, 0)
             self._owed_tenants.append(cols.tenant)
+            self._owed_known.append(cols.known_index)
             self._owed_count += n
         self.tenants[rows] = cols.tenant
         cc.add_rows(F, self.Ix, SI, cols.arrival_s, cols.request_id, cols.priority, cols.prompt_tokens,
                     cols.output_tokens)
 
     def _owed_places(self) -> tuple[np.ndarray, np.ndarray]:
-        """(rows, places among the owed draws) of the owed rates whose rows are held."""
+        """(rows, places among the owed draws) of the owed rates whose rows are held (for a compaction)."""
         row, draw = self._owed_block
         since = self._owed_count - draw
         return (np.concatenate((self._owed_rows, np.arange(row, row + since))),
@@ -361,10 +363,20 @@ class ArrayEngine:
     def _settle_rates(self) -> None:
         """The owed acceptance rates drawn, in arrival order, as `_add` would have drawn them (the same numbers:
         NumPy and the compiled draws go row by row, one tenant or several), into the rows still held."""
-        rates = tenant_acceptance_rates(self.profile, self.rng, np.concatenate(self._owed_tenants))
-        rows, draws = self._owed_places()
-        self.F[rows, cc.F_ACC] = rates[draws]
-        self._owed_tenants, self._owed_count = [], 0
+        parts, known = self._owed_tenants, self._owed_known
+        tenants = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        among = known[0][0] if known[0] is not None else None
+        if among is not None and all(k is not None and k[0] == among for k in known):  # no name looked up
+            index = known[0][1] if len(known) == 1 else np.concatenate([k[1] for k in known])  # type: ignore[index]
+            rates = tenant_acceptance_rates(self.profile, self.rng, tenants, among, index)
+        else:
+            rates = tenant_acceptance_rates(self.profile, self.rng, tenants)
+        row, draw = self._owed_block  # those owed since the last compaction: one block of rows
+        F = self.F
+        F[row:row + self._owed_count - draw, cc.F_ACC] = rates[draw:]
+        if len(self._owed_rows):
+            F[self._owed_rows, cc.F_ACC] = rates[self._owed_draws]
+        self._owed_tenants, self._owed_known, self._owed_count = [], [], 0
         self._owed_rows = self._owed_draws = np.empty(0, dtype=np.int64)
 
     def begin_window(self, action: ServeAction, t0: float, dt: float, arrivals: Sequence[Arrival] | None = None) -> None:
