@@ -26,8 +26,8 @@ def outstanding_work(prompt_tokens: int, target_output_tokens: int, produced_tok
 def total_outstanding_work(prompt_tokens: np.ndarray, target_output_tokens: np.ndarray, produced_tokens: np.ndarray,
                            started: np.ndarray) -> int:
     """`outstanding_work` summed over many requests given as integer columns, `started` a boolean column (the
-    simulator's pending requests come as columns, shared/records.py: its cluster asks every replica's each
-    window, thousands of rows under a long queue)."""
+    simulator's pending requests come as columns, shared/records.py, thousands of rows under a long queue; its
+    cluster asks for every replica's at once: `outstanding_work_by_segment`)."""
     return int(_total_work(prompt_tokens, target_output_tokens, produced_tokens, started))
 
 

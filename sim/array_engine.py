@@ -437,15 +437,23 @@ class ArrayEngine:
     def report(self, end: WindowEnd) -> tuple[RequestBatch, int, float, WindowMeasurements]:
         """`end_window`'s return, its requests, first tokens and ITL samples copied out of the buffers `end_in_place`
         left them in (`end`: this engine's last, no window begun since)."""
-        m, nfin, nft, nitl = end.pending, end.finished, end.first_tokens, end.itl
-        tenants = self.tenants
-        pending = self._columns(self.out_pi[:, :m].copy(), self.out_pf[:, :m].copy(), tenants[self.pend_idx[:m]], 0)
+        pi, pf, pt, fi, ff, ft, t_rid, t_ten, t_val, gap, count = self.outputs(end)  # (the tenants gathered: copies)
         acc = end.acc
-        acc.finished = self._columns(self.out_fi[:, :nfin].copy(), self.out_ff[:, :nfin].copy(),
-                                     tenants[self.fin_out[:nfin]], end.rejected)
-        acc.first_tokens = FirstTokens(self.out_ft[:nft].copy(), tenants[self.ft_idx[:nft]], self.ft_val[:nft].copy())
-        acc.itl = ItlSamples(self.itl_v[:nitl].copy(), self.itl_n[:nitl].copy())
-        return pending, end.used, end.mem, acc
+        acc.finished = RequestBatch.from_blocks(fi.copy(), ff.copy(), ft, rejected_messages(fi[4], end.rejected), {})
+        acc.first_tokens = FirstTokens(t_rid.copy(), t_ten, t_val.copy())
+        acc.itl = ItlSamples(gap.copy(), count.copy())
+        return RequestBatch.from_blocks(pi.copy(), pf.copy(), pt, {}, {}), end.used, end.mem, acc
+
+    def outputs(self, end: WindowEnd) -> tuple[np.ndarray, ...]:
+        """The window's outputs as they lie in this engine's buffers after `end_in_place` (`end`, no window begun
+        since): views, the tenant columns gathered. In order: the pending requests' int and float blocks
+        (shared/records.py's column order) and tenants, the finished requests' likewise, the first tokens' request
+        ids, tenants and TTFTs, the ITL samples' gaps and counts."""
+        m, n, k, r = end.pending, end.finished, end.first_tokens, end.itl
+        tenants = self.tenants
+        return (self.out_pi[:, :m], self.out_pf[:, :m], tenants[self.pend_idx[:m]],
+                self.out_fi[:, :n], self.out_ff[:, :n], tenants[self.fin_out[:n]],
+                self.out_ft[:k], tenants[self.ft_idx[:k]], self.ft_val[:k], self.itl_v[:r], self.itl_n[:r])
 
     def end_in_place(self) -> WindowEnd:
         """`end_window` with the window's requests, first tokens and ITL samples left in this engine's buffers (valid
@@ -497,12 +505,6 @@ class ArrayEngine:
     def cached_blocks(self) -> int:
         return self._py.cached_blocks if self._py is not None else 0
 
-    @staticmethod
-    def _columns(ints: np.ndarray, floats: np.ndarray, tenants: np.ndarray, rejected: int) -> RequestBatch:
-        """A gather's int and float rows as a batch (`rejected`: how many were rejected: their reason added)."""
-        error = dict.fromkeys(np.flatnonzero(ints[4] == rb.REJECTED).tolist(), REJECTED_WHY) if rejected else {}
-        return RequestBatch.from_blocks(ints, floats, tenants, error, {})
-
     def _measured(self, acc: WindowMeasurements, si: list[int]) -> None:
         """The window's counters (`si`: SI as a list) into `acc`, then cleared."""
         sf = self.SF.tolist()  # one conversion: Python floats
@@ -525,6 +527,14 @@ class ArrayEngine:
         self._sample_block(si[cc.SI_NSAMP], (self.t0 + self.dt, si[cc.SI_NDEC] + si[cc.SI_NPRE] + si[cc.SI_NTR],
                                              si[cc.SI_NW], used))
         return self.kv.memory_gib(used)
+
+
+def rejected_messages(status: np.ndarray, rejected: int, offset: int = 0) -> dict[int, str]:
+    """The error map of finished requests whose `status` column is given (`rejected` of them rejected: none looked
+    for where it is 0), each row numbered from `offset`."""
+    if not rejected:
+        return {}
+    return dict.fromkeys((np.flatnonzero(status == rb.REJECTED) + offset).tolist(), REJECTED_WHY)
 
 
 _WARM = False
