@@ -1236,6 +1236,28 @@ def compact(F, Ix, SI, C, H, new):
 
 
 @njit_borrowing
+def renumber_owed(new, rows, draws, row, draw, since, out_rows, out_draws):
+    """The rows of the acceptance-rate draws still owed after a compaction (`ArrayEngine._compact`; `new`: each old
+    row's new index, -1 where dropped), with their places among the draws, into out_rows/out_draws: those held
+    through earlier compactions (`rows`, `draws`), then the block owed since (rows row.., places draw.., `since`
+    of them), the dropped left out, in order. Returns how many."""
+    k = 0
+    for j in range(rows.shape[0]):
+        r = new[rows[j]]
+        if r >= 0:
+            out_rows[k] = r
+            out_draws[k] = draws[j]
+            k += 1
+    for j in range(since):
+        r = new[row + j]
+        if r >= 0:
+            out_rows[k] = r
+            out_draws[k] = draw + j
+            k += 1
+    return k
+
+
+@njit_borrowing
 def outstanding_tokens(F, Ix, SI, C):
     """`Engine.outstanding_tokens` (shared/routing.py `outstanding_work` per request)."""
     it = SI[SI_ITER]
