@@ -14,8 +14,9 @@ Measures, on the same task:
    (`loop_env_steps_per_s`: the start-up, i.e. the workers' start, behaviour cloning, the rivals' and the
    first validation runs, left out; a fixed ~5-6 s on diurnal_autoscale, most of a short run's time).
 
-The last line is one JSON object; `env_steps_per_s` is (2), the figure the issue targets (>= 2,000),
-`single_env_steps_per_s` is (1). `--against REV` measures (1) (and (2) unless `--single-only`) on git
+The last line is one JSON object; `env_steps_per_s` is (2), the figure the issues target (`meets_target`:
+>= 2,000 on a single-server task, an earlier issue's figure; >= 1,000 on a cluster task, issue 27's, learner
+included), `single_env_steps_per_s` is (1). `--against REV` measures (1) (and (2) unless `--single-only`) on git
 revision REV's package too, alternating child processes (bench/against.py), and prints before/after.
 """
 
@@ -31,10 +32,12 @@ from pathlib import Path
 import numpy as np
 from against import alternate, check_rev, compare
 from llmserve_env.gym_env import LLMServeGymEnv
+from llmserve_env.shared.workloads import resolve_task
 from llmserve_env.tools import cli
 from llmserve_env.tools.train_config import Args  # train.py's defaults, without torch
 
-TARGET = 2000.0
+# env steps per second of train.py's loop: on a single-server task (an earlier issue), on a cluster task (issue 27)
+TARGETS = {"single": 2000.0, "cluster": 1000.0}
 
 
 def single_env_rate(task: str, steps: int) -> float:
@@ -106,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
                            command="bench/train_speed.py", quiet=args.quiet)
         summary = train.train(targs)
     rate = summary["env_steps_per_s"]
+    cluster = resolve_task(args.task).is_cluster
+    target = TARGETS["cluster" if cluster else "single"]
     loop = summary.get("loop_env_steps_per_s")  # absent before 373aca0 (an --against run's before side)
     rows = [
         ("single env, in process (steps per CPU s)", f"{single:,.0f}"),
@@ -113,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         *([("  of it the PPO loop alone, start-up left out (steps/s)", f"{loop:,.0f}")] if loop is not None else []),
         ("share of loop time waiting on env steps", f"{summary['env_step_share']:.0%}"),
         ("training-loop steps / wall s", f"{summary['global_steps']:,} / {summary['wall_s']:.1f}"),
-        ("target (steps/s)", f"{TARGET:,.0f}"),
+        (f"target on a {'cluster' if cluster else 'single-server'} task (steps/s)",
+         f"{target:,.0f}"),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"train speed on {args.task}")
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": summary["global_steps"],
         "num_envs": args.num_envs,
         "num_workers": args.num_workers,
-        "meets_target": rate >= TARGET,
+        "meets_target": rate >= target,
     }))
     return 0
 
