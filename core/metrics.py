@@ -42,7 +42,7 @@ from llmserve_env.core.settlement import appends, settle_window
 from llmserve_env.shared import records as rb
 from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival, WindowReport
-from llmserve_env.shared.percentiles import latency_set, percentiles, weighted_percentiles
+from llmserve_env.shared.percentiles import percentiles, weighted_percentiles
 from llmserve_env.shared.records import RequestBatch
 from llmserve_env.shared.tasks import TaskSpec
 
@@ -237,17 +237,11 @@ class MetricsTracker:
         met = sum(met_by)
         missed = sum(missed_by)
         per_tenant = {n: TenantStats(arrived[n], met_by[k], missed_by[k]) for k, n in enumerate(names)}
-        ttfts = report.ttfts()
+        ttft_p50, ttft_p99 = percentiles(report.ttfts(), 50.0, 99.0)
         itl = report.itl_as_given()
         if not len(itl):
             itl = _chunk_gaps((fin, pen), t0, t_end)
-        # the five sets' percentiles in one compiled call where it applies (the same values), else one by one
-        lat = latency_set(((ttfts, (50.0, 99.0)), (ttft_dispatch, (50.0,)), (tpots, (50.0,)), (e2es, (50.0,))),
-                          itl, (50.0, 99.0))
-        if lat is None:
-            lat = [*percentiles(ttfts, 50.0, 99.0), percentiles(ttft_dispatch, 50.0)[0], percentiles(tpots, 50.0)[0],
-                   percentiles(e2es, 50.0)[0], *weighted_percentiles(itl, 50.0, 99.0)]
-        ttft_p50, ttft_p99, dispatch_p50, tpot_p50, e2e_p50, itl_p50, itl_p99 = lat
+        itl_p50, itl_p99 = weighted_percentiles(itl, 50.0, 99.0)
         out_tokens = int(report.output_tokens)
         settled = met + missed
         cost = float(report.cost_usd)
@@ -266,11 +260,11 @@ class MetricsTracker:
             goodput_tokens_per_s=good_tokens / dt,
             p50_ttft_ms=1e3 * ttft_p50,
             p99_ttft_ms=1e3 * ttft_p99,
-            p50_ttft_dispatch_ms=1e3 * dispatch_p50,
+            p50_ttft_dispatch_ms=1e3 * percentiles(ttft_dispatch, 50.0)[0],
             p50_itl_ms=1e3 * itl_p50,
             p99_itl_ms=1e3 * itl_p99,
-            p50_tpot_ms=1e3 * tpot_p50,
-            p50_e2e_ms=1e3 * e2e_p50,
+            p50_tpot_ms=1e3 * percentiles(tpots, 50.0)[0],
+            p50_e2e_ms=1e3 * percentiles(e2es, 50.0)[0],
             output_tokens=out_tokens,
             prompt_tokens=int(report.prompt_tokens),
             throughput_tps=out_tokens / dt,

@@ -15,7 +15,7 @@ from llmserve_env.shared.records import ItlSamples
 _NUMPY_MIN = 128
 # From this many (value, count) pairs on, where numba imports, the compiled selection (`_weighted_ranks`)
 # beats both: it finds the two ranks each percentile needs without sorting. (Unweighted, numpy's
-# vectorised sort is faster than selecting one array at a time; `latency_set` selects several in one call.)
+# vectorised sort is faster than selecting.)
 _SELECT_MIN = 16
 # From this many values on, a selection first bins them (`_bucket_ranks`: three branch-free passes) rather than
 # partitioning them by quickselect, whose unpredictable three-way branch made ~600 ITL pairs cost ~22 us
@@ -190,12 +190,6 @@ def _after(v: np.ndarray, c: np.ndarray, m: int, at: float, k: int) -> float:
 def _weighted_ranks(values: np.ndarray, counts: np.ndarray, qs: np.ndarray, out: np.ndarray) -> bool:
     """`_weighted_numpy`'s percentiles of (values, counts) into `out` by selection; False (nothing written)
     for a NaN value or a negative count. Pairs with no count take no rank (as in the running sum)."""
-    return _weighted_into(values, counts, qs, out, 0)
-
-
-@njit
-def _weighted_into(values: np.ndarray, counts: np.ndarray, qs: np.ndarray, out: np.ndarray, at: int) -> bool:
-    """`_weighted_ranks` into out[at:]."""
     n = values.shape[0]
     v = np.empty(n)
     c = np.empty(n, dtype=np.int64)
@@ -211,25 +205,32 @@ def _weighted_into(values: np.ndarray, counts: np.ndarray, qs: np.ndarray, out: 
             total += w
             m += 1
     if m >= _BUCKET_MIN:
-        _weighted_from_ranks(v, c, m, total, qs, out, at)
+        _weighted_from_bins(v, c, m, total, qs, out)
         return True
     for i in range(qs.shape[0]):
         if total <= 0:
-            out[at + i] = 0.0
+            out[i] = 0.0
             continue
         pos = (total - 1) * qs[i] / 100.0
         lo = int(pos)
         v_lo = _select(v, c, m, lo)
         v_hi = v_lo if lo + 1 > total - 1 else _after(v, c, m, v_lo, lo + 1)
-        out[at + i] = v_lo + (v_hi - v_lo) * (pos - lo)
+        out[i] = v_lo + (v_hi - v_lo) * (pos - lo)
     return True
 
 
+# Selection by bins. The values are binned by a map that never decreases with the value ((x - least) x scale,
+# truncated, every operation rounding monotonically), so every value of a lower bin is <= every value of a
+# higher one and the value at a rank is its bin's value at the rank within the bin: found among that bin's
+# values alone. The value at a rank is one value, whichever way it is found. (No recursion: numba's cache
+# does not reload a recursive kernel.)
+
+
 @njit
-def _bins(v: np.ndarray, c: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray, float]:
-    """v[:m] binned (module comment above `_bucket_ranks`): each value's bin, the expanded values below each bin
-    (`upto`, one longer than the bins) and the least value; no bins (empty arrays) where every value is the same
-    (that value then), there are few, or the range is infinite."""
+def _bins(v: np.ndarray, c: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """v[:m] binned (the comment above): each value's bin and the expanded values below each bin (`upto`, one
+    longer than the bins); no bins (empty arrays) where every value is the same, there are few, or the range is
+    infinite."""
     mn = mx = v[0]
     for j in range(1, m):
         x = v[j]
@@ -241,7 +242,7 @@ def _bins(v: np.ndarray, c: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray,
     span = mx - mn
     scale = nb / span if span > 0 else math.inf
     if span == 0 or m < _BUCKET_MIN // 2 or not (span < math.inf and scale < math.inf):
-        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), mn
+        return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
     top = nb - 1
     bins = np.empty(m, dtype=np.int64)
     upto = np.zeros(nb + 1, dtype=np.int64)
@@ -251,7 +252,7 @@ def _bins(v: np.ndarray, c: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray,
         upto[b + 1] += c[j]
     for b in range(nb):
         upto[b + 1] += upto[b]
-    return bins, upto, mn
+    return bins, upto
 
 
 @njit
@@ -289,7 +290,7 @@ def _descend(v: np.ndarray, c: np.ndarray, rank: int) -> float:
     """The value at `rank` of v expanded by c (copies, which it may permute): binned again while that narrows
     it (twice at most), then `_select`."""
     for _ in range(2):
-        bins, upto, mn = _bins(v, c, v.shape[0])
+        bins, upto = _bins(v, c, v.shape[0])
         if not upto.shape[0]:
             break
         b = _bin_of(upto, rank)
@@ -302,20 +303,13 @@ def _descend(v: np.ndarray, c: np.ndarray, rank: int) -> float:
     return _select(v, c, m, rank)
 
 
-# Selection by bins. The values are binned by a map that never decreases with the value ((x - least) x scale,
-# truncated, every operation rounding monotonically), so every value of a lower bin is <= every value of a
-# higher one and the value at a rank is its bin's value at the rank within the bin: found among that bin's
-# values alone. The value at a rank is one value, whichever way it is found. (No recursion: numba's cache
-# does not reload a recursive kernel.)
-
-
 @njit
 def _bucket_ranks(v: np.ndarray, c: np.ndarray, m: int, ranks: np.ndarray, out: np.ndarray) -> None:
     """The values at `ranks` (ascending 0-based ranks of v[:m] expanded, each value c times, every c >= 1; NaN-
     free) into `out`, in the same order; v and c unchanged. One binning of all the values; each bin holding a
     rank asked for is gathered once."""
     nr = ranks.shape[0]
-    bins, upto, mn = _bins(v, c, m)
+    bins, upto = _bins(v, c, m)
     if not upto.shape[0]:  # one value, few values, or an infinite range
         for i in range(nr):
             out[i] = _descend(v[:m].copy(), c[:m].copy(), ranks[i])
@@ -332,32 +326,24 @@ def _bucket_ranks(v: np.ndarray, c: np.ndarray, m: int, ranks: np.ndarray, out: 
 
 
 @njit
-def _values_at(v: np.ndarray, c: np.ndarray, m: int, ranks: np.ndarray) -> np.ndarray:
-    """The values at `ranks` (0-based ranks of v[:m] expanded by c, any order) by `_bucket_ranks`."""
-    order = np.argsort(ranks)
-    got = np.empty(ranks.shape[0])
-    _bucket_ranks(v, c, m, ranks[order], got)
-    values = np.empty(ranks.shape[0])
-    values[order] = got
-    return values
-
-
-@njit
-def _weighted_from_ranks(v: np.ndarray, c: np.ndarray, m: int, total: int, qs: np.ndarray, out: np.ndarray,
-                         at: int) -> None:
-    """`_weighted_ranks`' percentiles of v[:m] with counts c (total > 0) into out[at:], the ranks' values found by
-    `_bucket_ranks`: the same ranks, the same interpolation."""
+def _weighted_from_bins(v: np.ndarray, c: np.ndarray, m: int, total: int, qs: np.ndarray, out: np.ndarray) -> None:
+    """`_weighted_ranks`' percentiles of v[:m] with counts c (total > 0) into `out`, the values at the ranks found
+    by `_bucket_ranks`: the same ranks, the same interpolation."""
     nq = qs.shape[0]
     ranks = np.empty(2 * nq, dtype=np.int64)
     for i in range(nq):
         lo = int((total - 1) * qs[i] / 100.0)
         ranks[2 * i] = lo
         ranks[2 * i + 1] = lo if lo + 1 > total - 1 else lo + 1
-    values = _values_at(v, c, m, ranks)
+    order = np.argsort(ranks)
+    got = np.empty(2 * nq)
+    _bucket_ranks(v, c, m, ranks[order], got)
+    values = np.empty(2 * nq)
+    values[order] = got
     for i in range(nq):
         pos = (total - 1) * qs[i] / 100.0
         v_lo, v_hi = values[2 * i], values[2 * i + 1]
-        out[at + i] = v_lo + (v_hi - v_lo) * (pos - int(pos))
+        out[i] = v_lo + (v_hi - v_lo) * (pos - int(pos))
 
 
 @njit
@@ -380,96 +366,12 @@ def _few(values: np.ndarray, qs: np.ndarray, out: np.ndarray) -> bool:
     return True
 
 
-@njit
-def _plain_into(values: np.ndarray, qs: np.ndarray, out: np.ndarray, at: int) -> bool:
-    """`percentiles(values, *qs)` into out[at:] (a float array; False, nothing written, where a value is NaN): the
-    ranks each needs found by `_bucket_ranks`, then `_numpy_linear`'s arithmetic from `_NUMPY_MIN` values on and
-    the list path's below, as `percentiles` does."""
-    n = values.shape[0]
-    for j in range(n):
-        if values[j] != values[j]:
-            return False
-    nq = qs.shape[0]
-    if n == 0:
-        for i in range(nq):
-            out[at + i] = 0.0
-        return True
-    ranks = np.empty(2 * nq, dtype=np.int64)
-    for i in range(nq):
-        if n >= _NUMPY_MIN:
-            virtual = (n - 1) * (qs[i] / 100.0)
-            lo = n - 1 if virtual >= n - 1 else math.floor(virtual)
-        else:
-            lo = int((n - 1) * qs[i] / 100.0)
-        ranks[2 * i] = lo
-        ranks[2 * i + 1] = min(lo + 1, n - 1)
-    got = _values_at(values, np.ones(n, dtype=np.int64), n, ranks)
-    for i in range(nq):
-        a, b = got[2 * i], got[2 * i + 1]
-        if n >= _NUMPY_MIN:
-            virtual = (n - 1) * (qs[i] / 100.0)
-            if virtual >= n - 1:
-                out[at + i] = b  # the last value
-                continue
-            t = virtual - math.floor(virtual)
-            diff = b - a
-            out[at + i] = b - diff * (1 - t) if t >= 0.5 else a + diff * t
-        else:
-            pos = (n - 1) * qs[i] / 100.0
-            out[at + i] = a + (b - a) * (pos - int(pos))
-    return True
-
-
-@njit
-def _latency_set(a0: np.ndarray, q0: np.ndarray, a1: np.ndarray, q1: np.ndarray, a2: np.ndarray, q2: np.ndarray,
-                 a3: np.ndarray, q3: np.ndarray, gaps: np.ndarray, counts: np.ndarray, qw: np.ndarray,
-                 out: np.ndarray) -> bool:
-    """`latency_set`'s values into `out`; False where one of its paths leaves them to the Python ones."""
-    at = 0  # (four calls, not a loop over the pairs: a tuple of arrays of different layouts cannot be looped)
-    if not _plain_into(a0, q0, out, at):
-        return False
-    at += q0.shape[0]
-    if not _plain_into(a1, q1, out, at):
-        return False
-    at += q1.shape[0]
-    if not _plain_into(a2, q2, out, at):
-        return False
-    at += q2.shape[0]
-    if not _plain_into(a3, q3, out, at):
-        return False
-    return _weighted_into(gaps, counts, qw, out, at + q3.shape[0])
-
-
-def latency_set(plain: tuple[tuple[np.ndarray | list[float], tuple[float, ...]], ...],
-                samples: list[tuple[float, int]] | ItlSamples, sample_qs: tuple[float, ...]) -> list[float] | None:
-    """The percentiles of four value sets and of (value, count) samples in one compiled call, in order:
-    `percentiles(values, *qs)` for each (values, qs) of `plain`, then `weighted_percentiles(samples,
-    *sample_qs)`, the same values bit for bit (tests/test_metrics.py): a window's latencies (core/metrics.py)
-    cost five calls' Python otherwise. None where it does not apply (numba absent, values given as lists, a NaN,
-    a negative count): the caller asks each of them."""
-    if not HAVE_NUMBA or len(plain) != 4 or not isinstance(samples, ItlSamples):
-        return None
-    a: list[np.ndarray] = []
-    q: list[np.ndarray] = []
-    for values, qs in plain:
-        if not (isinstance(values, np.ndarray) and values.dtype == np.float64 and values.ndim == 1):
-            return None
-        a.append(values)
-        q.append(_qs_array(qs))
-    out = np.empty(sum(len(qs) for _, qs in plain) + len(sample_qs))
-    counts = samples.count if samples.count.dtype == np.int64 else samples.count.astype(np.int64)
-    ok = _latency_set(a[0], q[0], a[1], q[1], a[2], q[2], a[3], q[3], samples.gap_s, counts, _qs_array(sample_qs), out)
-    return out.tolist() if ok else None
-
-
 def warm() -> None:
     """Compile (or load from numba's cache) the selections before the first window needs them."""
     if HAVE_NUMBA:
         out = np.empty(1)
         _weighted_ranks(np.ones(2), np.ones(2, dtype=np.int64), np.array([50.0]), out)
         _few(np.ones(2), np.array([50.0]), out)
-        one, q = np.ones(2), np.array([50.0])
-        _latency_set(one, q, one, q, one, q, one, q, one, np.ones(2, dtype=np.int64), q, np.empty(5))
 
 
 def _weighted_numpy(values: np.ndarray, counts: np.ndarray, total: int, qs: tuple[float, ...]) -> list[float]:

@@ -154,37 +154,6 @@ def test_selection_by_bins_is_the_sorting_paths_bit_for_bit(monkeypatch):
                 assert repr(pct.weighted_percentiles(samples, *qs)) == repr(want)  # (an infinity's NaN)
 
 
-@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # inf - inf: NaN, as numpy gives
-def test_latency_set_is_each_percentile_bit_for_bit():
-    """`latency_set` (the window's latencies in one compiled call, core/metrics.py) gives what `percentiles` and
-    `weighted_percentiles` give one by one, on both sides of _NUMPY_MIN and empty; it declines (None) a NaN, a
-    list and a negative count, which the metrics then ask one by one."""
-    from llmserve_env.shared import percentiles as pct
-    from llmserve_env.shared.records import ItlSamples
-
-    if not pct.HAVE_NUMBA:
-        pytest.skip("numba is not installed")
-    rng = np.random.default_rng(17)
-    plain_qs = ((50.0, 99.0), (50.0,), (0.0, 33.3, 100.0), (99.9,))
-    sets = [v for n in (0, 1, 2, 31, 64, pct._NUMPY_MIN - 1, pct._NUMPY_MIN, 700) for v in _value_sets(rng, n)]
-    for k in range(len(sets)):
-        plain = tuple((sets[(k + j * 7) % len(sets)], qs) for j, qs in enumerate(plain_qs))
-        gaps = sets[(k * 3) % len(sets)]
-        samples = ItlSamples(gaps, rng.integers(0, 4, len(gaps)) * rng.integers(1, 200, len(gaps)))
-        got = pct.latency_set(plain, samples, (50.0, 99.0))
-        want = [x for values, qs in plain for x in pct.percentiles(values, *qs)]
-        want += pct.weighted_percentiles(samples, 50.0, 99.0)
-        assert repr(got) == repr(want)
-    ones = ItlSamples(np.ones(3), np.ones(3, dtype=np.int64))
-    fine = tuple((np.ones(3), (50.0,)) for _ in range(4))
-    assert pct.latency_set(fine, ones, (50.0,)) == [1.0] * 5
-    assert pct.latency_set(((np.array([1.0, np.nan]), (50.0,)), *fine[1:]), ones, (50.0,)) is None
-    assert pct.latency_set(((np.ones(3), (50.0,)), *fine[1:]), [(1.0, 1)], (50.0,)) is None
-    assert pct.latency_set((([1.0, 2.0], (50.0,)), *fine[1:]), ones, (50.0,)) is None
-    negative = ItlSamples(np.ones(3), np.array([1, -1, 1]))
-    assert pct.latency_set(fine, negative, (50.0,)) is None
-
-
 def test_compiled_percentiles_are_the_sorting_paths_bit_for_bit(monkeypatch):
     """A float array of fewer than _NUMPY_MIN values has its percentiles in one compiled call (shared/percentiles.py
     `_few`): the Python list path's values exactly (ties, huge and negative values, the bounds); a NaN is left
