@@ -118,8 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         *([("  of it the PPO loop alone, start-up left out (steps/s)", f"{loop:,.0f}")] if loop is not None else []),
         ("share of loop time waiting on env steps", f"{summary['env_step_share']:.0%}"),
         ("training-loop steps / wall s", f"{summary['global_steps']:,} / {summary['wall_s']:.1f}"),
-        (f"target on a {'cluster' if cluster else 'single-server'} task (steps/s)",
-         f"{target:,.0f}"),
+        (f"target on a {'cluster' if cluster else 'single-server'} task (steps/s)", f"{target:,.0f}"),
     ]
     width = max(len(r[0]) for r in rows)
     print(f"train speed on {args.task}")

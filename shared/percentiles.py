@@ -17,9 +17,10 @@ _NUMPY_MIN = 128
 # beats both: it finds the two ranks each percentile needs without sorting. (Unweighted, numpy's
 # vectorised sort is faster than selecting.)
 _SELECT_MIN = 16
-# From this many values on, a selection first bins them (`_bucket_ranks`: three branch-free passes) rather than
-# partitioning them by quickselect, whose unpredictable three-way branch made ~600 ITL pairs cost ~22 us
-# (a cluster window's; ~7 us binned; from 64 pairs on the binning is the faster, timed on this machine).
+# From this many values on, a selection first bins them (`_bucket_ranks`: a pass for the range, one to bin them,
+# then the bin holding each rank) rather than partitioning them all by quickselect, whose unpredictable three-way
+# branch made a cluster window's ~600 ITL pairs cost ~22 us (~7 us binned; from 64 pairs on the binning is the
+# faster, timed on this machine).
 _BUCKET_MIN = 64
 
 

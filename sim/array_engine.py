@@ -220,7 +220,7 @@ class ArrayEngine:
         new = np.empty(n, dtype=np.int64)
         m = cc.compact(self.F, self.Ix, SI, self.C, self.H, new)
         self.tenants[:m] = self.tenants[:n][new[:n] >= 0]
-        if self._owed_count:  # the owed rows still held, renumbered (one kernel call: ~8 array calls before)
+        if self._owed_count:  # the owed rows still held, renumbered (one kernel call rather than ~8 array calls)
             row, draw = self._owed_block
             since = self._owed_count - draw
             size = len(self._owed_rows) + since

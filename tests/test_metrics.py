@@ -124,7 +124,7 @@ def test_compiled_weighted_percentiles_are_numpys_bit_for_bit(monkeypatch):
 
 def _value_sets(rng: np.random.Generator, n: int) -> list[np.ndarray]:
     """Values a selection by bins must get right: ties, huge and negative values, one far outlier (the first
-    binning then puts nearly everything in one bin), a single value, an infinity."""
+    binning then puts nearly everything in one bin), all one value, an infinity."""
     outlier = np.append(rng.random(max(n - 1, 0)) * 1e-6, 1e6)[:n]
     inf = rng.random(n)
     inf[n // 2:n // 2 + 1] = np.inf
