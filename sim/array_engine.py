@@ -182,7 +182,9 @@ class ArrayEngine:
         self.carry = (0.0, 0.0, 0.0)
         self.t0 = 0.0
         self.dt = 1.0
-        self._model("FP16", "unified")
+        # the step-time models the loop runs under (configure's tier and lane: unified, or prefill then decode),
+        # packed once per action change rather than looked up every window
+        self._lanes = self._model("FP16", "unified")
 
     # ----------------------------------------------------------------------------------- storage
 
@@ -276,10 +278,8 @@ class ArrayEngine:
                 SF[cc.SF_CLOCK] = max(SF[cc.SF_PCLOCK], SF[cc.SF_DCLOCK])
             self.split = split
         self.tier = tier
-        self._model(tier, "unified")
-        if split:
-            self._model(tier, "prefill")
-            self._model(tier, "decode")
+        self._lanes = (*self._model(tier, "prefill"), *self._model(tier, "decode")) if split else \
+            self._model(tier, "unified")
         if depth != SI[cc.SI_DEPTH]:
             SI[cc.SI_DEPTH] = depth
             if SI[cc.SI_NDEC] > self.H.shape[0] - 1:
@@ -395,14 +395,9 @@ class ArrayEngine:
         if self._log is not None:
             self._log.append(("advance", (t,)))
         while True:
-            if self.split:
-                mp, md = self._model(self.tier, "prefill"), self._model(self.tier, "decode")
-                status = cc.run_split(self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx,
-                                      self.ft_val, self.itl_v, self.itl_n, self.samp_f, self.samp_i, t, *mp, *md)
-            else:
-                status = cc.run_unified(self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx,
-                                        self.ft_val, self.itl_v, self.itl_n, self.samp_f, self.samp_i, t,
-                                        *self._model(self.tier, "unified"))
+            run = cc.run_split if self.split else cc.run_unified
+            status = run(self.F, self.Ix, self.SF, self.SI, self.C, self.H, self.fin_out, self.ft_idx, self.ft_val,
+                         self.itl_v, self.itl_n, self.samp_f, self.samp_i, t, *self._lanes)
             if status == cc.RUN_DONE:
                 return None
             self._flush_samples()
@@ -463,11 +458,10 @@ class ArrayEngine:
                     self.itl_v, self.itl_n, self.samp_f, self.samp_i, t_end, self.dt, self.pend_idx, self.pend_cur,
                     self.out_pi, self.out_pf, self.out_fi, self.out_ff, self.out_ft)
             if self.split:
-                status, op, od, m, used, rejected = cc.end_split(
-                    *args, *self._model(self.tier, "prefill"), *self._model(self.tier, "decode"))
+                status, op, od, m, used, rejected = cc.end_split(*args, *self._lanes)
                 carry = (0.0, op, od)
             else:
-                status, ou, m, used, rejected = cc.end_unified(*args, *self._model(self.tier, "unified"))
+                status, ou, m, used, rejected = cc.end_unified(*args, *self._lanes)
                 carry = (ou, 0.0, 0.0)
             if status == cc.RUN_DONE:
                 break
