@@ -297,11 +297,8 @@ def _descend(v: np.ndarray, c: np.ndarray, rank: int) -> float:
         b = _bin_of(upto, rank)
         v, c = _in_bin(v, c, v.shape[0], bins, b)
         rank -= upto[b]
-    m = v.shape[0]
-    mn = v[:m].min()
-    if mn == v[:m].max():
-        return mn
-    return _select(v, c, m, rank)
+    mn = v.min()
+    return mn if mn == v.max() else _select(v, c, v.shape[0], rank)
 
 
 @njit

@@ -518,12 +518,12 @@ class ArrayEngine:
         return self.kv.memory_gib(used)
 
 
-def rejected_messages(status: np.ndarray, rejected: int, offset: int = 0) -> dict[int, str]:
-    """The error map of finished requests whose `status` column is given (`rejected` of them rejected: none looked
-    for where it is 0), each row numbered from `offset`."""
+def rejected_messages(status: np.ndarray, rejected: int) -> dict[int, str]:
+    """The error map (row -> reason) of finished requests whose `status` column is given (`rejected` of them
+    rejected: none looked for where it is 0)."""
     if not rejected:
         return {}
-    return dict.fromkeys((np.flatnonzero(status == rb.REJECTED) + offset).tolist(), REJECTED_WHY)
+    return dict.fromkeys(np.flatnonzero(status == rb.REJECTED).tolist(), REJECTED_WHY)
 
 
 _WARM = False

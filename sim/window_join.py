@@ -37,12 +37,10 @@ def join_ends(ends: Sequence[WindowEnd]) -> JoinedWindow:
     either way)."""
     outputs = [e.engine.outputs(e) for e in ends]
     pi, pf, pt, fi, ff, ft, t_rid, t_ten, t_val, gap, count = (np.concatenate(c, axis=-1) for c in zip(*outputs, strict=True))
-    error: dict[int, str] = {}
+    error = rejected_messages(fi[4], sum(e.rejected for e in ends))  # (keyed by the joined rows)
     rows: list[tuple[int, int]] = []
-    p = f = 0
+    p = 0
     for e in ends:
-        error.update(rejected_messages(fi[4, f:f + e.finished], e.rejected, f))
-        f += e.finished
         rows.append((p, p + e.pending))
         p += e.pending
     return JoinedWindow(RequestBatch.from_blocks(fi, ff, ft, error, {}), RequestBatch.from_blocks(pi, pf, pt, {}, {}),
