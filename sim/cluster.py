@@ -76,7 +76,7 @@ from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList, arriva
 from llmserve_env.shared.backend import Arrival, RequestRecord, ResourceSample, WindowReport
 from llmserve_env.shared.jit import HAVE_NUMBA
 from llmserve_env.shared.models import KNOBS, MAX_REPLICAS, ServeAction
-from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units, leading_overlap
+from llmserve_env.shared.prefix_routing import affinity_choice, hit_cap_units
 from llmserve_env.shared.records import FirstTokens, ItlSamples, RequestBatch
 from llmserve_env.shared.routing import least_outstanding, outstanding_work_by_segment
 from llmserve_env.shared.scenarios import ReplicaDisruptions
@@ -87,6 +87,7 @@ from llmserve_env.sim.engine import Engine, WindowMeasurements
 from llmserve_env.sim.fork import fork_engine
 from llmserve_env.sim.profiles import Profile, load_profile
 from llmserve_env.sim.resource_samples import SampleColumns
+from llmserve_env.sim.routed_prefixes import RoutedPrefixes
 from llmserve_env.sim.window_join import join_ends
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
@@ -226,7 +227,7 @@ class ClusterBackend:
         if affinity is None and HAVE_NUMBA and ready:  # the compiled router reads the arrivals' columns
             return self._route_compiled(arrivals, arrival_columns(arrivals), ready)
         routed: dict[int, list[Arrival]] = {r.index: [] for r in ready}
-        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
+        sent: dict[int, RoutedPrefixes] = {r.index: RoutedPrefixes() for r in ready} if affinity is not None else {}
         # every ready replica takes every arrival when all were ready by the first one (the usual case)
         first = min((a.arrival_s for a in arrivals), default=0.0)
         everyone = bool(ready) and all(r.ready_s <= first for r in ready)
@@ -282,7 +283,7 @@ class ClusterBackend:
         return eligible
 
     def _choose(self, a: Arrival, eligible: list[Replica], work: list[float], affinity: float | None,
-                sent: dict[int, set[int]]) -> tuple[int, int]:
+                sent: dict[int, RoutedPrefixes]) -> tuple[int, int]:
         """(index into `eligible`, prompt tokens counted as cached there): least outstanding work, or the
         cache-aware rule, which also remembers `a`'s units as sent to the replica chosen."""
         if affinity is None:
@@ -290,7 +291,8 @@ class ClusterBackend:
         hits = self._cached_tokens(a, eligible, sent)
         i = affinity_choice(work, [h / a.prompt_tokens for h in hits], affinity)
         if a.prefix_ids is not None:
-            sent[eligible[i].index].update(a.prefix_ids[:(a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens])
+            keys = a.prefix_ids
+            sent[eligible[i].index].add(keys, min(len(keys), (a.prompt_tokens + a.output_tokens) // a.prefix_block_tokens))
         return i, hits[i]
 
     def _route_tracked(self, arrivals: Sequence[Arrival], affinity: float | None = None) -> None:
@@ -299,7 +301,7 @@ class ClusterBackend:
         engine at once. The engines' windows are begun; only the eligible ones are advanced (a draining
         replica takes no arrival: it runs to the window's end in one go, as under the estimated router)."""
         ready = [r for r in self.replicas if r.state == READY]
-        sent: dict[int, set[int]] = {r.index: set() for r in ready} if affinity is not None else {}
+        sent: dict[int, RoutedPrefixes] = {r.index: RoutedPrefixes() for r in ready} if affinity is not None else {}
         for a in arrivals:
             eligible = self._eligible(ready, a)
             if not eligible:
@@ -315,7 +317,7 @@ class ClusterBackend:
             engines[i].add_arrival(a, hit)
 
     @staticmethod
-    def _cached_tokens(a: Arrival, eligible: list[Replica], sent: dict[int, set[int]]) -> list[int]:
+    def _cached_tokens(a: Arrival, eligible: list[Replica], sent: dict[int, RoutedPrefixes]) -> list[int]:
         """Prompt tokens of `a` each eligible replica holds: its engine's cached leading units, or the
         leading units routed there this window, whichever is longer (at least one token left to compute)."""
         keys = a.prefix_ids
@@ -323,11 +325,12 @@ class ClusterBackend:
             return [0] * len(eligible)
         unit = a.prefix_block_tokens
         cap = hit_cap_units(a.prompt_tokens, unit)
+        head = min(cap, len(keys))
         hits = []
         for r in eligible:
             eng = r.engine
             cached = eng.cached_units(keys, cap) if eng is not None else 0
-            hits.append(unit * min(cap, max(cached, leading_overlap(keys[:cap], sent[r.index]))))
+            hits.append(unit * min(cap, max(cached, sent[r.index].overlap(keys, head))))
         return hits
 
     def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:

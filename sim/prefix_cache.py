@@ -52,6 +52,21 @@ import heapq
 from llmserve_env.shared.admission import KV_BLOCK_TOKENS
 
 
+def shared_depth(rk: tuple[int, ...], keys: tuple[int, ...], i: int, end: int) -> int:
+    """How many units from depth i (< end; rk[i] == keys[i]) two chains of prefix-unique ids share: such ids
+    agree up to some depth and differ after it, so a binary search on single ids finds it."""
+    if rk is keys or rk[end - 1] == keys[end - 1]:
+        return end - i
+    lo, hi = i, end - 1  # rk[lo] == keys[lo]; find the deepest equal depth
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if rk[mid] == keys[mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo + 1 - i
+
+
 class _Run:
     """Consecutive cached units of one chain, `keys[lo:hi]` (index = depth in the chain), with one
     reference count and one release stamp for all of them (a radix-tree edge, as SGLang's
@@ -118,23 +133,6 @@ class PrefixCache:
         """KV blocks holding cached units, referenced or not."""
         return self.units * self.unit_blocks
 
-    @staticmethod
-    def _common(run: _Run, keys: tuple[int, ...], i: int, end: int) -> int:
-        """How many units from depth i (< end, a run start where keys[i] is the run's first id) the run
-        and the chain share: prefix-unique ids agree up to some depth and differ after it, so a binary
-        search on single ids finds it."""
-        rk = run.keys
-        if rk is keys or rk[end - 1] == keys[end - 1]:
-            return end - i
-        lo, hi = i, end - 1  # rk[lo] == keys[lo]; find the deepest equal depth
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if rk[mid] == keys[mid]:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo + 1 - i
-
     def match(self, keys: tuple[int, ...], cap: int) -> tuple[int, int]:
         """(units hit, of those how many are evictable now) among the first `cap` keys: the longest run
         of leading keys that are cached. Nothing changes until `acquire`."""
@@ -146,7 +144,7 @@ class PrefixCache:
             if run is None:
                 break
             end = run.hi if run.hi < cap else cap
-            m = self._common(run, keys, i, end)
+            m = shared_depth(run.keys, keys, i, end)  # (run.lo == i: keys[i] is its first id)
             if run.refs == 0:
                 revive += m
             i += m
@@ -191,7 +189,7 @@ class PrefixCache:
                 fresh += hi - i
                 break
             end = run.hi if run.hi < hi else hi
-            m = self._common(run, keys, i, end)
+            m = shared_depth(run.keys, keys, i, end)  # (run.lo == i: keys[i] is its first id)
             if i + m < run.hi:
                 self._split(run, i + m)
             if run.refs == 0:

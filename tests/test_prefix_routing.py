@@ -115,3 +115,31 @@ def test_cluster_with_affinity_is_deterministic_and_forkable():
     ra = [b.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
     rb = [f.run_window(action, w, 5.0 * k, 5.0) for k, w in enumerate(wins[3:], start=3)]
     assert [x.to_dict() for x in ra] == [x.to_dict() for x in rb]
+
+
+def test_routed_runs_answer_as_the_set_of_every_unit_routed():
+    """sim/routed_prefixes.py keeps the units the router sent a replica as runs of prefix-unique ids: on random
+    chains that share prefixes and part at random depths (a multi-turn history resent longer each turn, system
+    prompts shared, chains added in part), every overlap is the set's `leading_overlap`."""
+    import random
+
+    from llmserve_env.sim.routed_prefixes import RoutedPrefixes
+
+    rng = random.Random(11)
+    for trial in range(40):
+        stems = [tuple(rng.randrange(50) for _ in range(rng.randint(1, 30))) for _ in range(4)]
+        chains = []
+        for _ in range(60):
+            stem = rng.choice(stems)
+            cut = rng.randint(0, len(stem))  # part from the stem at a random depth, then a tail of its own
+            chains.append(chain_ids(stem[:cut] + tuple(rng.randrange(50) for _ in range(rng.randint(0, 25)))))
+        chains = [c for c in chains if c]
+        runs, units = RoutedPrefixes(), set()
+        for c in chains:
+            q = rng.choice(chains)
+            n = rng.randint(1, len(q))
+            assert runs.overlap(q, n) == leading_overlap(q[:n], units), trial
+            m = rng.randint(1, len(c))
+            runs.add(c, m)
+            units.update(c[:m])
+            assert runs.overlap(c, len(c)) == leading_overlap(c, units) >= m
