@@ -21,7 +21,9 @@ dynamo_planner) and seed, fastest of `--repeats`: keys `<task>_<rival>_episode_s
 
 `--planner-decisions N` (default 0: off) also times the rollout planner at its defaults on
 diurnal_autoscale: CPU seconds (time.process_time) per decision over the first N decisions of
-seed `--seed`'s episode, key `planner_cpu_s_per_decision`.
+seed `--seed`'s episode, key `planner_cpu_s_per_decision`. `--planner-tasks` names other cluster tasks
+to time it on too (issue 27's target is every cluster task): key `<task>_planner_cpu_s_per_decision`
+each (the prefix-caching tasks' replicas run the Python engine: tens of seconds a decision).
 
 `--against REV` measures the simulator of git revision REV in the same run (bench/against.py): the
 measurements alternate between REV's package and this tree's, one child process each, `--repeats`
@@ -92,14 +94,14 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
     return el, sum(len(w) for w in env.episode.windows)
 
 
-def planner_decision_s(seed: int, decisions: int) -> float:
+def planner_decision_s(seed: int, decisions: int, task_id: str = PLANNER_TASK) -> float:
     """CPU seconds per decision of the planner at its defaults: the first `decisions` of seed's episode."""
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.core.inprocess import InProcessEnv
 
-    env, policy = InProcessEnv(), make_policy("planner", PLANNER_TASK, seed=seed)
+    env, policy = InProcessEnv(), make_policy("planner", task_id, seed=seed)
     policy.reset()
-    obs = env.reset(PLANNER_TASK, seed)
+    obs = env.reset(task_id, seed)
     spent = 0.0
     for _ in range(decisions):
         if obs.done:
@@ -156,7 +158,22 @@ def measure(args: argparse.Namespace, repeats: int, quiet: bool, table: bool) ->
         if table:
             print(f"\nplanner on {PLANNER_TASK}: {best:.3f} s CPU per decision (first {args.planner_decisions})")
         out["planner_cpu_s_per_decision"] = round(best, 4)
+        for tid in args.planner_tasks:
+            planner_decision_s(args.seed, 1, tid)  # untimed, as above
+            best = min(planner_decision_s(args.seed, args.planner_decisions, tid) for _ in range(repeats))
+            if table:
+                print(f"planner on {tid}: {best:.3f} s CPU per decision (first {args.planner_decisions})")
+            out[f"{tid}_planner_cpu_s_per_decision"] = round(best, 4)
     return out
+
+
+def planner_tasks(spec: str) -> list[str]:
+    """`--planner-tasks`' value: cluster task ids, comma-separated (PLANNER_TASK is always timed)."""
+    tids = [t for t in (x.strip() for x in spec.split(",")) if t]
+    bad = [t for t in tids if t not in CLUSTER_TASKS]
+    if bad:
+        raise argparse.ArgumentTypeError(f"not cluster tasks: {', '.join(bad)}; choose from {', '.join(CLUSTER_TASKS)}")
+    return [t for t in tids if t != PLANNER_TASK]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -167,6 +184,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=cli.int_at_least(1), default=5, help="timed repeats (the fastest is kept)")
     ap.add_argument("--planner-decisions", type=cli.int_at_least(0), default=0,
                     help="planner decisions to time on diurnal_autoscale (0: skip the planner)")
+    ap.add_argument("--planner-tasks", type=planner_tasks, default=[], metavar="TASKS",
+                    help=f"comma-separated cluster tasks to time the planner on too, beside {PLANNER_TASK} "
+                         "(with --planner-decisions)")
     ap.add_argument("--against", metavar="REV", default=None,
                     help="a git revision whose simulator is measured in the same run (before/after)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)  # one --against side: JSON only
@@ -178,7 +198,8 @@ def main(argv: list[str] | None = None) -> None:
         if bad:
             ap.error(f"argument --against: {bad}")
         rounds = alternate(__file__, ["--child", "--quiet", "--repeats", "1", "--episodes", str(args.episodes), "--seed", str(args.seed),
-                                      "--planner-decisions", str(args.planner_decisions)],
+                                      "--planner-decisions", str(args.planner_decisions),
+                                      *(["--planner-tasks", ",".join(args.planner_tasks)] if args.planner_tasks else [])],
                            args.against, args.repeats, args.quiet)
         out = compare(rounds, lower_is_better=("_episode_s", "_per_decision"), skip=("_requests_per_s",))
     else:

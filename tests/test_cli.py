@@ -140,6 +140,7 @@ def bench_main(script: str):
 @pytest.mark.parametrize(("script", "argv", "named"), [
     ("sim_speed", ["--episodes", "0"], "--episodes"),  # used to raise ZeroDivisionError
     ("sim_speed", ["--repeats", "x"], "--repeats"),
+    ("sim_speed", ["--planner-tasks", "static_workload"], "--planner-tasks"),  # a single-server task
     ("score_table", ["--agents", "nope"], "--agents"),
     ("score_table", ["--tasks", "nope"], "--tasks"),
     ("load", ["--clients", "1,x"], "--clients"),
