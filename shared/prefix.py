@@ -411,7 +411,7 @@ def _moved_ids(ids: tuple[int, ...], n_sys: int, shift: int,
     new (multiturn_cluster), the same ids either way."""
     owner = conversation_owner(ids, n_sys)
     prev = last.get(owner) if owner is not None else None
-    k, head = 0, cast(tuple[int, ...], ())
+    k, head = 0, ()  # type: tuple[int, tuple[int, ...]]
     if prev is not None and len(prev[0]) <= len(ids) and ids[:len(prev[0])] == prev[0]:
         k, head = len(prev[0]), prev[1]
     moved = head + tuple(i + shift if i >> 32 >= n_sys else i for i in ids[k:])

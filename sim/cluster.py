@@ -325,12 +325,12 @@ class ClusterBackend:
             return [0] * len(eligible)
         unit = a.prefix_block_tokens
         cap = hit_cap_units(a.prompt_tokens, unit)
-        head = min(cap, len(keys))
+        n = min(cap, len(keys))
         hits = []
         for r in eligible:
             eng = r.engine
             cached = eng.cached_units(keys, cap) if eng is not None else 0
-            hits.append(unit * min(cap, max(cached, sent[r.index].overlap(keys, head))))
+            hits.append(unit * min(cap, max(cached, sent[r.index].overlap(keys, n))))
         return hits
 
     def run_window(self, action: ServeAction, arrivals: Sequence[Arrival], t0: float, dt: float) -> WindowReport:

@@ -25,35 +25,33 @@ class RoutedPrefixes:
         # a run's first id -> [keys, lo, hi]: the units keys[lo:hi] (lists: a split shortens a run in place)
         self._starts: dict[int, list] = {}
 
+    def _walk(self, keys: tuple[int, ...], n: int) -> tuple[int, list | None]:
+        """How deep `keys[:n]` follows the runs, and the run it parts from inside (None where it stopped at a run's
+        end or reached n): runs are split where two chains part, so nothing deeper is among them."""
+        starts = self._starts
+        i = 0
+        while i < n:
+            run = starts.get(keys[i])
+            if run is None:
+                return i, None
+            rk, _, hi = run
+            i += shared_depth(rk, keys, i, hi if hi < n else n)
+            if i < hi:
+                return i, (run if i < n else None)
+        return i, None
+
     def overlap(self, keys: tuple[int, ...], n: int) -> int:
         """How many leading units of `keys[:n]` (n <= len(keys)) are among the chains added."""
-        starts = self._starts
-        i = 0
-        while i < n:
-            run = starts.get(keys[i])
-            if run is None:
-                return i
-            rk, _, hi = run
-            end = hi if hi < n else n
-            i += shared_depth(rk, keys, i, end)
-            if i < hi:  # the chains part inside the run (runs are split where two chains part): nothing deeper
-                return i
-        return i
+        return self._walk(keys, n)[0]
 
     def add(self, keys: tuple[int, ...], n: int) -> None:
-        """Add the chain `keys[:n]` (n <= len(keys))."""
+        """Add the chain `keys[:n]` (n <= len(keys)): the run it parts from split there, the rest a run of its own."""
+        i, run = self._walk(keys, n)
+        if i == n:
+            return
         starts = self._starts
-        i = 0
-        while i < n:
-            run = starts.get(keys[i])
-            if run is None:
-                starts[keys[i]] = [keys, i, n]
-                return
+        if run is not None:
             rk, _, hi = run
-            end = hi if hi < n else n
-            i += shared_depth(rk, keys, i, end)
-            if i < end:  # the chains part inside the run: split it there, the rest of ours a run of its own
-                starts[rk[i]] = [rk, i, hi]
-                run[2] = i
-                starts[keys[i]] = [keys, i, n]
-                return
+            starts[rk[i]] = [rk, i, hi]
+            run[2] = i
+        starts[keys[i]] = [keys, i, n]
