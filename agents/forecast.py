@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from llmserve_env.shared import portable_math as pm
 from llmserve_env.shared.arrival_list import arrival_columns
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.scenarios import (
@@ -190,7 +191,7 @@ class DayForecast:
             e[:, 1:] = z[:, 1:] - self.phi * z[:, :-1]
             v[:, 1:] = s2 * (1.0 - self.phi ** 2) + p[:, 1:] + self.phi ** 2 * p[:, :-1]
             nu = STUDENT_NU
-            block = -0.5 * np.log(v) - 0.5 * (nu + 1.0) * np.log1p(e * e / (nu * v))
+            block = -0.5 * pm.log(v) - 0.5 * (nu + 1.0) * pm.log1p(e * e / (nu * v))
             terms[:, j:k] = block[:, j - lo:]
         self._memo[name] = (c.copy(), terms)
         return terms[:, :k]
@@ -198,7 +199,7 @@ class DayForecast:
     def posterior(self, counts: dict[str, np.ndarray]) -> np.ndarray:
         """Every particle's posterior weight given the counts so far (summing to 1)."""
         lw = self.log_weights(counts)
-        w = np.exp(lw - lw.max())
+        w = pm.exp(lw - lw.max())
         return w / w.sum()
 
     def outside_share(self, counts: dict[str, np.ndarray]) -> float:
@@ -209,7 +210,7 @@ class DayForecast:
     def _residuals(self, m: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The log-rate residual (the AR(1) noise plus Poisson error) and that error's variance."""
         expected = m * self.window_s
-        z = np.log((c[None, :] + 0.5) / (expected + 0.5)) + 0.5 * self.sigma ** 2
+        z = pm.log((c[None, :] + 0.5) / (expected + 0.5)) + 0.5 * self.sigma ** 2
         return z, 1.0 / (expected + 0.5)
 
     # ------------------------------------------------------------------------------ futures
@@ -263,7 +264,7 @@ class DayForecast:
         left = self.horizon - k
         lam_crowd = float(self.crowds["per_day"]) * left / self.horizon if self.crowds else 0.0
         lam_job = float(self.extra["per_day"]) * left / self.horizon if self.extra else 0.0
-        p_some = 1.0 - float(np.exp(-(lam_crowd + lam_job)))
+        p_some = 1.0 - pm.exp(-(lam_crowd + lam_job))
         zone = self.peak_zone(k, w) if peak else []
         inside = len(zone) / left
         split = 0.0 < inside < 1.0
@@ -302,7 +303,8 @@ class DayForecast:
         """The windows from k on where a surprise that starts meets the day's peak: the posterior mean cycle's
         highest window of the day (summed over the cycled tenants) and the PEAK_ZONE windows before it (a surprise
         lasts some windows) and after it. Empty once the peak is behind."""
-        mean = sum(weights @ m for m in self.cycle.values())
+        # (summed particle by particle in order: BLAS's weights @ m sums in an order its CPU-chosen kernel picks)
+        mean = sum((weights[:, None] * m).sum(axis=0) for m in self.cycle.values())
         top = int(np.argmax(mean))
         lo, hi = top - PEAK_ZONE[0], top + PEAK_ZONE[1]
         return list(range(max(lo, k), min(hi, self.horizon - 1) + 1))
@@ -330,14 +332,14 @@ class DayForecast:
         """Each cycled tenant's expected rate over windows k.. under particle j, given the last residual: with
         x the AR(1) noise, E[exp(x_{k-1+h} - s2/2) | x_{k-1}] = exp(phi^h x_{k-1} - phi^(2h) s2/2)."""
         s2 = self.sigma ** 2
-        decay = self.phi ** np.arange(1, self.horizon - k + 1, dtype=np.float64)
+        decay = pm.power(self.phi, np.arange(1, self.horizon - k + 1, dtype=np.float64))
         rates: dict[str, np.ndarray] = {}
         for name, m in self.cycle.items():
             c = np.asarray(counts.get(name, ()), dtype=np.float64)
             if k > 0 and c.shape[0] == k:
                 z, p = self._residuals(m[j:j + 1, k - 1:k], c[k - 1:k])
                 x = float(z[0, 0]) * s2 / (s2 + float(p[0, 0]))  # the last window's noise, less its Poisson share
-                rates[name] = m[j, k:] * np.exp(decay * x - 0.5 * s2 * decay * decay)
+                rates[name] = m[j, k:] * pm.exp(decay * x - 0.5 * s2 * decay * decay)
             else:
                 rates[name] = m[j, k:].copy()  # the stationary noise's mean factor is 1
         return rates
@@ -365,7 +367,7 @@ class DayForecast:
                 path[0] = self.sigma * float(eps[0])  # nothing seen: the stationary distribution
             for i in range(1, left):
                 path[i] = self.phi * path[i - 1] + innov * float(eps[i])
-            rates[name] = m[j, k:] * np.exp(path - 0.5 * s2)
+            rates[name] = m[j, k:] * pm.exp(path - 0.5 * s2)
         if self.crowds and crowds:
             for _ in range(int(rng.poisson(float(self.crowds["per_day"]) * left / self.horizon))):
                 self._crowd_on(rates, k, draw_flash_crowd(rng, self.crowds, k + draw_integer(rng, (0, left - 1))))

@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from llmserve_env.agents.prefix_view import has_affinity_head, uses_prefix_view
 from llmserve_env.agents.views import View, encoding_of, make_view, weights_shape
+from llmserve_env.shared import portable_math as pm
 from llmserve_env.shared.models import ServeAction, ServeObservation
 from llmserve_env.shared.tasks import get_task, is_cluster_range
 
@@ -106,9 +107,11 @@ class ActorWeights:
     def logits(self, features: np.ndarray) -> list[np.ndarray]:
         x = np.clip((features - self.obs_mean) / np.sqrt(self.obs_var + self.obs_epsilon), -self.obs_clip, self.obs_clip)
         for i, (w, b) in enumerate(self.layers):
-            x = x @ w + b
+            # x @ w summed row by row in order, and C's tanh: BLAS's kernels and NumPy's tanh are the CPU's own
+            # (their last bit differs between machines: shared/portable_math.py), an argmax near a tie with them
+            x = (x[:, None] * w).sum(axis=0) + b
             if i < len(self.layers) - 1:
-                x = np.tanh(x)
+                x = pm.tanh(x)
         return np.split(x, np.cumsum(self.nvec)[:-1])
 
 

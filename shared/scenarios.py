@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from llmserve_env.shared import portable_math as pm
 
 if TYPE_CHECKING:  # shared.tasks imports this module's sources and rates for its family tasks
     from llmserve_env.shared.tasks import TaskSpec
@@ -146,7 +147,7 @@ def draw_flash_crowd(rng: np.random.Generator, spec: dict[str, Any], start: int)
 def raised_cosine(k: np.ndarray, n: int, peak_window: float) -> np.ndarray:
     """The daily shape at window centres: 1 at the peak, 0 half a cycle away (as shared.workloads.cycle_rate)."""
     phase = ((k + 0.5 - peak_window) / n) % 1.0
-    return 0.5 * (1.0 + np.cos(2.0 * np.pi * phase))
+    return 0.5 * (1.0 + pm.cos(2.0 * np.pi * phase))  # (C's cos on every CPU: portable_math)
 
 
 def cycle_mean(spec: dict[str, Any], level: Any, ratio: Any, shape: np.ndarray) -> np.ndarray:
@@ -178,7 +179,7 @@ def _draw(task: TaskSpec, seed: int) -> Day:
         innov = sigma * math.sqrt(max(0.0, 1.0 - phi * phi))
         for i in range(1, horizon):
             x[i] = phi * x[i - 1] + innov * eps[i]
-        rates[name] = cycle_mean(spec, level, ratio, shape) * np.exp(x - 0.5 * sigma * sigma)
+        rates[name] = cycle_mean(spec, level, ratio, shape) * pm.exp(x - 0.5 * sigma * sigma)
     crowds: list[FlashCrowd] = []
     fc = fam.get("flash_crowds")
     if fc:

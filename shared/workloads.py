@@ -59,6 +59,7 @@ from pathlib import Path
 from urllib.parse import parse_qsl
 
 import numpy as np
+from llmserve_env.shared import portable_math as pm
 from llmserve_env.shared.arrival_list import ArrivalColumns, ArrivalList
 from llmserve_env.shared.backend import Arrival
 from llmserve_env.shared.models import MAX_REPLICAS
@@ -94,7 +95,7 @@ def _streams(seed: int) -> tuple[np.random.Generator, np.random.Generator, np.ra
 def _lognormal_tokens(rng: np.random.Generator, n: int, params: tuple[float, float],
                       clip: tuple[int, int]) -> np.ndarray:
     median, sigma = params
-    x = np.exp(math.log(median) + sigma * rng.standard_normal(n))
+    x = pm.exp(math.log(median) + sigma * rng.standard_normal(n))  # (NumPy's exp is the CPU's own: portable_math)
     return np.clip(np.rint(x), clip[0], clip[1]).astype(np.int64)
 
 
@@ -518,6 +519,6 @@ def trace_task(task_id: str) -> TaskSpec:
 
 def _median_sigma(x: np.ndarray) -> tuple[float, float]:
     """(median, standard deviation of log) of a length sample: how TenantSpec describes lengths."""
-    logs = np.log(x.astype(np.float64))
+    logs = pm.log(x.astype(np.float64))
     return float(np.median(x)), round(float(logs.std()), 3)
 

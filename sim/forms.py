@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from llmserve_env.shared import portable_math as pm
 
 BF16_BYTES = 2
 # bytes per element of a KV-cache dtype (vLLM's kv_cache_dtype: "auto" keeps bf16, "fp8" is e4m3)
@@ -34,7 +35,10 @@ class RooflineFit:
     def us(self, nbytes, flops):
         mem = nbytes / (self.bw_gbs * 1e3)
         comp = flops / (self.tflops * 1e6)
-        return self.c0_us + (mem**self.p + comp**self.p) ** (1.0 / self.p)
+        if isinstance(mem, float) and isinstance(comp, float):  # the engine's floats: ** is C's pow already
+            return self.c0_us + (mem**self.p + comp**self.p) ** (1.0 / self.p)
+        # tables: NumPy's power is the CPU's own kernel (shared/portable_math.py)
+        return self.c0_us + pm.power(pm.power(mem, self.p) + pm.power(comp, self.p), 1.0 / self.p)
 
     def to_dict(self) -> dict[str, float]:
         return {"c0_us": self.c0_us, "bw_gbs": self.bw_gbs, "tflops": self.tflops, "p": self.p}
@@ -82,12 +86,12 @@ class LatencyRatio:
 
     def at(self, m):
         """The ratio at m (array or float; m >= 1)."""
-        return np.interp(np.log(np.maximum(np.asarray(m, dtype=float), 1.0)), np.log(self.m), self.ratio)
+        return np.interp(pm.log(np.maximum(np.asarray(m, dtype=float), 1.0)), pm.log(np.asarray(self.m)), self.ratio)
 
     def large_weight(self, m):
         """Weight of the ratio pricing (against the small-m fit) at m: 0 up to blend_lo, 1 from blend_hi."""
-        lm = np.log(np.maximum(np.asarray(m, dtype=float), 1.0))
-        return np.clip((lm - np.log(self.blend_lo)) / (np.log(self.blend_hi) - np.log(self.blend_lo)), 0.0, 1.0)
+        lm = pm.log(np.maximum(np.asarray(m, dtype=float), 1.0))
+        return np.clip((lm - pm.log(self.blend_lo)) / (pm.log(self.blend_hi) - pm.log(self.blend_lo)), 0.0, 1.0)
 
     def to_dict(self) -> dict[str, object]:
         return {"base": self.base, "m": list(self.m), "ratio": [round(r, 4) for r in self.ratio],
@@ -103,7 +107,7 @@ def ratio_gemm_us(m, n, k, base: RooflineFit, ratio: LatencyRatio, small: Roofli
     large = base.us(nbytes, flops) * ratio.at(m)
     nbytes, flops = gemm_work(m, n, k, weight_bytes, act_bytes)
     w = ratio.large_weight(m)
-    return np.exp((1.0 - w) * np.log(small.us(nbytes, flops)) + w * np.log(large))
+    return pm.exp((1.0 - w) * pm.log(small.us(nbytes, flops)) + w * pm.log(large))
 
 
 def gemm_work(m, n, k, weight_bytes: float, act_bytes: float):
