@@ -141,6 +141,8 @@ def bench_main(script: str):
     ("sim_speed", ["--episodes", "0"], "--episodes"),  # used to raise ZeroDivisionError
     ("sim_speed", ["--repeats", "x"], "--repeats"),
     ("sim_speed", ["--planner-tasks", "static_workload"], "--planner-tasks"),  # a single-server task
+    ("planner_floor", ["--tasks", "static_workload"], "--tasks"),  # the planner's floor: cluster tasks only
+    ("planner_floor", ["--decisions", "0"], "--decisions"),
     ("score_table", ["--agents", "nope"], "--agents"),
     ("score_table", ["--tasks", "nope"], "--tasks"),
     ("load", ["--clients", "1,x"], "--clients"),
@@ -180,6 +182,19 @@ def test_compiled_loop_bench_serves_every_request_and_reports_per_event_cost(cap
     assert out["events"] > 300 and out["python_ns_per_event"] > 0
     assert lines[1].split()[:3] == ["python", str(out["events"]), "300"]
     assert out.get("same_clock", True) is True
+
+
+def test_planner_floor_bench_splits_a_decision_into_parts_that_sum_within_its_timed_run(capsys):
+    """bench/planner_floor.py: the engines' kernels and the base policies both take time in a decision, and with the
+    Python engine's (none on a compiled-engine task) they are within the timed run; the floor is the first two."""
+    assert bench_main("planner_floor")(["--tasks", "multitenant_autoscale", "--decisions", "1", "--repeats", "1"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    key = "multitenant_autoscale_{}_s_per_decision".format
+    assert out[key("kernels")] > 0 and out[key("policies")] > 0 and out[key("python_engine")] == 0
+    parts = out[key("kernels")] + out[key("policies")] + out[key("python_engine")]
+    assert parts <= out[key("timed_run")] + 1e-3
+    assert out[key("floor")] == pytest.approx(out[key("kernels")] + out[key("policies")], abs=2e-4)
+    assert out["multitenant_autoscale_windows_per_decision"] > 100 and out[key("cpu")] > 0
 
 
 def test_gate_confirm_bench_plays_the_gate_its_halves_and_every_rival_on_the_same_seeds(capsys):
