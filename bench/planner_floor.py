@@ -90,32 +90,21 @@ def breakdown(task_id: str, seed: int, decisions: int) -> dict[str, float]:
     from llmserve_env.agents.planner import PlannerPolicy
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.core import episode
-    from llmserve_env.core.inprocess import InProcessEnv
     from llmserve_env.sim import compiled_core
     from llmserve_env.sim.engine import Engine
+    from sim_speed import planner_run
 
-    env, policy = InProcessEnv(), make_policy("planner", task_id, seed=seed)
-    assert isinstance(policy, PlannerPolicy)
-    policy.reset()
-    obs = env.reset(task_id, seed)
+    planner = make_policy("planner", task_id, seed=seed)  # (its base policies' classes, to time their act)
+    assert isinstance(planner, PlannerPolicy)
     spent = dict.fromkeys(PARTS, 0.0)
     targets = [(compiled_core, name, "kernels") for name in KERNELS]
-    targets += [(cls, "act", "policies") for cls in {type(b) for b in policy.bases}]
+    targets += [(cls, "act", "policies") for cls in {type(b) for b in planner.bases}]
     targets += [(episode.ObservedWindow, "__init__", "policies"), (PlannerPolicy, "_complete_on", "policies")]
     targets += [(Engine, "end_window", "python_engine"), (Engine, "advance", "python_engine")]
-    windows0 = policy.stats.simulated_windows
-    total = 0.0
     with timed(spent, targets):
-        for _ in range(decisions):
-            if obs.done:
-                break
-            c0 = time.perf_counter()
-            action = policy.act(obs)
-            total += time.perf_counter() - c0
-            obs = env.step(action)
+        total, windows = planner_run(seed, decisions, task_id, clock=time.perf_counter)
     out = {part: s / decisions for part, s in spent.items()}
-    out["total"] = total / decisions
-    out["windows"] = (policy.stats.simulated_windows - windows0) / decisions
+    out["total"], out["windows"] = total, windows
     return out
 
 

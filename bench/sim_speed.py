@@ -41,6 +41,7 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Callable
 
 from against import alternate, check_rev, compare
 from llmserve_env.agents.static import VLLM_DEFAULT
@@ -96,21 +97,29 @@ def cluster_episode(task_id: str, rival: str, seed: int) -> tuple[float, int]:
 
 def planner_decision_s(seed: int, decisions: int, task_id: str = PLANNER_TASK) -> float:
     """CPU seconds per decision of the planner at its defaults: the first `decisions` of seed's episode."""
+    return planner_run(seed, decisions, task_id)[0]
+
+
+def planner_run(seed: int, decisions: int, task_id: str = PLANNER_TASK,
+                clock: Callable[[], float] = time.process_time) -> tuple[float, float]:
+    """(seconds per decision by `clock`, simulated windows per decision) of the planner at its defaults over the
+    first `decisions` of seed's episode (bench/planner_floor.py times it with timers around its parts)."""
     from llmserve_env.agents.registry import make_policy
     from llmserve_env.core.inprocess import InProcessEnv
 
     env, policy = InProcessEnv(), make_policy("planner", task_id, seed=seed)
     policy.reset()
     obs = env.reset(task_id, seed)
+    windows0 = policy.stats.simulated_windows  # type: ignore[attr-defined]
     spent = 0.0
     for _ in range(decisions):
         if obs.done:
             break
-        c0 = time.process_time()
+        c0 = clock()
         action = policy.act(obs)
-        spent += time.process_time() - c0
+        spent += clock() - c0
         obs = env.step(action)
-    return spent / decisions
+    return spent / decisions, (policy.stats.simulated_windows - windows0) / decisions  # type: ignore[attr-defined]
 
 
 def measure(args: argparse.Namespace, repeats: int, quiet: bool, table: bool) -> dict[str, float]:
