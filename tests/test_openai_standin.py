@@ -126,7 +126,9 @@ def test_fault_injection_429_500_drop_stall(standin):
     assert headers["retry-after"] == "1.5" and headers["retry-after-ms"] == "1500"
     assert dropped != "no error" and not (isinstance(dropped, tuple) and dropped[2] == "length")
     gaps = [b - a for a, b in zip(stall_times, stall_times[1:], strict=False)]
-    assert gaps[0] >= 0.6 and max(gaps[1:]) < 0.3
+    # the stall (0.6 s) is the one long gap; the client stamps a chunk when it reads it, so a late read of the chunk
+    # before the stall shortens that gap a little (0.598 s seen on a loaded 2-core machine)
+    assert gaps[0] >= 0.5 and max(gaps[1:]) < 0.3
 
 
 def test_api_key_check_echoes_the_wrong_key():
