@@ -107,8 +107,8 @@ class ActorWeights:
     def logits(self, features: np.ndarray) -> list[np.ndarray]:
         x = np.clip((features - self.obs_mean) / np.sqrt(self.obs_var + self.obs_epsilon), -self.obs_clip, self.obs_clip)
         for i, (w, b) in enumerate(self.layers):
-            # x @ w summed row by row in order, and C's tanh: BLAS's kernels and NumPy's tanh are the CPU's own
-            # (their last bit differs between machines: shared/portable_math.py), an argmax near a tie with them
+            # x @ w summed row by row in order, and C's tanh: BLAS's kernels and NumPy's tanh are the CPU's own, and
+            # their last bit (which differs between machines: shared/portable_math.py) can flip an argmax near a tie
             x = (x[:, None] * w).sum(axis=0) + b
             if i < len(self.layers) - 1:
                 x = pm.tanh(x)

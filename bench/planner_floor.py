@@ -39,21 +39,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/sim_speed.py, run from anywhere
 
-from llmserve_env.shared.tasks import CLUSTER_TASKS  # noqa: E402
 from llmserve_env.tools import cli  # noqa: E402
+from sim_speed import cluster_task_ids, planner_decision_s, planner_run  # noqa: E402
 
 TARGET_S = 0.3  # issue 27's line
 KERNELS = ("end_unified", "end_split", "run_unified", "run_split")
 PARTS = ("kernels", "policies", "python_engine")
-
-
-def tasks_arg(spec: str) -> list[str]:
-    tids = [t for t in (x.strip() for x in spec.split(",")) if t]
-    bad = [t for t in tids if t not in CLUSTER_TASKS]
-    if bad or not tids:
-        raise argparse.ArgumentTypeError(f"not cluster tasks: {', '.join(bad) or '(none)'}; choose from "
-                                         f"{', '.join(CLUSTER_TASKS)}")
-    return tids
 
 
 @contextmanager
@@ -92,7 +83,6 @@ def breakdown(task_id: str, seed: int, decisions: int) -> dict[str, float]:
     from llmserve_env.core import episode
     from llmserve_env.sim import compiled_core
     from llmserve_env.sim.engine import Engine
-    from sim_speed import planner_run
 
     planner = make_policy("planner", task_id, seed=seed)  # (its base policies' classes, to time their act)
     assert isinstance(planner, PlannerPolicy)
@@ -111,7 +101,7 @@ def breakdown(task_id: str, seed: int, decisions: int) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python bench/planner_floor.py", description=__doc__,
                                  formatter_class=cli.HelpFormatter)
-    ap.add_argument("--tasks", type=tasks_arg, default=["diurnal_autoscale"], metavar="TASKS",
+    ap.add_argument("--tasks", type=cluster_task_ids, default=["diurnal_autoscale"], metavar="TASKS",
                     help="comma-separated cluster tasks")
     ap.add_argument("--decisions", type=cli.int_at_least(1), default=2, help="the first N decisions of the episode")
     ap.add_argument("--seed", type=cli.int_at_least(0), default=0, help="the episode's seed")
@@ -119,7 +109,6 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_output_options(ap)
     args = ap.parse_args(argv)
     cli.configure_logging(args)
-    from sim_speed import planner_decision_s
 
     out: dict[str, float] = {}
     print(f"{'task':<28} {'s/decision':>10} {'windows':>8} {'us/window':>9} {'timed run':>9} {'kernels':>8} "

@@ -176,13 +176,19 @@ def measure(args: argparse.Namespace, repeats: int, quiet: bool, table: bool) ->
     return out
 
 
-def planner_tasks(spec: str) -> list[str]:
-    """`--planner-tasks`' value: cluster task ids, comma-separated (PLANNER_TASK is always timed)."""
+def cluster_task_ids(spec: str) -> list[str]:
+    """Cluster task ids from a comma-separated command-line value (bench/planner_floor.py's --tasks too)."""
     tids = [t for t in (x.strip() for x in spec.split(",")) if t]
     bad = [t for t in tids if t not in CLUSTER_TASKS]
-    if bad:
-        raise argparse.ArgumentTypeError(f"not cluster tasks: {', '.join(bad)}; choose from {', '.join(CLUSTER_TASKS)}")
-    return [t for t in tids if t != PLANNER_TASK]
+    if bad or not tids:
+        raise argparse.ArgumentTypeError(f"not cluster tasks: {', '.join(bad) or '(none)'}; choose from "
+                                         f"{', '.join(CLUSTER_TASKS)}")
+    return tids
+
+
+def planner_tasks(spec: str) -> list[str]:
+    """`--planner-tasks`' value: cluster task ids, comma-separated (PLANNER_TASK is always timed)."""
+    return [t for t in cluster_task_ids(spec) if t != PLANNER_TASK]
 
 
 def main(argv: list[str] | None = None) -> None:

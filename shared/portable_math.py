@@ -111,24 +111,27 @@ def _kernel(name: str) -> Callable[..., None] | None:
     return _KERNELS.get(name)
 
 
-def _unary(fast: Callable[[float], float], safe: Callable[[float], float], loop: str, x: Any) -> Any:
-    if isinstance(x, float | int):  # (np.float64 is a float)
-        return safe(float(x))
-    a = np.asarray(x, dtype=np.float64)
-    if a.ndim == 0:
-        return safe(float(a))
+def _elementwise(fast: Callable[..., float], safe: Callable[..., float], loop: str, *args: Any) -> Any:
+    """fast(*args) element by element over the broadcast arguments: scalars give a float (`safe`: NumPy's answer
+    where Python's math raises), arrays an array of their broadcast shape (the compiled loop `loop` where usable)."""
+    if all(isinstance(v, float | int) for v in args):  # (np.float64 is a float)
+        return safe(*(float(v) for v in args))
+    arrays = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64) for v in args))
+    shape = arrays[0].shape
+    if not shape:
+        return safe(*(float(v) for v in arrays))
     compiled = _kernel(loop)
     if compiled is not None:
-        flat = np.ascontiguousarray(a).reshape(-1)
-        out = np.empty_like(flat)
-        compiled(flat, out)
-        return out.reshape(a.shape)
-    flat_list = a.ravel().tolist()
+        flats = [np.ascontiguousarray(v).reshape(-1) for v in arrays]
+        out = np.empty_like(flats[0])
+        compiled(*flats, out)
+        return out.reshape(shape)
+    lists = [v.ravel().tolist() for v in arrays]
     try:
-        values = list(map(fast, flat_list))
+        values = list(map(fast, *lists))
     except (OverflowError, ValueError):  # rare: the element-wise answers C (and NumPy) give
-        values = list(map(safe, flat_list))
-    return np.array(values, dtype=np.float64).reshape(a.shape)
+        values = list(map(safe, *lists))
+    return np.array(values, dtype=np.float64).reshape(shape)
 
 
 @overload
@@ -137,7 +140,7 @@ def exp(x: float) -> float: ...
 def exp(x: np.ndarray) -> np.ndarray: ...
 def exp(x: Any) -> Any:
     """e**x, as the C library computes it."""
-    return _unary(math.exp, _exp, "_exp_into", x)
+    return _elementwise(math.exp, _exp, "_exp_into", x)
 
 
 @overload
@@ -146,7 +149,7 @@ def log(x: float) -> float: ...
 def log(x: np.ndarray) -> np.ndarray: ...
 def log(x: Any) -> Any:
     """The natural logarithm, as the C library computes it."""
-    return _unary(math.log, _log, "_log_into", x)
+    return _elementwise(math.log, _log, "_log_into", x)
 
 
 @overload
@@ -155,7 +158,7 @@ def log1p(x: float) -> float: ...
 def log1p(x: np.ndarray) -> np.ndarray: ...
 def log1p(x: Any) -> Any:
     """log(1 + x), as the C library computes it."""
-    return _unary(math.log1p, _log1p, "_log1p_into", x)
+    return _elementwise(math.log1p, _log1p, "_log1p_into", x)
 
 
 @overload
@@ -164,7 +167,7 @@ def cos(x: float) -> float: ...
 def cos(x: np.ndarray) -> np.ndarray: ...
 def cos(x: Any) -> Any:
     """The cosine (radians), as the C library computes it."""
-    return _unary(math.cos, math.cos, "_cos_into", x)
+    return _elementwise(math.cos, math.cos, "_cos_into", x)
 
 
 @overload
@@ -173,25 +176,9 @@ def tanh(x: float) -> float: ...
 def tanh(x: np.ndarray) -> np.ndarray: ...
 def tanh(x: Any) -> Any:
     """The hyperbolic tangent, as the C library computes it."""
-    return _unary(math.tanh, math.tanh, "_tanh_into", x)
+    return _elementwise(math.tanh, math.tanh, "_tanh_into", x)
 
 
 def power(x: Any, y: Any) -> Any:
     """x**y, as the C library's pow computes it; x and y broadcast as NumPy's do (two scalars: a float)."""
-    if isinstance(x, float | int) and isinstance(y, float | int):
-        return _pow(float(x), float(y))
-    a, b = np.broadcast_arrays(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64))
-    if a.ndim == 0:
-        return _pow(float(a), float(b))
-    compiled = _kernel("_pow_into")
-    if compiled is not None:
-        xs_c, ys_c = np.ascontiguousarray(a).reshape(-1), np.ascontiguousarray(b).reshape(-1)
-        out = np.empty_like(xs_c)
-        compiled(xs_c, ys_c, out)
-        return out.reshape(a.shape)
-    xs, ys = a.ravel().tolist(), b.ravel().tolist()
-    try:
-        values = list(map(math.pow, xs, ys))
-    except (OverflowError, ValueError):
-        values = list(map(_pow, xs, ys))
-    return np.array(values, dtype=np.float64).reshape(a.shape)
+    return _elementwise(math.pow, _pow, "_pow_into", x, y)

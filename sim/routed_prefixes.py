@@ -22,7 +22,8 @@ class RoutedPrefixes:
     __slots__ = ("_starts",)
 
     def __init__(self) -> None:
-        # a run's first id -> [keys, lo, hi]: the units keys[lo:hi] (lists: a split shortens a run in place)
+        # a run's first id -> [keys, hi]: the units keys[lo:hi], lo being where keys holds that first id (lists: a
+        # split shortens a run in place)
         self._starts: dict[int, list] = {}
 
     def _walk(self, keys: tuple[int, ...], n: int) -> tuple[int, list | None]:
@@ -34,7 +35,7 @@ class RoutedPrefixes:
             run = starts.get(keys[i])
             if run is None:
                 return i, None
-            rk, _, hi = run
+            rk, hi = run
             i += shared_depth(rk, keys, i, hi if hi < n else n)
             if i < hi:
                 return i, (run if i < n else None)
@@ -51,7 +52,7 @@ class RoutedPrefixes:
             return
         starts = self._starts
         if run is not None:
-            rk, _, hi = run
-            starts[rk[i]] = [rk, i, hi]
-            run[2] = i
-        starts[keys[i]] = [keys, i, n]
+            rk, hi = run
+            starts[rk[i]] = [rk, hi]
+            run[1] = i
+        starts[keys[i]] = [keys, n]
